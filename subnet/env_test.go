@@ -1,0 +1,76 @@
+package subnet
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestEnvRoundTripIsTheContract(t *testing.T) {
+	e := NewEnv(mustPrefix("10.244.0.0/16"), mustPrefix("10.244.7.0/24"), 1450, true)
+	want := "OVERLAY_NETWORK=10.244.0.0/16\nOVERLAY_SUBNET=10.244.7.1/24\nOVERLAY_MTU=1450\nOVERLAY_IPMASQ=true\n"
+	if got := string(e.Marshal()); got != want {
+		t.Errorf("subnet.env\n got %q\nwant %q", got, want)
+	}
+	path := filepath.Join(t.TempDir(), "run", "overlay", "subnet.env")
+	if err := WriteEnv(path, e); err != nil {
+		t.Fatalf("WriteEnv: %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("stat: %v, mode %v; want 0644", err, st.Mode().Perm())
+	}
+	got, err := ReadEnv(path)
+	if err != nil || got != e {
+		t.Fatalf("ReadEnv = %+v, %v; want %+v", got, err, e)
+	}
+	if got.Lease() != mustPrefix("10.244.7.0/24") {
+		t.Errorf("Lease() = %s", got.Lease())
+	}
+}
+
+func TestReadEnvMissingWrapsNotExist(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "subnet.env")
+	_, err := ReadEnv(path)
+	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), path) {
+		t.Errorf("ReadEnv(missing) = %v; want fs.ErrNotExist naming %s", err, path)
+	}
+}
+
+func TestParseEnv(t *testing.T) {
+	ok := "# written by overlayd\n\nOVERLAY_NETWORK=10.244.0.0/16\nOVERLAY_SUBNET=10.244.7.1/24\nOVERLAY_MTU=1450\nOVERLAY_IPMASQ=false\nOVERLAY_FUTURE=1\n"
+	if _, err := ParseEnv([]byte(ok)); err != nil {
+		t.Fatalf("ParseEnv(valid with comment and unknown key) = %v", err)
+	}
+	for name, text := range map[string]string{
+		"missing MTU":       "OVERLAY_NETWORK=10.244.0.0/16\nOVERLAY_SUBNET=10.244.7.1/24\nOVERLAY_IPMASQ=true\n",
+		"bad MTU":           strings.Replace(ok, "1450", "big", 1),
+		"tiny MTU":          strings.Replace(ok, "1450", "100", 1),
+		"subnet outside":    strings.Replace(ok, "10.244.7.1/24", "10.9.7.1/24", 1),
+		"subnet wider":      strings.Replace(ok, "10.244.7.1/24", "10.244.7.1/8", 1),
+		"not key=value":     ok + "garbage\n",
+		"bad bool":          strings.Replace(ok, "IPMASQ=false", "IPMASQ=maybe", 1),
+		"truncated":         ok[:40],
+		"empty":             "",
+		"ipv6 network":      strings.Replace(ok, "10.244.0.0/16", "fd00::/64", 1),
+		"network not cidr":  strings.Replace(ok, "10.244.0.0/16", "10.244.0.0", 1),
+		"nul in the middle": strings.Replace(ok, "1450", "14\x0050", 1),
+	} {
+		if _, err := ParseEnv([]byte(text)); !errors.Is(err, ErrEnvInvalid) {
+			t.Errorf("%s: ParseEnv error = %v, want ErrEnvInvalid", name, err)
+		}
+	}
+}
+
+func TestWriteEnvRefusesInvalid(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "subnet.env")
+	if err := WriteEnv(path, Env{}); !errors.Is(err, ErrEnvInvalid) {
+		t.Errorf("WriteEnv(zero) = %v, want ErrEnvInvalid", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an invalid env must not be written")
+	}
+}

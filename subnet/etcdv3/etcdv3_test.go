@@ -1,0 +1,454 @@
+package etcdv3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/subnet"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const testNetwork = `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":1}}`
+
+type fixture struct {
+	srv *etcdtest.Server
+	cli *clientv3.Client
+	reg *Registry
+	cfg *subnet.Config
+}
+
+func newFixture(t *testing.T, network string) *fixture {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	reg := NewRegistry(cli, DefaultPrefix)
+	cfg, err := reg.PutConfig(ctx(t), []byte(network))
+	if err != nil {
+		t.Fatalf("PutConfig: %v", err)
+	}
+	return &fixture{srv: srv, cli: cli, reg: reg, cfg: cfg}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func host(i int) Host {
+	return Host{
+		NodeID:   fmt.Sprintf("node-%d", i),
+		Hostname: fmt.Sprintf("host-%d", i),
+		PublicIP: netip.AddrFrom4([4]byte{198, 18, byte(i / 250), byte(i%250 + 1)}),
+		VtepMAC:  net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)},
+	}
+}
+
+func (f *fixture) manager(h Host, opts ManagerOptions) *Manager {
+	return NewManager(f.reg, f.cfg, h, opts)
+}
+
+// waitFor polls cond every 10 ms until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (f *fixture) countEtcdLeases(t *testing.T) int {
+	t.Helper()
+	resp, err := f.cli.Leases(ctx(t))
+	if err != nil {
+		t.Fatalf("list etcd leases: %v", err)
+	}
+	return len(resp.Leases)
+}
+
+func TestConcurrentHostsGetDistinctSubnets(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	const hosts = 50
+	got := make([]netip.Prefix, hosts)
+	errs := make([]error, hosts)
+	var wg sync.WaitGroup
+	for i := range hosts {
+		wg.Go(func() {
+			m := f.manager(host(i), ManagerOptions{Rand: rand.New(rand.NewPCG(uint64(i), 7))})
+			l, err := m.Acquire(ctx(t))
+			got[i], errs[i] = l.Subnet, err
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Prefix]int{}
+	for i := range hosts {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i, errs[i])
+		}
+		if j, dup := seen[got[i]]; dup {
+			t.Fatalf("hosts %d and %d both hold %s", j, i, got[i])
+		}
+		seen[got[i]] = i
+		if !f.cfg.InRange(got[i]) {
+			t.Errorf("host %d got %s outside SubnetMin..SubnetMax", i, got[i])
+		}
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Leases) != hosts {
+		t.Fatalf("etcd holds %d leases (%v), want %d", len(snap.Leases), err, hosts)
+	}
+}
+
+func TestFullPoolIsOutOfSubnets(t *testing.T) {
+	f := newFixture(t, `{"Network":"10.1.2.0/24"}`) // three /26 subnets
+	for i := range 3 {
+		if _, err := f.manager(host(i), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+			t.Fatalf("host %d: %v", i, err)
+		}
+	}
+	_, err := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
+	if !errors.Is(err, subnet.ErrOutOfSubnets) || !strings.Contains(err.Error(), "revoke stale leases") {
+		t.Fatalf("fourth host: err = %v; want ErrOutOfSubnets with advice", err)
+	}
+}
+
+func TestRestartAdoptsSameLeaseAndEtcdLease(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	first, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := host(1)
+	h.PublicIP = netip.MustParseAddr("198.18.0.99") // same node, new address
+	again, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Subnet != first.Subnet || again.EtcdLease != first.EtcdLease {
+		t.Fatalf("restart got %s (etcd lease %x), want %s (etcd lease %x)", again.Subnet, again.EtcdLease, first.Subnet, first.EtcdLease)
+	}
+	stored, err := f.reg.Get(ctx(t), first.Subnet)
+	if err != nil || stored.Attrs.PublicIP != "198.18.0.99" {
+		t.Fatalf("stored lease = %+v, %v; want PublicIP updated to 198.18.0.99", stored, err)
+	}
+	if n := f.countEtcdLeases(t); n != 1 {
+		t.Errorf("%d etcd leases after a restart, want 1", n)
+	}
+}
+
+func TestFlannelLeaseIsAdoptedByPublicIP(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	grant, err := f.cli.Grant(ctx(t), 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix("10.244.42.0/24")
+	flannel := `{"PublicIP":"198.18.0.2","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:02"}}`
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(p), flannel, clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
+	if err != nil || l.Subnet != p || l.EtcdLease != int64(grant.ID) {
+		t.Fatalf("Acquire = %+v, %v; want %s on etcd lease %x", l, err, p, grant.ID)
+	}
+}
+
+func TestReservationIsAdoptedWithoutTTL(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	p := netip.MustParsePrefix("10.244.200.0/24")
+	h := host(5)
+	if _, err := f.reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: h.PublicIP.String()}, 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil || l.Subnet != p || !l.Reserved {
+		t.Fatalf("Acquire = %+v, %v; want reserved %s", l, err, p)
+	}
+	resp, err := f.cli.Get(ctx(t), f.reg.LeaseKey(p))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatal(err)
+	}
+	if resp.Kvs[0].Lease != 0 {
+		t.Errorf("reservation gained etcd lease %x", resp.Kvs[0].Lease)
+	}
+	if !strings.Contains(string(resp.Kvs[0].Value), h.VtepMAC.String()) {
+		t.Errorf("reservation value %s was not filled with the host's VtepMAC", resp.Kvs[0].Value)
+	}
+	if n := f.countEtcdLeases(t); n != 0 {
+		t.Errorf("%d etcd leases granted for a reserved host, want 0", n)
+	}
+}
+
+func TestPreviousSubnetReusedOnlyWhenFree(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	prev := netip.MustParsePrefix("10.244.77.0/24")
+	h := host(1)
+	h.Previous = prev
+	l, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil || l.Subnet != prev {
+		t.Fatalf("free previous subnet: got %v, %v; want %s", l.Subnet, err, prev)
+	}
+	other := host(2)
+	other.Previous = prev // e.g. a copied disk image: the subnet is held by host 1
+	l2, err := f.manager(other, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil || l2.Subnet == prev {
+		t.Fatalf("taken previous subnet: got %v, %v; want another subnet", l2.Subnet, err)
+	}
+}
+
+func TestKeepAliveRenewsOneEtcdLease(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{LeaseTTL: 3 * time.Second, LivenessTTL: 2 * time.Second})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startRun(t, m)
+
+	waitFor(t, 5*time.Second, "liveness key", m.Alive)
+	// Renewals push the expiry forward; watch it move several times (a 3 s
+	// lease is renewed about every second) — far past the original TTL.
+	last := m.Expires()
+	for renewals := 0; renewals < 5; {
+		waitFor(t, 5*time.Second, "a renewal", func() bool { return m.Expires().After(last) })
+		last = m.Expires()
+		renewals++
+	}
+	stored, err := f.reg.Get(ctx(t), l.Subnet)
+	if err != nil || stored.EtcdLease != l.EtcdLease {
+		t.Fatalf("lease key now on etcd lease %x (%v), want the original %x", stored.EtcdLease, err, l.EtcdLease)
+	}
+	if n := f.countEtcdLeases(t); n != 2 {
+		t.Errorf("%d etcd leases, want exactly 2 (one for the subnet, one for liveness)", n)
+	}
+	alive, err := f.reg.AliveNodes(ctx(t))
+	if err != nil || !alive["node-1"] {
+		t.Errorf("AliveNodes = %v, %v; want node-1", alive, err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run returned %v after cancel, want nil", err)
+	}
+	waitFor(t, 5*time.Second, "liveness key removed on stop", func() bool {
+		alive, err := f.reg.AliveNodes(ctx(t))
+		return err == nil && !alive["node-1"]
+	})
+}
+
+func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, m)
+
+	for round := range 3 {
+		before := m.Lease().ModRevision
+		if ok, err := f.reg.Delete(ctx(t), l.Subnet); err != nil || !ok {
+			t.Fatalf("round %d: delete: %v %v", round, ok, err)
+		}
+		waitFor(t, 5*time.Second, "the lease to be re-claimed", func() bool {
+			got, err := f.reg.Get(ctx(t), l.Subnet)
+			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before
+		})
+	}
+	if got := m.Lease().Subnet; got != l.Subnet {
+		t.Errorf("manager now holds %s, want %s", got, l.Subnet)
+	}
+}
+
+func TestRevokedEtcdLeaseIsReclaimedWithSameSubnet(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, m)
+
+	if _, err := f.cli.Revoke(ctx(t), clientv3.LeaseID(l.EtcdLease)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the subnet to be re-claimed on a new etcd lease", func() bool {
+		got, err := f.reg.Get(ctx(t), l.Subnet)
+		return err == nil && got.Attrs.NodeID == "node-1" && got.EtcdLease != l.EtcdLease && got.EtcdLease != 0
+	})
+}
+
+func TestLeaseTakenByAnotherHostStopsRun(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx(t)) }()
+	other := host(2)
+	val, _ := subnet.NewVXLANAttrs(other.PublicIP, 1, other.VtepMAC, other.NodeID, "").Marshal()
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Run = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not stop after its subnet was taken")
+	}
+}
+
+func TestWatchReportsAddDeleteAndChange(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	ch := f.reg.Watch(wctx, snap, WatchOptions{})
+
+	l, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, ch, subnet.Added, l.Subnet, "")
+
+	h := host(1)
+	h.VtepMAC = net.HardwareAddr{0x0e, 1, 2, 3, 4, 5}
+	if _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, ch, subnet.Changed, l.Subnet, "0e:01:02:03:04:05")
+
+	if _, err := f.reg.Delete(ctx(t), l.Subnet); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, ch, subnet.Removed, l.Subnet, "")
+
+	// Garbage is reported as invalid, never as a lease.
+	if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+"10.244.9.0-24", "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+"not-a-key", "{}"); err != nil {
+		t.Fatal(err)
+	}
+	var invalid []Invalid
+	for len(invalid) < 2 {
+		b := recv(t, ch)
+		if len(b.Events) != 0 {
+			t.Fatalf("invalid writes produced events %+v", b.Events)
+		}
+		invalid = append(invalid, b.Invalid...)
+	}
+}
+
+func TestWatchResumesAcrossCompaction(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	a, _ := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	b, _ := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t))
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Leases) != 2 {
+		t.Fatalf("List: %d leases, %v", len(snap.Leases), err)
+	}
+	// While "disconnected" (no watcher), a is deleted, b gets a new MAC, c is
+	// added; then history is compacted past the snapshot's revision.
+	if _, err := f.reg.Delete(ctx(t), a.Subnet); err != nil {
+		t.Fatal(err)
+	}
+	hb := host(2)
+	hb.VtepMAC = net.HardwareAddr{0x0e, 9, 9, 9, 9, 9}
+	if _, err := f.manager(hb, ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
+	f.srv.Compact(t, f.cli)
+
+	restarts := make(chan string, 4)
+	ch := f.reg.Watch(ctx(t), snap, WatchOptions{OnRestart: func(r string) { restarts <- r }})
+	batch := recv(t, ch)
+	if !batch.Resync {
+		t.Fatalf("first batch after compaction is not a resync: %+v", batch)
+	}
+	got := map[netip.Prefix]subnet.EventType{}
+	for _, ev := range batch.Events {
+		got[ev.Lease.Subnet] = ev.Type
+	}
+	want := map[netip.Prefix]subnet.EventType{a.Subnet: subnet.Removed, b.Subnet: subnet.Changed, c.Subnet: subnet.Added}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events after compaction = %v, want %v", got, want)
+	}
+	if r := <-restarts; !strings.Contains(r, "compacted") {
+		t.Errorf("restart reason %q, want compaction", r)
+	}
+	// And the watch goes on live after the resync.
+	d, _ := f.manager(host(4), ManagerOptions{}).Acquire(ctx(t))
+	expect(t, ch, subnet.Added, d.Subnet, "")
+}
+
+// startRun runs m until the returned stop is called (or the test ends) and
+// returns Run's result.
+func startRun(t *testing.T, m *Manager) (stop func() error) {
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func recv(t *testing.T, ch <-chan Batch) Batch {
+	t.Helper()
+	select {
+	case b, ok := <-ch:
+		if !ok {
+			t.Fatal("watch channel closed")
+		}
+		return b
+	case <-time.After(10 * time.Second):
+		t.Fatal("no watch batch within 10s")
+	}
+	return Batch{}
+}
+
+// expect reads batches until one carries an event for p, and checks it.
+func expect(t *testing.T, ch <-chan Batch, typ subnet.EventType, p netip.Prefix, mac string) {
+	t.Helper()
+	for range 10 {
+		for _, ev := range recv(t, ch).Events {
+			if ev.Lease.Subnet != p {
+				continue
+			}
+			if ev.Type != typ {
+				t.Fatalf("event for %s is %s, want %s", p, ev.Type, typ)
+			}
+			if mac != "" {
+				d, err := ev.Lease.Attrs.VXLAN()
+				if err != nil || d.VtepMAC != mac {
+					t.Fatalf("event for %s carries MAC %q (%v), want %s", p, d.VtepMAC, err, mac)
+				}
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s event for %s", typ, p)
+}

@@ -1,0 +1,446 @@
+package etcdv3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/overlaynet/overlay/subnet"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Defaults for keeping a lease.
+const (
+	DefaultLeaseTTL    = 24 * time.Hour
+	DefaultLivenessTTL = 15 * time.Second
+	// maxAcquireAttempts bounds the retries of a host that keeps losing
+	// create races; each attempt re-lists, so this is plenty even for
+	// hundreds of hosts starting at once.
+	maxAcquireAttempts = 64
+)
+
+// ErrLeaseLost means this host's subnet now belongs to another host. Pods
+// already hold addresses from it, so the daemon must stop loudly.
+var ErrLeaseLost = errors.New("lease lost to another host")
+
+// Host is this host's identity as written into its lease.
+type Host struct {
+	NodeID   string
+	Hostname string
+	PublicIP netip.Addr
+	VtepMAC  net.HardwareAddr
+	// Previous is the subnet from an old subnet.env, reused if still free.
+	Previous netip.Prefix
+}
+
+// ManagerOptions tune a Manager; zero values mean the defaults.
+type ManagerOptions struct {
+	LeaseTTL    time.Duration
+	LivenessTTL time.Duration
+	Logger      *slog.Logger
+	// Rand picks free subnets; tests seed it.
+	Rand *rand.Rand
+	// RetryInterval is the pause between attempts to reach etcd again.
+	RetryInterval time.Duration
+}
+
+// Manager acquires this host's lease and keeps it: one etcd lease kept alive
+// for the lease key, a short-TTL liveness key, and a watch on the lease key
+// that re-claims the same subnet if the key disappears.
+type Manager struct {
+	reg  *Registry
+	cfg  *subnet.Config
+	host Host
+	opts ManagerOptions
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	lease     subnet.Lease
+	etcdLease clientv3.LeaseID
+	expires   time.Time // when the etcd lease runs out unless renewed
+	liveSince time.Time // zero while the liveness key is not held
+}
+
+// NewManager returns a Manager for host in the network cfg.
+func NewManager(reg *Registry, cfg *subnet.Config, host Host, opts ManagerOptions) *Manager {
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
+	}
+	if opts.LivenessTTL <= 0 {
+		opts.LivenessTTL = DefaultLivenessTTL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Rand == nil {
+		opts.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = time.Second
+	}
+	return &Manager{reg: reg, cfg: cfg, host: host, opts: opts, log: opts.Logger}
+}
+
+// Lease returns the lease currently held.
+func (m *Manager) Lease() subnet.Lease {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lease
+}
+
+// Expires returns when the held lease expires unless renewed; zero for a
+// reservation, which never expires.
+func (m *Manager) Expires() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.expires
+}
+
+// Alive reports whether the liveness key is held right now.
+func (m *Manager) Alive() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.liveSince.IsZero()
+}
+
+func (m *Manager) attrs() subnet.LeaseAttrs {
+	return subnet.NewVXLANAttrs(m.host.PublicIP, m.cfg.Backend.VNI, m.host.VtepMAC, m.host.NodeID, m.host.Hostname)
+}
+
+// Acquire obtains a lease, in order of preference: one that already names this
+// host (adopting its etcd lease, or keeping a reservation TTL-free), the
+// subnet of the previous subnet.env if free, else a random free subnet.
+func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
+	for range maxAcquireAttempts {
+		snap, err := m.reg.List(ctx)
+		if err != nil {
+			return subnet.Lease{}, err
+		}
+		l, err := m.tryAcquire(ctx, snap)
+		if errors.Is(err, ErrTaken) || errors.Is(err, ErrConflict) {
+			m.log.Debug("lost a race for a subnet, retrying", "err", err)
+			continue
+		}
+		if err != nil {
+			return subnet.Lease{}, err
+		}
+		m.setLease(l)
+		m.log.Info("lease acquired", "subnet", l.Subnet, "reserved", l.Reserved, "public_ip", m.host.PublicIP)
+		return l, nil
+	}
+	return subnet.Lease{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
+}
+
+func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
+	taken := make(map[netip.Prefix]bool, len(snap.Leases)+len(snap.Invalid))
+	for _, l := range snap.Leases {
+		taken[l.Subnet] = true
+		if m.cfg.Contains(l.Subnet) && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
+			return m.adopt(ctx, l)
+		}
+	}
+	for _, inv := range snap.Invalid {
+		// A key whose value is garbage still occupies its subnet.
+		if p, err := subnet.ParseKey(inv.Key[len(m.reg.SubnetsPrefix()):]); err == nil {
+			taken[p] = true
+		}
+	}
+	want := m.host.Previous
+	if !m.cfg.InRange(want) || taken[want] {
+		var err error
+		if want, err = m.cfg.PickFree(taken, m.opts.Rand); err != nil {
+			return subnet.Lease{}, err
+		}
+	}
+	id, err := m.ensureEtcdLease(ctx)
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	attrs := m.attrs()
+	rev, err := m.reg.Create(ctx, want, attrs, int64(id))
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	return subnet.Lease{Subnet: want, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
+}
+
+// adopt takes over a lease that already names this host. A reservation stays
+// TTL-free; a leased key keeps its etcd lease if it is still alive, so a
+// restart never multiplies etcd leases.
+func (m *Manager) adopt(ctx context.Context, l subnet.Lease) (subnet.Lease, error) {
+	id := clientv3.LeaseID(0)
+	if !l.Reserved {
+		ttl, err := m.reg.TTL(ctx, l.EtcdLease)
+		if err != nil {
+			return subnet.Lease{}, err
+		}
+		if ttl > 0 {
+			m.setEtcdLease(clientv3.LeaseID(l.EtcdLease), time.Duration(ttl)*time.Second)
+			id = clientv3.LeaseID(l.EtcdLease)
+		} else if id, err = m.ensureEtcdLease(ctx); err != nil {
+			return subnet.Lease{}, err
+		}
+	}
+	attrs := m.attrs()
+	if subnet.SameAttrs(attrs, l.Attrs) && int64(id) == l.EtcdLease {
+		return l, nil
+	}
+	rev, err := m.reg.Update(ctx, l, attrs, int64(id))
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	return subnet.Lease{Subnet: l.Subnet, Attrs: attrs, Reserved: l.Reserved, EtcdLease: int64(id), ModRevision: rev}, nil
+}
+
+// ensureEtcdLease grants this host's etcd lease once and reuses it.
+func (m *Manager) ensureEtcdLease(ctx context.Context) (clientv3.LeaseID, error) {
+	m.mu.Lock()
+	id := m.etcdLease
+	m.mu.Unlock()
+	if id != 0 {
+		return id, nil
+	}
+	resp, err := m.reg.cli.Grant(ctx, int64(m.opts.LeaseTTL/time.Second))
+	if err != nil {
+		return 0, fmt.Errorf("grant an etcd lease of %s: %w", m.opts.LeaseTTL, err)
+	}
+	m.setEtcdLease(resp.ID, time.Duration(resp.TTL)*time.Second)
+	return resp.ID, nil
+}
+
+func (m *Manager) setEtcdLease(id clientv3.LeaseID, ttl time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.etcdLease = id
+	m.expires = time.Now().Add(ttl)
+}
+
+func (m *Manager) setLease(l subnet.Lease) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lease = l
+	if l.Reserved {
+		m.expires = time.Time{}
+	}
+}
+
+// Run keeps the lease until ctx ends (then it returns nil) or the subnet is
+// lost to another host (ErrLeaseLost). It survives etcd outages: renewals and
+// re-claims are retried until etcd answers again.
+func (m *Manager) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() { m.keepLiveness(ctx) })
+
+	lost := make(chan error, 1)
+	wg.Go(func() {
+		if err := m.keepLease(ctx); err != nil {
+			lost <- err
+		}
+	})
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-lost:
+		return err
+	}
+}
+
+// keepLease renews the etcd lease and watches the lease key, re-claiming the
+// same subnet whenever the key or its etcd lease disappears.
+func (m *Manager) keepLease(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := m.holdLease(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+			return err
+		}
+		m.log.Warn("lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
+		if err := m.reclaim(ctx); err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+				return err
+			}
+			m.log.Warn("re-claim failed, will retry", "subnet", m.Lease().Subnet, "err", err)
+			if !sleepCtx(ctx, m.opts.RetryInterval) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// holdLease runs while the lease is intact: it drains KeepAlive responses and
+// watches the lease key. It returns why it stopped holding.
+func (m *Manager) holdLease(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	l := m.Lease()
+	var kaCh <-chan *clientv3.LeaseKeepAliveResponse
+	if !l.Reserved {
+		var err error
+		kaCh, err = m.reg.cli.KeepAlive(ctx, clientv3.LeaseID(l.EtcdLease))
+		if err != nil {
+			return fmt.Errorf("keep etcd lease %x alive: %w", l.EtcdLease, err)
+		}
+	}
+	key := m.reg.LeaseKey(l.Subnet)
+	wch := m.reg.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(l.ModRevision+1))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ka, ok := <-kaCh:
+			if !ok {
+				m.clearEtcdLease()
+				return fmt.Errorf("etcd lease %x expired or was revoked", l.EtcdLease)
+			}
+			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
+		case resp, ok := <-wch:
+			if !ok || resp.Err() != nil {
+				return fmt.Errorf("watch of %s broke: %v", key, resp.Err())
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					return fmt.Errorf("lease key %s was deleted", key)
+				}
+				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
+				if err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
+					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
+				}
+				l.ModRevision = ev.Kv.ModRevision
+				m.setLease(l)
+			}
+		}
+	}
+}
+
+func (m *Manager) clearEtcdLease() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.etcdLease = 0
+}
+
+// reclaim restores this host's claim on the same subnet: it re-creates the
+// key if it is gone, re-attaches a fresh etcd lease if the old one expired,
+// and reports ErrLeaseLost if another host now holds the subnet.
+func (m *Manager) reclaim(ctx context.Context) error {
+	want := m.Lease()
+	cur, err := m.reg.Get(ctx, want.Subnet)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		id := clientv3.LeaseID(0)
+		if !want.Reserved {
+			if id, err = m.ensureEtcdLease(ctx); err != nil {
+				return err
+			}
+		}
+		rev, err := m.reg.Create(ctx, want.Subnet, m.attrs(), int64(id))
+		if errors.Is(err, ErrTaken) {
+			return m.reclaim(ctx) // someone wrote it just now: look at what they wrote
+		}
+		if err != nil {
+			return err
+		}
+		m.setLease(subnet.Lease{Subnet: want.Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
+		m.log.Info("lease re-claimed", "subnet", want.Subnet)
+		return nil
+	case err != nil:
+		return err
+	case !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+		return fmt.Errorf("%w: %s is now held by node %q (public IP %s)", ErrLeaseLost, want.Subnet, cur.Attrs.NodeID, cur.Attrs.PublicIP)
+	}
+	l, err := m.adopt(ctx, cur)
+	if err != nil {
+		return err
+	}
+	m.setLease(l)
+	return nil
+}
+
+// keepLiveness holds <prefix>/nodes/<node-id> on a short etcd lease so tools
+// can tell a live owner from a dead one. After an outage long enough for the
+// short lease to expire it is simply granted again.
+func (m *Manager) keepLiveness(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := m.holdLiveness(ctx)
+		m.mu.Lock()
+		m.liveSince = time.Time{}
+		m.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		m.log.Warn("liveness key lost, re-creating", "node", m.host.NodeID, "err", err)
+		if !sleepCtx(ctx, m.opts.RetryInterval) {
+			return
+		}
+	}
+}
+
+func (m *Manager) holdLiveness(ctx context.Context) error {
+	grant, err := m.reg.cli.Grant(ctx, int64(m.opts.LivenessTTL/time.Second))
+	if err != nil {
+		return fmt.Errorf("grant liveness lease: %w", err)
+	}
+	// Revoke on the way out so a clean stop shows "not alive" at once.
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_, _ = m.reg.cli.Revoke(rctx, grant.ID)
+	}()
+	val := fmt.Sprintf(`{"PublicIP":%q,"Hostname":%q,"Since":%q}`, m.host.PublicIP, m.host.Hostname, time.Now().UTC().Format(time.RFC3339))
+	if _, err := m.reg.cli.Put(ctx, m.reg.NodeKey(m.host.NodeID), val, clientv3.WithLease(grant.ID)); err != nil {
+		return fmt.Errorf("write liveness key %s: %w", m.reg.NodeKey(m.host.NodeID), err)
+	}
+	kaCh, err := m.reg.cli.KeepAlive(ctx, grant.ID)
+	if err != nil {
+		return fmt.Errorf("keep liveness lease alive: %w", err)
+	}
+	m.mu.Lock()
+	m.liveSince = time.Now()
+	m.mu.Unlock()
+	for range kaCh {
+	}
+	return errors.New("liveness lease expired")
+}
+
+// Release gives the lease up for good (overlayd teardown): it deletes the
+// lease key if it is still ours and revokes the etcd lease. A reservation's
+// key is kept, since an operator made it.
+func (m *Manager) Release(ctx context.Context) error {
+	l := m.Lease()
+	if !l.Subnet.IsValid() {
+		return nil
+	}
+	if !l.Reserved {
+		if _, err := m.reg.DeleteIfOwned(ctx, l.Subnet, l.ModRevision); err != nil {
+			return err
+		}
+		if _, err := m.reg.cli.Revoke(ctx, clientv3.LeaseID(l.EtcdLease)); err != nil {
+			m.log.Debug("revoke etcd lease", "err", err)
+		}
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

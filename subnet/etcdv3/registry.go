@@ -1,0 +1,252 @@
+// Package etcdv3 stores the overlay's network config and leases in etcd v3
+// with flannel's schema (DESIGN.md §3), so overlayd and flanneld hosts can
+// share one prefix:
+//
+//	<prefix>/config                     network config JSON
+//	<prefix>/subnets/10.244.7.0-24      a lease (with an etcd lease) or a reservation (without)
+//	<prefix>/nodes/<node-id>            liveness of a running overlayd (short TTL)
+//
+// Registry is the thin typed layer over those keys; Manager acquires and keeps
+// this host's lease; Watcher follows every lease.
+package etcdv3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/overlaynet/overlay/subnet"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultPrefix is flannel's default etcd prefix.
+const DefaultPrefix = "/coreos.com/network"
+
+var (
+	// ErrNoConfig means <prefix>/config does not exist.
+	ErrNoConfig = errors.New("no network config")
+	// ErrTaken means a create-if-absent lost: the key already exists.
+	ErrTaken = errors.New("subnet already leased")
+	// ErrConflict means the key changed since it was read.
+	ErrConflict = errors.New("lease changed concurrently")
+	// ErrNotFound means the lease key does not exist.
+	ErrNotFound = errors.New("no such lease")
+)
+
+// Registry reads and writes the keys under one prefix.
+type Registry struct {
+	cli    *clientv3.Client
+	prefix string
+}
+
+// NewRegistry returns a registry for prefix (trailing slashes ignored).
+func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
+	return &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/")}
+}
+
+// Client returns the etcd client the registry uses.
+func (r *Registry) Client() *clientv3.Client { return r.cli }
+
+// ConfigKey is the key of the network config.
+func (r *Registry) ConfigKey() string { return r.prefix + "/config" }
+
+// SubnetsPrefix is the key prefix of all leases, with a trailing slash.
+func (r *Registry) SubnetsPrefix() string { return r.prefix + "/subnets/" }
+
+// LeaseKey is the key of one subnet's lease.
+func (r *Registry) LeaseKey(p netip.Prefix) string { return r.SubnetsPrefix() + subnet.Key(p) }
+
+// NodesPrefix is the key prefix of the liveness keys, with a trailing slash.
+func (r *Registry) NodesPrefix() string { return r.prefix + "/nodes/" }
+
+// NodeKey is the liveness key of one node.
+func (r *Registry) NodeKey(nodeID string) string { return r.NodesPrefix() + nodeID }
+
+// GetConfig reads and validates the network config; it returns the raw bytes
+// too, unknown fields included, for printing.
+func (r *Registry) GetConfig(ctx context.Context) (*subnet.Config, []byte, error) {
+	resp, err := r.cli.Get(ctx, r.ConfigKey())
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", r.ConfigKey(), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil, fmt.Errorf("%w at %s: create one with `overlayd config put -f net.json`", ErrNoConfig, r.ConfigKey())
+	}
+	raw := resp.Kvs[0].Value
+	cfg, err := subnet.ParseConfig(raw)
+	if err != nil {
+		return nil, raw, fmt.Errorf("%s: %w: fix it with `overlayd config put -f net.json`", r.ConfigKey(), err)
+	}
+	return cfg, raw, nil
+}
+
+// PutConfig validates raw and stores it unchanged (unknown fields kept).
+func (r *Registry) PutConfig(ctx context.Context, raw []byte) (*subnet.Config, error) {
+	cfg, err := subnet.ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := r.cli.Put(ctx, r.ConfigKey(), string(raw)); err != nil {
+		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
+	}
+	return cfg, nil
+}
+
+// Invalid is a key under subnets/ that could not be decoded.
+type Invalid struct {
+	Key         string
+	ModRevision int64
+	Err         error
+}
+
+// Snapshot is every lease at one etcd revision.
+type Snapshot struct {
+	Leases   []subnet.Lease
+	Invalid  []Invalid
+	Revision int64
+}
+
+// List reads every lease in one range request. Keys or values that do not
+// decode are returned in Invalid rather than failing the whole list: one bad
+// writer must not stop every host.
+func (r *Registry) List(ctx context.Context) (Snapshot, error) {
+	resp, err := r.cli.Get(ctx, r.SubnetsPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+	}
+	snap := Snapshot{Revision: resp.Header.Revision, Leases: make([]subnet.Lease, 0, len(resp.Kvs))}
+	for _, kv := range resp.Kvs {
+		l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+		if err != nil {
+			snap.Invalid = append(snap.Invalid, Invalid{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: err})
+			continue
+		}
+		snap.Leases = append(snap.Leases, l)
+	}
+	return snap, nil
+}
+
+// Get reads one lease; ErrNotFound if absent.
+func (r *Registry) Get(ctx context.Context, p netip.Prefix) (subnet.Lease, error) {
+	key := r.LeaseKey(p)
+	resp, err := r.cli.Get(ctx, key)
+	if err != nil {
+		return subnet.Lease{}, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return subnet.Lease{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	kv := resp.Kvs[0]
+	return r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+}
+
+func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, error) {
+	p, err := subnet.ParseKey(strings.TrimPrefix(string(key), r.SubnetsPrefix()))
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	attrs, err := subnet.DecodeAttrs(value)
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	return subnet.Lease{Subnet: p, Attrs: attrs, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}, nil
+}
+
+// Create writes a lease only if its key does not exist (CreateRevision == 0):
+// the one rule that keeps two hosts from ever holding one subnet. etcdLease 0
+// writes a reservation. It returns the revision of the write, or ErrTaken.
+func (r *Registry) Create(ctx context.Context, p netip.Prefix, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
+	key := r.LeaseKey(p)
+	val, err := attrs.Marshal()
+	if err != nil {
+		return 0, fmt.Errorf("encode lease %s: %w", key, err)
+	}
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Update rewrites an existing lease if it is still at prev.ModRevision,
+// attaching etcdLease (0 keeps it a reservation). It returns ErrConflict if
+// someone else wrote or deleted the key since.
+func (r *Registry) Update(ctx context.Context, prev subnet.Lease, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
+	key := r.LeaseKey(prev.Subnet)
+	val, err := attrs.Marshal()
+	if err != nil {
+		return 0, fmt.Errorf("encode lease %s: %w", key, err)
+	}
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", prev.ModRevision)).
+		Then(clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("update %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("%w: %s", ErrConflict, key)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Delete removes a lease key; it reports whether the key existed.
+func (r *Registry) Delete(ctx context.Context, p netip.Prefix) (bool, error) {
+	key := r.LeaseKey(p)
+	resp, err := r.cli.Delete(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", key, err)
+	}
+	return resp.Deleted > 0, nil
+}
+
+// DeleteIfOwned removes a lease key only if it is still at modRev, so a
+// host's teardown never deletes a lease another host took over meanwhile.
+func (r *Registry) DeleteIfOwned(ctx context.Context, p netip.Prefix, modRev int64) (bool, error) {
+	key := r.LeaseKey(p)
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
+		Then(clientv3.OpDelete(key)).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", key, err)
+	}
+	return resp.Succeeded, nil
+}
+
+// AliveNodes returns the node IDs whose liveness key exists.
+func (r *Registry) AliveNodes(ctx context.Context) (map[string]bool, error) {
+	resp, err := r.cli.Get(ctx, r.NodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", r.NodesPrefix(), err)
+	}
+	alive := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		alive[strings.TrimPrefix(string(kv.Key), r.NodesPrefix())] = true
+	}
+	return alive, nil
+}
+
+// TTL returns the seconds left on an etcd lease, or -1 if it no longer exists.
+func (r *Registry) TTL(ctx context.Context, etcdLease int64) (int64, error) {
+	resp, err := r.cli.TimeToLive(ctx, clientv3.LeaseID(etcdLease))
+	if err != nil {
+		return 0, fmt.Errorf("time-to-live of etcd lease %x: %w", etcdLease, err)
+	}
+	return resp.TTL, nil
+}
+
+func leaseOpt(etcdLease int64) []clientv3.OpOption {
+	if etcdLease == 0 {
+		return nil
+	}
+	return []clientv3.OpOption{clientv3.WithLease(clientv3.LeaseID(etcdLease))}
+}

@@ -1,0 +1,218 @@
+package subnet
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestKeyRoundTrip(t *testing.T) {
+	for _, s := range []string{"10.244.7.0/24", "10.1.2.64/26", "0.0.0.0/0", "10.0.0.4/30"} {
+		p := mustPrefix(s)
+		got, err := ParseKey(Key(p))
+		if err != nil || got != p {
+			t.Errorf("ParseKey(Key(%s)) = %v, %v", p, got, err)
+		}
+	}
+	if Key(mustPrefix("10.244.7.0/24")) != "10.244.7.0-24" {
+		t.Errorf("Key = %q, want flannel's 10.244.7.0-24", Key(mustPrefix("10.244.7.0/24")))
+	}
+}
+
+func TestParseKeyRejectsNonCanonical(t *testing.T) {
+	for _, k := range []string{"", "10.244.7.0", "10.244.7.0-", "10.244.7.0-33", "10.244.7.0--1", "10.244.7.0-024",
+		"10.244.7.1-24", "fd00::-64", "10.244.7.0-24-1", "x-24", "10.244.7.0-2a", "../../etc-24", "010.244.7.0-24"} {
+		if p, err := ParseKey(k); !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("ParseKey(%q) = %v, %v; want ErrInvalidLease", k, p, err)
+		}
+	}
+}
+
+func TestAttrsAreFlannelCompatible(t *testing.T) {
+	mac, _ := net.ParseMAC("0e:2a:5f:00:11:22")
+	a := NewVXLANAttrs(mustAddr("198.18.0.7"), 1, mac, "node-a", "host-a")
+	b, err := a.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:2a:5f:00:11:22"},"NodeID":"node-a","Hostname":"host-a"}`
+	if string(b) != want {
+		t.Errorf("lease value\n got %s\nwant %s", b, want)
+	}
+	// A value written by flanneld (no NodeID, extra fields) decodes.
+	flannel := `{"PublicIP":"198.18.0.9","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:02"}}`
+	got, err := DecodeAttrs([]byte(flannel))
+	if err != nil {
+		t.Fatalf("DecodeAttrs(flannel value): %v", err)
+	}
+	if !got.OwnedBy("any-node", mustAddr("198.18.0.9")) || got.OwnedBy("any-node", mustAddr("198.18.0.10")) {
+		t.Errorf("a lease without NodeID must be owned by its PublicIP")
+	}
+	if a.OwnedBy("node-b", mustAddr("198.18.0.7")) {
+		t.Errorf("a lease with a NodeID must not be owned by another node with the same IP")
+	}
+}
+
+func TestPeerValidation(t *testing.T) {
+	cfg := mustConfig(t, `{"Network":"10.244.0.0/16"}`)
+	good := func() Lease {
+		return Lease{Subnet: mustPrefix("10.244.7.0/24"), Attrs: LeaseAttrs{PublicIP: "198.18.0.7", BackendType: "vxlan",
+			BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"}`), NodeID: "n7"}}
+	}
+	p, err := cfg.Peer(good())
+	if err != nil {
+		t.Fatalf("Peer(good) = %v", err)
+	}
+	want := Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, 7}, NodeID: "n7"}
+	if diff := cmp.Diff(want, p, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("Peer mismatch (-want +got):\n%s", diff)
+	}
+	bad := map[string]func(l *Lease){
+		"outside the network":      func(l *Lease) { l.Subnet = mustPrefix("10.245.7.0/24") },
+		"wrong prefix length":      func(l *Lease) { l.Subnet = mustPrefix("10.244.7.0/25") },
+		"public IP zero":           func(l *Lease) { l.Attrs.PublicIP = "0.0.0.0" },
+		"public IP loopback":       func(l *Lease) { l.Attrs.PublicIP = "127.0.0.1" },
+		"public IP multicast":      func(l *Lease) { l.Attrs.PublicIP = "224.0.0.1" },
+		"public IP broadcast":      func(l *Lease) { l.Attrs.PublicIP = "255.255.255.255" },
+		"public IP class E":        func(l *Lease) { l.Attrs.PublicIP = "240.0.0.1" },
+		"public IP link-local":     func(l *Lease) { l.Attrs.PublicIP = "169.254.1.1" },
+		"public IP garbage":        func(l *Lease) { l.Attrs.PublicIP = "eve" },
+		"public IP v6":             func(l *Lease) { l.Attrs.PublicIP = "fd00::1" },
+		"public IP in the overlay": func(l *Lease) { l.Attrs.PublicIP = "10.244.9.9" },
+		"other backend":            func(l *Lease) { l.Attrs.BackendType = "host-gw" },
+		"no backend data":          func(l *Lease) { l.Attrs.BackendData = nil },
+		"null backend data":        func(l *Lease) { l.Attrs.BackendData = []byte("null") },
+		"backend data garbage":     func(l *Lease) { l.Attrs.BackendData = []byte(`"x"`) },
+		"other VNI":                func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":2,"VtepMAC":"0e:00:00:00:00:07"}`) },
+		"MAC garbage":              func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"zz"}`) },
+		"MAC all zeros":            func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"00:00:00:00:00:00"}`) },
+		"MAC multicast":            func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"01:00:5e:00:00:01"}`) },
+		"MAC too long":             func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01"}`) },
+	}
+	for name, mutate := range bad {
+		t.Run(name, func(t *testing.T) {
+			l := good()
+			mutate(&l)
+			if _, err := cfg.Peer(l); !errors.Is(err, ErrInvalidLease) {
+				t.Errorf("Peer() error = %v, want ErrInvalidLease", err)
+			}
+		})
+	}
+}
+
+func TestDecodeAttrsRejectsHugeAndGarbage(t *testing.T) {
+	for name, v := range map[string]string{
+		"huge":   `{"PublicIP":"` + strings.Repeat("1", MaxLeaseValueSize) + `"}`,
+		"array":  `[1,2]`,
+		"broken": `{"PublicIP":`,
+		"number": `{"PublicIP":7}`,
+	} {
+		if _, err := DecodeAttrs([]byte(v)); !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("%s: DecodeAttrs error = %v, want ErrInvalidLease", name, err)
+		}
+	}
+}
+
+func TestPickFree(t *testing.T) {
+	cfg := mustConfig(t, `{"Network":"10.1.2.0/24"}`) // three subnets: .64, .128, .192
+	rng := rand.New(rand.NewPCG(1, 2))
+	taken := map[netip.Prefix]bool{mustPrefix("10.1.2.64/26"): true, mustPrefix("10.1.2.192/26"): true, mustPrefix("10.9.9.0/24"): true}
+	for range 20 {
+		p, err := cfg.PickFree(taken, rng)
+		if err != nil || p != mustPrefix("10.1.2.128/26") {
+			t.Fatalf("PickFree = %v, %v; want the only free subnet 10.1.2.128/26", p, err)
+		}
+	}
+	taken[mustPrefix("10.1.2.128/26")] = true
+	_, err := cfg.PickFree(taken, rng)
+	if !errors.Is(err, ErrOutOfSubnets) || !strings.Contains(err.Error(), "all 3 subnets") {
+		t.Errorf("full pool: err = %v, want ErrOutOfSubnets naming 3 subnets", err)
+	}
+}
+
+func TestPickFreeCoversWholeRange(t *testing.T) {
+	cfg := mustConfig(t, `{"Network":"10.244.0.0/16"}`)
+	rng := rand.New(rand.NewPCG(3, 4))
+	taken := map[netip.Prefix]bool{}
+	for i := range cfg.Count() {
+		p, err := cfg.PickFree(taken, rng)
+		if err != nil {
+			t.Fatalf("pick %d: %v", i, err)
+		}
+		if taken[p] || !cfg.InRange(p) {
+			t.Fatalf("pick %d returned %s: taken=%v inRange=%v", i, p, taken[p], cfg.InRange(p))
+		}
+		taken[p] = true
+	}
+	if len(taken) != 255 {
+		t.Errorf("picked %d distinct subnets, want 255", len(taken))
+	}
+	if _, err := cfg.PickFree(taken, rng); !errors.Is(err, ErrOutOfSubnets) {
+		t.Errorf("after exhausting: %v, want ErrOutOfSubnets", err)
+	}
+}
+
+func TestDiff(t *testing.T) {
+	l := func(subnet, ip, mac string) Lease {
+		return Lease{Subnet: mustPrefix(subnet), Attrs: LeaseAttrs{PublicIP: ip, BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"` + mac + `"}`)}}
+	}
+	a1 := l("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01")
+	b1 := l("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02")
+	b2 := l("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:22") // new MAC
+	c1 := l("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03")
+	c2 := l("10.244.3.0/24", "198.18.0.33", "0e:00:00:00:00:03") // new public IP
+	d1 := l("10.244.4.0/24", "198.18.0.4", "0e:00:00:00:00:04")
+	e1 := l("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05")
+	same := e1
+	same.ModRevision = 99 // rewritten with the same value: no event
+	old := map[netip.Prefix]Lease{a1.Subnet: a1, b1.Subnet: b1, c1.Subnet: c1, e1.Subnet: e1}
+	cur := map[netip.Prefix]Lease{b2.Subnet: b2, c2.Subnet: c2, d1.Subnet: d1, same.Subnet: same}
+	got := Diff(old, cur)
+	want := []Event{
+		{Type: Removed, Lease: a1},
+		{Type: Changed, Lease: b2, Old: b1},
+		{Type: Changed, Lease: c2, Old: c1},
+		{Type: Added, Lease: d1},
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("Diff mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func FuzzLeaseKeyAndValue(f *testing.F) {
+	f.Add("10.244.7.0-24", []byte(`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"}}`))
+	f.Add("10.244.7.0-25", []byte(`{"PublicIP":"0.0.0.0","BackendType":"vxlan","BackendData":null}`))
+	f.Add("../../x-24", []byte(`{}`))
+	f.Add("10.244.0.0-24", []byte(`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"01:00:00:00:00:07"}}`))
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, key string, value []byte) {
+		p, kerr := ParseKey(key)
+		attrs, verr := DecodeAttrs(value)
+		if kerr != nil || verr != nil {
+			if kerr != nil && !errors.Is(kerr, ErrInvalidLease) || verr != nil && !errors.Is(verr, ErrInvalidLease) {
+				t.Fatalf("errors must wrap ErrInvalidLease: %v / %v", kerr, verr)
+			}
+			return
+		}
+		if Key(p) != key {
+			t.Fatalf("accepted non-canonical key %q (canonical %q)", key, Key(p))
+		}
+		peer, err := cfg.Peer(Lease{Subnet: p, Attrs: attrs})
+		if err != nil {
+			return
+		}
+		// Anything accepted for programming is safe to program.
+		if !cfg.Contains(peer.Subnet) || !peer.PublicIP.Is4() || peer.PublicIP.IsUnspecified() ||
+			peer.PublicIP.IsMulticast() || peer.PublicIP.IsLoopback() || len(peer.VtepMAC) != 6 || peer.VtepMAC[0]&1 == 1 {
+			t.Fatalf("unsafe peer accepted: %+v", peer)
+		}
+	})
+}

@@ -92,7 +92,9 @@ func TestPeerValidation(t *testing.T) {
 		"MAC garbage":              func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"zz"}`) },
 		"MAC all zeros":            func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"00:00:00:00:00:00"}`) },
 		"MAC multicast":            func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"01:00:5e:00:00:01"}`) },
-		"MAC too long":             func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01"}`) },
+		"MAC too long": func(l *Lease) {
+			l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01"}`)
+		},
 	}
 	for name, mutate := range bad {
 		t.Run(name, func(t *testing.T) {

@@ -220,3 +220,15 @@ func addrToUint(a netip.Addr) uint32 {
 func addrFromUint(u uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(u >> 24), byte(u >> 16), byte(u >> 8), byte(u)})
 }
+
+// MarshalJSON renders the effective config (defaults filled in) in flannel's
+// format, so it can be stored back as it is.
+func (c Config) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Network   string
+		SubnetLen int
+		SubnetMin string
+		SubnetMax string
+		Backend   BackendConfig
+	}{c.Network.String(), c.SubnetLen, c.SubnetMin.String(), c.SubnetMax.String(), c.Backend})
+}

@@ -43,7 +43,7 @@ func start(dir string, opts ...Option) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
+	cfg.LogLevel = "fatal" // shutdown logs "server closed" at error level; failures surface in the tests
 	cfg.LogOutputs = []string{"stderr"}
 	cfg.UnsafeNoFsync = true // test data is thrown away; fsync only slows the suite
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}

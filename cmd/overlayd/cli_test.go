@@ -1,0 +1,304 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+type cliResult struct {
+	out, err string
+	code     int
+}
+
+// run executes the CLI in-process against endpoint.
+func run(t *testing.T, endpoint string, stdin string, args ...string) cliResult {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if endpoint != "" {
+		args = append([]string{"--endpoints", endpoint, "--dial-timeout", "5s"}, args...)
+	}
+	code := execute(args, strings.NewReader(stdin), &out, &errOut)
+	return cliResult{out.String(), errOut.String(), code}
+}
+
+func cluster(t *testing.T) (*etcdtest.Server, *etcdv3.Registry) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	return srv, etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestConfigPutGetValidate(t *testing.T) {
+	srv, _ := cluster(t)
+	r := run(t, srv.Endpoint, "", "config", "get")
+	if r.code != exitError || !strings.Contains(r.err, "no network config at /coreos.com/network/config") || !strings.Contains(r.err, "overlayd config put -f net.json") {
+		t.Fatalf("get without config: %+v", r)
+	}
+
+	bad := run(t, srv.Endpoint, `{"Network":"10.244.0.0/16","SubnetLen":40}`, "config", "put", "-f", "-")
+	if bad.code != exitError || !strings.Contains(bad.err, "SubnetLen 40") || !strings.Contains(bad.err, "nothing was stored") {
+		t.Fatalf("put invalid: %+v", bad)
+	}
+	if r := run(t, srv.Endpoint, "", "config", "get"); r.code != exitError {
+		t.Fatalf("an invalid config was stored: %+v", r)
+	}
+
+	file := filepath.Join(t.TempDir(), "net.json")
+	stored := `{"Network":"10.50.0.0/16","Backend":{"Type":"vxlan","VNI":7},"Custom":"kept"}`
+	if err := os.WriteFile(file, []byte(stored), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, srv.Endpoint, "", "config", "put", "-f", file); r.code != exitOK || !strings.Contains(r.out, "stored /coreos.com/network/config") {
+		t.Fatalf("put: %+v", r)
+	}
+	r = run(t, srv.Endpoint, "", "config", "get")
+	for _, want := range []string{"Network                10.50.0.0/16", "SubnetMin              10.50.1.0", "Backend.VNI            7"} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("config get table lacks %q:\n%s", want, r.out)
+		}
+	}
+	r = run(t, srv.Endpoint, "", "config", "get", "-w", "json")
+	var eff struct {
+		Network   string
+		SubnetLen int
+		Backend   struct{ VNI, Port int }
+	}
+	if err := json.Unmarshal([]byte(r.out), &eff); err != nil || eff.Network != "10.50.0.0/16" || eff.SubnetLen != 24 || eff.Backend.VNI != 7 || eff.Backend.Port != 8472 {
+		t.Errorf("config get -w json = %q (%v)", r.out, err)
+	}
+	if r := run(t, srv.Endpoint, "", "config", "get", "--raw"); strings.TrimSpace(r.out) != stored {
+		t.Errorf("config get --raw = %q, want the stored bytes with unknown fields", r.out)
+	}
+	// validate needs no etcd at all.
+	if r := run(t, "http://127.0.0.1:1", `{"Network":"10.1.0.0/24"}`, "config", "validate", "-f", "-"); r.code != exitOK || !strings.Contains(r.out, "SubnetLen              26") {
+		t.Errorf("validate: %+v", r)
+	}
+}
+
+// seed starts two live hosts, one dead host's lease, a reservation and a
+// garbage key, and returns the live hosts' subnets.
+func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.Prefix) {
+	t.Helper()
+	cfg, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h", PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}),
+			VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, Previous: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}
+		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
+		l, err := m.Acquire(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 3 { // acquired but never run: no liveness key, like a dead host
+			dead = l.Subnet
+			continue
+		}
+		live = append(live, l.Subnet)
+		runCtx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		waitFor(t, "liveness of "+h.NodeID, m.Alive)
+	}
+	if _, err := reg.Create(ctx(t), netip.MustParsePrefix("10.244.100.0/24"), subnet.LeaseAttrs{PublicIP: "198.18.0.100", NodeID: "future"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Client().Put(ctx(t), reg.SubnetsPrefix()+"10.244.9.0-24", "garbage"); err != nil {
+		t.Fatal(err)
+	}
+	return live, dead
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLeaseListTableAndJSON(t *testing.T) {
+	srv, reg := cluster(t)
+	live, dead := seed(t, reg)
+
+	r := run(t, srv.Endpoint, "", "lease", "list")
+	if r.code != exitOK {
+		t.Fatalf("lease list: %+v", r)
+	}
+	lines := strings.Split(strings.TrimSpace(r.out), "\n")
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "SUBNET") {
+		t.Fatalf("lease list table has %d lines, want header + 4:\n%s", len(lines), r.out)
+	}
+	wantRows := map[string][]string{
+		live[0].String():  {"198.18.0.1", "0e:00:00:00:00:01", "node-1", "yes"},
+		live[1].String():  {"198.18.0.2", "0e:00:00:00:00:02", "node-2", "yes"},
+		dead.String():     {"198.18.0.3", "node-3", "no"},
+		"10.244.100.0/24": {"198.18.0.100", "future", "reserved", "no"},
+	}
+	for _, line := range lines[1:] {
+		fields := strings.Fields(line)
+		want, ok := wantRows[fields[0]]
+		if !ok {
+			t.Errorf("unexpected row %q", line)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(line, w) {
+				t.Errorf("row %q lacks %q", line, w)
+			}
+		}
+	}
+	if !strings.Contains(r.err, "warning: skipping /coreos.com/network/subnets/10.244.9.0-24") {
+		t.Errorf("the garbage key was not reported on stderr: %q", r.err)
+	}
+
+	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "json")
+	var doc struct {
+		Revision int64
+		Leases   []leaseRow
+		Invalid  []invalidRow
+	}
+	if err := json.Unmarshal([]byte(r.out), &doc); err != nil {
+		t.Fatalf("lease list -w json: %v\n%s", err, r.out)
+	}
+	if len(doc.Leases) != 4 || len(doc.Invalid) != 1 || doc.Revision == 0 {
+		t.Fatalf("json: %d leases, %d invalid, revision %d", len(doc.Leases), len(doc.Invalid), doc.Revision)
+	}
+	for _, l := range doc.Leases {
+		switch {
+		case l.Reserved && l.TTLSeconds != -1:
+			t.Errorf("reservation %s has ttl %d", l.Subnet, l.TTLSeconds)
+		case !l.Reserved && (l.TTLSeconds < 23*3600 || l.TTLSeconds > 24*3600):
+			t.Errorf("lease %s has ttl %d, want about 24h", l.Subnet, l.TTLSeconds)
+		}
+	}
+
+	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
+	if n := len(strings.Split(strings.TrimSpace(r.out), "\n")); n != 4 || strings.Contains(r.out, "SUBNET") {
+		t.Errorf("simple output has %d lines (want 4, no header):\n%s", n, r.out)
+	}
+}
+
+func TestLeaseGetReserveRevoke(t *testing.T) {
+	srv, reg := cluster(t)
+	live, dead := seed(t, reg)
+
+	for _, arg := range []string{live[0].String(), subnet.Key(live[0])} {
+		r := run(t, srv.Endpoint, "", "lease", "get", arg, "-w", "json")
+		var row leaseRow
+		if err := json.Unmarshal([]byte(r.out), &row); err != nil || row.Subnet != live[0].String() || row.Alive != "yes" {
+			t.Errorf("lease get %s = %+v (%v)", arg, r, err)
+		}
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "get", "10.244.250.0/24"); r.code != exitError || !strings.Contains(r.err, "no such lease") {
+		t.Errorf("get missing: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "get", "10.244.250.1/24"); r.code != exitUsage {
+		t.Errorf("get with host bits: %+v, want usage error", r)
+	}
+
+	// reserve
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.50.0/24", "--public-ip", "198.18.0.50"); r.code != exitOK {
+		t.Fatalf("reserve: %+v", r)
+	}
+	l, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.50.0/24"))
+	if err != nil || !l.Reserved || l.Attrs.PublicIP != "198.18.0.50" {
+		t.Fatalf("reservation = %+v, %v", l, err)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", live[0].String(), "--public-ip", "198.18.0.51"); r.code != exitError || !strings.Contains(r.err, "already leased") {
+		t.Errorf("reserve taken: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.99.0.0/24", "--public-ip", "198.18.0.51"); r.code != exitError || !strings.Contains(r.err, "not a /24 inside the network 10.244.0.0/16") {
+		t.Errorf("reserve outside: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.51.0/24"); r.code != exitUsage {
+		t.Errorf("reserve without --public-ip: %+v", r)
+	}
+
+	// revoke: a live owner is refused, dry-run deletes nothing, --force deletes.
+	r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String())
+	if r.code != exitError || !strings.Contains(r.err, "is alive") || !strings.Contains(r.err, "--force") {
+		t.Errorf("revoke live: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String(), "--force", "--dry-run"); r.code != exitOK || !strings.Contains(r.out, "would revoke") {
+		t.Errorf("dry-run: %+v", r)
+	}
+	if _, err := reg.Get(ctx(t), live[0]); err != nil {
+		t.Fatalf("dry-run deleted the lease: %v", err)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", dead.String()); r.code != exitOK || !strings.Contains(r.out, "revoked "+dead.String()) {
+		t.Errorf("revoke dead: %+v", r)
+	}
+	if _, err := reg.Get(ctx(t), dead); err == nil {
+		t.Error("dead host's lease still present after revoke")
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[1].String(), "--force"); r.code != exitOK {
+		t.Errorf("revoke --force: %+v", r)
+	}
+	// The live owner re-claims its subnet at once.
+	waitFor(t, "the live owner to re-claim "+live[1].String(), func() bool {
+		l, err := reg.Get(ctx(t), live[1])
+		return err == nil && l.Attrs.NodeID == "node-2"
+	})
+}
+
+func TestEnvironmentMirrorsFlags(t *testing.T) {
+	srv, reg := cluster(t)
+	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16"}`)); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OVERLAY_ENDPOINTS", srv.Endpoint)
+	t.Setenv("OVERLAY_WRITE_OUT", "json")
+	r := run(t, "", "", "config", "get")
+	if r.code != exitOK || !strings.Contains(r.out, `"Network": "10.244.0.0/16"`) {
+		t.Fatalf("config get from env: %+v", r)
+	}
+	// A flag beats the environment.
+	if r := run(t, "", "", "config", "get", "-w", "simple"); strings.Contains(r.out, "{") {
+		t.Errorf("-w simple did not override OVERLAY_WRITE_OUT: %q", r.out)
+	}
+	t.Setenv("OVERLAY_DIAL_TIMEOUT", "soon")
+	if r := run(t, "", "", "config", "get"); r.code != exitUsage || !strings.Contains(r.err, "OVERLAY_DIAL_TIMEOUT") {
+		t.Errorf("bad env value: %+v", r)
+	}
+}
+
+func TestUsageErrorsExitTwo(t *testing.T) {
+	for _, args := range [][]string{{"nope"}, {"lease"}, {"lease", "nope"}, {"lease", "get"}, {"--nope"}, {"config", "put"}, {"lease", "list", "-w", "yaml"}} {
+		if r := run(t, "", "", args...); r.code != exitUsage || !strings.Contains(r.err, "Error:") {
+			t.Errorf("overlayd %v: code %d, stderr %q; want usage error (2)", args, r.code, r.err)
+		}
+	}
+	if r := run(t, "", "", "version"); r.code != exitOK || !strings.HasPrefix(r.out, "overlayd ") {
+		t.Errorf("version: %+v", r)
+	}
+}
+
+func TestUnreachableEtcdSaysWhatToCheck(t *testing.T) {
+	r := run(t, "", "", "--endpoints", "http://127.0.0.1:1", "--dial-timeout", "300ms", "lease", "list")
+	if r.code != exitError || !strings.Contains(r.err, "check --endpoints") {
+		t.Errorf("unreachable etcd: %+v", r)
+	}
+}

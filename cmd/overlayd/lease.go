@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/printer"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	"github.com/spf13/cobra"
+)
+
+func newLeaseCommand(g *GlobalFlags) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "lease",
+		Short: "List, inspect, reserve and revoke subnet leases",
+	}
+	c.AddCommand(newLeaseListCommand(g), newLeaseGetCommand(g), newLeaseReserveCommand(g), newLeaseRevokeCommand(g))
+	return c
+}
+
+// leaseRow is one lease as the CLI shows it (also its JSON form).
+type leaseRow struct {
+	Subnet     string `json:"subnet"`
+	PublicIP   string `json:"publicIP"`
+	VtepMAC    string `json:"vtepMAC"`
+	NodeID     string `json:"nodeID"`
+	Hostname   string `json:"hostname,omitempty"`
+	Reserved   bool   `json:"reserved"`
+	TTLSeconds int64  `json:"ttlSeconds"` // -1 for a reservation
+	Alive      string `json:"alive"`      // yes, no, or unknown (a lease without NodeID)
+	EtcdLease  string `json:"etcdLease,omitempty"`
+	Revision   int64  `json:"modRevision"`
+}
+
+type invalidRow struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+var leaseHeader = []string{"SUBNET", "PUBLIC IP", "VTEP MAC", "NODE", "TTL", "ALIVE"}
+
+func (r leaseRow) cells() []string {
+	ttl := "reserved"
+	if !r.Reserved {
+		ttl = (time.Duration(r.TTLSeconds) * time.Second).String()
+		if r.TTLSeconds < 0 {
+			ttl = "expired"
+		}
+	}
+	return []string{r.Subnet, r.PublicIP, orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// leaseRows builds rows for leases, looking up TTLs (with bounded
+// parallelism: one etcd request per distinct etcd lease) and liveness.
+func leaseRows(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease) ([]leaseRow, error) {
+	alive, err := reg.AliveNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ttls, err := leaseTTLs(ctx, reg, leases)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]leaseRow, 0, len(leases))
+	for _, l := range leases {
+		row := leaseRow{Subnet: l.Subnet.String(), PublicIP: l.Attrs.PublicIP, NodeID: l.Attrs.NodeID,
+			Hostname: l.Attrs.Hostname, Reserved: l.Reserved, TTLSeconds: -1, Alive: "unknown", Revision: l.ModRevision}
+		if d, err := l.Attrs.VXLAN(); err == nil {
+			row.VtepMAC = d.VtepMAC
+		}
+		if !l.Reserved {
+			row.TTLSeconds = ttls[l.EtcdLease]
+			row.EtcdLease = strconv.FormatInt(l.EtcdLease, 16)
+		}
+		if l.Attrs.NodeID != "" {
+			row.Alive = yesNo(alive[l.Attrs.NodeID])
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func leaseTTLs(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease) (map[int64]int64, error) {
+	ttls := map[int64]int64{}
+	var ids []int64
+	for _, l := range leases {
+		if _, seen := ttls[l.EtcdLease]; !l.Reserved && !seen {
+			ttls[l.EtcdLease] = -1
+			ids = append(ids, l.EtcdLease)
+		}
+	}
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, 16)
+	)
+	for _, id := range ids {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ttl, err := reg.TTL(ctx, id)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			ttls[id] = ttl
+		})
+	}
+	wg.Wait()
+	return ttls, firstErr
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
+			reg, closeFn, err := g.registry()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			snap, err := reg.List(ctx)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			rows, err := leaseRows(ctx, reg, snap.Leases)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			invalid := make([]invalidRow, 0, len(snap.Invalid))
+			for _, inv := range snap.Invalid {
+				invalid = append(invalid, invalidRow{Key: inv.Key, Error: inv.Err.Error()})
+				if format != printer.JSON {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", inv.Key, inv.Err)
+				}
+			}
+			out := printer.Output{Header: leaseHeader, JSON: struct {
+				Revision int64        `json:"revision"`
+				Leases   []leaseRow   `json:"leases"`
+				Invalid  []invalidRow `json:"invalid"`
+			}{snap.Revision, rows, invalid}}
+			for _, r := range rows {
+				out.Rows = append(out.Rows, r.cells())
+			}
+			return printer.Write(cmd.OutOrStdout(), format, out)
+		},
+	}
+}
+
+// parseSubnetArg accepts 10.244.7.0/24 or the key form 10.244.7.0-24.
+func parseSubnetArg(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		if p != p.Masked() || !p.Addr().Is4() {
+			return netip.Prefix{}, usagef("subnet %q: want an IPv4 network address such as %s", s, p.Masked())
+		}
+		return p, nil
+	}
+	p, err := subnet.ParseKey(s)
+	if err != nil {
+		return netip.Prefix{}, usagef("subnet %q: want a subnet such as 10.244.7.0/24", s)
+	}
+	return p, nil
+}
+
+func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get SUBNET",
+		Short: "Show one lease (SUBNET as 10.244.7.0/24 or 10.244.7.0-24)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
+			p, err := parseSubnetArg(args[0])
+			if err != nil {
+				return err
+			}
+			reg, closeFn, err := g.registry()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			l, err := reg.Get(ctx, p)
+			if errors.Is(err, etcdv3.ErrNotFound) {
+				return fmt.Errorf("%w (list leases with `overlayd lease list`)", err)
+			}
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			rows, err := leaseRows(ctx, reg, []subnet.Lease{l})
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Header: leaseHeader, Rows: [][]string{rows[0].cells()}, JSON: rows[0]})
+		},
+	}
+}
+
+func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
+	var publicIP, node string
+	c := &cobra.Command{
+		Use:   "reserve SUBNET --public-ip IP [--node-name NAME]",
+		Short: "Reserve a subnet for a host: a lease that never expires, adopted by the host with that public IP (or node name)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := parseSubnetArg(args[0])
+			if err != nil {
+				return err
+			}
+			if publicIP == "" {
+				return usagef("--public-ip is required: the address of the host the subnet is for")
+			}
+			ip, err := netip.ParseAddr(publicIP)
+			if err != nil || !ip.Is4() {
+				return usagef("--public-ip %q: want the host's IPv4 address", publicIP)
+			}
+			reg, closeFn, err := g.registry()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			cfg, _, err := reg.GetConfig(ctx)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			if !cfg.Contains(p) {
+				return fmt.Errorf("cannot reserve %s: it is not a /%d inside the network %s", p, cfg.SubnetLen, cfg.Network)
+			}
+			_, err = reg.Create(ctx, p, subnet.LeaseAttrs{PublicIP: ip.String(), BackendType: subnet.DefaultBackendType, NodeID: node}, 0)
+			if errors.Is(err, etcdv3.ErrTaken) {
+				return fmt.Errorf("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", p, p)
+			}
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", p, describeOwner(ip.String(), node))
+			return err
+		},
+	}
+	c.Flags().StringVar(&publicIP, "public-ip", "", "public IP of the host the subnet is reserved for (required)")
+	c.Flags().StringVar(&node, "node-name", "", "node ID of the host (matches before the public IP)")
+	return c
+}
+
+func describeOwner(ip, node string) string {
+	if node != "" {
+		return fmt.Sprintf("node %s (%s)", node, ip)
+	}
+	return ip
+}
+
+func newLeaseRevokeCommand(g *GlobalFlags) *cobra.Command {
+	var force, dryRun bool
+	c := &cobra.Command{
+		Use:   "revoke SUBNET [--force] [--dry-run]",
+		Short: "Delete a lease or reservation; refuses while its owner is alive unless --force",
+		Long: `Delete a lease or reservation.
+
+A live owner's overlayd re-claims its subnet at once (pods on that host hold
+addresses from it), so revoking a live lease is refused unless --force. Use it
+to free the subnet of a host that is gone for good. --dry-run shows what would
+be deleted.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := parseSubnetArg(args[0])
+			if err != nil {
+				return err
+			}
+			reg, closeFn, err := g.registry()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			l, err := reg.Get(ctx, p)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			alive, err := reg.AliveNodes(ctx)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			owner := describeOwner(l.Attrs.PublicIP, l.Attrs.NodeID)
+			switch {
+			case force:
+			case l.Attrs.NodeID == "" && !l.Reserved:
+				return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", p, owner)
+			case alive[l.Attrs.NodeID]:
+				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", p, owner)
+			}
+			if dryRun {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", p, owner, yesNo(alive[l.Attrs.NodeID]))
+				return err
+			}
+			ok, err := reg.DeleteIfOwned(ctx, p, l.ModRevision)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			if !ok {
+				return fmt.Errorf("%s changed while revoking it (someone else wrote it): look again with `overlayd lease get %s`", p, p)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (owner %s)\n", p, owner)
+			return err
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "revoke even if the owner is alive or its liveness is unknown")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be revoked without deleting anything")
+	return c
+}

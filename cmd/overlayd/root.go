@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/printer"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError marks a mistake in how the command was called (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// streams are the command's standard streams, injected so tests can run
+// commands in-process.
+type streams struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+// GlobalFlags are the etcdctl-style flags every command shares.
+type GlobalFlags struct {
+	Endpoints   []string
+	Prefix      string
+	CACert      string
+	Cert        string
+	Key         string
+	User        string
+	Password    string
+	DialTimeout time.Duration
+	WriteOut    string
+}
+
+// env is the environment variable that mirrors a flag: --dial-timeout is
+// OVERLAY_DIAL_TIMEOUT.
+func env(flag string) string {
+	return "OVERLAY_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// execute runs the CLI and returns the process exit code.
+func execute(args []string, in io.Reader, out, errOut io.Writer) int {
+	root := newRootCommand(streams{in: in, out: out, err: errOut})
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(errOut, "Error: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", commandPath(root, args))
+		return exitUsage
+	}
+	return exitError
+}
+
+func commandPath(root *cobra.Command, args []string) string {
+	if c, _, err := root.Find(args); err == nil {
+		return c.CommandPath()
+	}
+	return root.Name()
+}
+
+func newRootCommand(s streams) *cobra.Command {
+	g := &GlobalFlags{}
+	root := &cobra.Command{
+		Use:   "overlayd",
+		Short: "VXLAN overlay network daemon and cluster management CLI",
+		Long: `overlayd runs on every host of a container cluster (overlayd run): it leases a
+subnet of the cluster network from etcd, programs a VXLAN device with a route,
+neighbour and FDB entry for every other host, and writes subnet.env for the
+overlay-cni plugin. The other commands manage leases and config like etcdctl.
+
+Every flag can also be set through the environment: --endpoints is
+OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) },
+	}
+	root.SetIn(s.in)
+	root.SetOut(s.out)
+	root.SetErr(s.err)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+
+	pf := root.PersistentFlags()
+	pf.StringSliceVar(&g.Endpoints, "endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints, comma-separated")
+	pf.StringVar(&g.Prefix, "prefix", etcdv3.DefaultPrefix, "etcd key prefix of the network (flannel's default)")
+	pf.StringVar(&g.CACert, "cacert", "", "verify etcd's server certificate with this CA bundle (PEM)")
+	pf.StringVar(&g.Cert, "cert", "", "client certificate for etcd mutual TLS (PEM)")
+	pf.StringVar(&g.Key, "key", "", "client key for etcd mutual TLS (PEM)")
+	pf.StringVar(&g.User, "user", "", "etcd user name[:password]")
+	pf.StringVar(&g.Password, "password", "", "etcd password (instead of name:password in --user; prefer OVERLAY_PASSWORD)")
+	pf.DurationVar(&g.DialTimeout, "dial-timeout", 5*time.Second, "how long to wait for etcd on each request")
+	pf.StringVarP(&g.WriteOut, "write-out", "w", "table", "output format: table, json or simple")
+
+	root.AddCommand(
+		newLeaseCommand(g),
+		newConfigCommand(g),
+		newVersionCommand(),
+	)
+	setUsageArgs(root)
+	return root
+}
+
+// setUsageArgs makes argument-count errors usage errors, and makes command
+// groups (lease, config) reject unknown subcommands with a usage error.
+func setUsageArgs(c *cobra.Command) {
+	if c.Args != nil {
+		c.Args = usageArgs(c.Args)
+	}
+	if c.HasSubCommands() && c.RunE == nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+			}
+			return nil
+		}
+		c.RunE = func(cmd *cobra.Command, _ []string) error {
+			return usagef("%s needs a subcommand: %s", cmd.CommandPath(), subcommandNames(cmd))
+		}
+	}
+	for _, sub := range c.Commands() {
+		setUsageArgs(sub)
+	}
+}
+
+func subcommandNames(c *cobra.Command) string {
+	var names []string
+	for _, s := range c.Commands() {
+		if s.IsAvailableCommand() {
+			names = append(names, s.Name())
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := v(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+// applyEnv sets every flag not given on the command line from its
+// OVERLAY_* environment variable.
+func applyEnv(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed {
+			return
+		}
+		if v, ok := os.LookupEnv(env(f.Name)); ok {
+			if serr := cmd.Flags().Set(f.Name, v); serr != nil {
+				err = usagef("environment %s=%q for --%s: %v", env(f.Name), v, f.Name, serr)
+			}
+		}
+	})
+	return err
+}
+
+func (g *GlobalFlags) format() (printer.Format, error) {
+	f, err := printer.ParseFormat(g.WriteOut)
+	if err != nil {
+		return "", usageError{err}
+	}
+	return f, nil
+}
+
+func (g *GlobalFlags) clientConfig() etcdclient.Config {
+	user, password := etcdclient.ParseUser(g.User)
+	if g.Password != "" {
+		password = g.Password
+	}
+	return etcdclient.Config{
+		Endpoints: g.Endpoints, CACert: g.CACert, Cert: g.Cert, Key: g.Key,
+		Username: user, Password: password, DialTimeout: g.DialTimeout,
+	}
+}
+
+// registry connects to etcd and returns the registry and a closer.
+func (g *GlobalFlags) registry() (*etcdv3.Registry, func(), error) {
+	cli, err := etcdclient.New(g.clientConfig())
+	if err != nil {
+		return nil, nil, err
+	}
+	return etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
+}
+
+// requestContext bounds one CLI request by --dial-timeout.
+func (g *GlobalFlags) requestContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), g.DialTimeout)
+}
+
+// etcdHint turns an etcd timeout into advice.
+func (g *GlobalFlags) etcdHint(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: etcd at %s did not answer within %s: check --endpoints, TLS flags (--cacert/--cert/--key) and that etcd is running", err, strings.Join(g.Endpoints, ","), g.DialTimeout)
+	}
+	return err
+}

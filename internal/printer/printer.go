@@ -1,0 +1,65 @@
+// Package printer renders command output in the formats the CLI offers with
+// -w/--write-out: an aligned table for people, JSON for programs, and
+// "simple" (space-separated fields, no header) for shell pipelines. Commands
+// build their rows and JSON value apart from rendering, as etcdctl does.
+package printer
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Format is a -w value.
+type Format string
+
+// The output formats.
+const (
+	Table  Format = "table"
+	JSON   Format = "json"
+	Simple Format = "simple"
+)
+
+// ParseFormat validates a -w value.
+func ParseFormat(s string) (Format, error) {
+	switch f := Format(s); f {
+	case Table, JSON, Simple:
+		return f, nil
+	}
+	return "", fmt.Errorf("unknown output format %q: use table, json or simple", s)
+}
+
+// Output is what a command prints: rows for table and simple, a value for JSON.
+type Output struct {
+	Header []string
+	Rows   [][]string
+	JSON   any
+}
+
+// Write renders out to w in format f.
+func Write(w io.Writer, f Format, out Output) error {
+	switch f {
+	case JSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out.JSON)
+	case Simple:
+		for _, r := range out.Rows {
+			if _, err := fmt.Fprintln(w, strings.Join(r, " ")); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		if len(out.Header) > 0 {
+			fmt.Fprintln(tw, strings.Join(out.Header, "\t"))
+		}
+		for _, r := range out.Rows {
+			fmt.Fprintln(tw, strings.Join(r, "\t"))
+		}
+		return tw.Flush()
+	}
+}

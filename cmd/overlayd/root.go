@@ -114,6 +114,8 @@ OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
 	pf.StringVarP(&g.WriteOut, "write-out", "w", "table", "output format: table, json or simple")
 
 	root.AddCommand(
+		newRunCommand(g),
+		newTeardownCommand(g),
 		newLeaseCommand(g),
 		newConfigCommand(g),
 		newVersionCommand(),

@@ -1,0 +1,78 @@
+// Package backend is the contract between the overlay daemon and its data
+// plane.
+//
+// The daemon owns the control plane: it holds this host's lease and watches
+// every other host's lease in etcd. The data plane owns the kernel: it turns
+// the set of other hosts ("peers") into whatever devices, neighbour entries,
+// forwarding entries and routes make their pod subnets reachable, and keeps
+// that kernel state true while peers come and go and while other programs or
+// operators disturb it.
+//
+// The contract is deliberately level-triggered. The daemon never tells the
+// data plane "add X" or "remove Y"; it hands over the complete current peer
+// set with SetPeers whenever anything changes, and the data plane converges
+// the kernel to it. A lost or duplicated event therefore cannot leave stale
+// state behind, and the daemon needs no memory of what it sent before.
+//
+// This package imports neither etcd nor netlink: the daemon depends on the
+// small interface here, the VXLAN implementation lives in backend/vxlan.
+package backend
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// Peer is another host's lease as the data plane needs it.
+type Peer struct {
+	Subnet   netip.Prefix     // the peer's lease, e.g. 10.244.7.0/24
+	PublicIP netip.Addr       // underlay address of the peer's VTEP
+	VtepMAC  net.HardwareAddr // MAC of the peer's VTEP device
+}
+
+// Backend is what the daemon drives. SetPeers may be called from any
+// goroutine at any time, before or while Run runs; it never blocks on the
+// kernel.
+type Backend interface {
+	// SetPeers replaces the desired peer set and wakes the reconciler. The
+	// slice is copied; bursts of calls coalesce into one kernel pass.
+	SetPeers(peers []Peer)
+	// Run reconciles the kernel with the peer set until ctx is cancelled,
+	// then returns nil. Failures are retried with backoff and reported
+	// through Status, never returned.
+	Run(ctx context.Context) error
+	// Status is a consistent snapshot for readiness checks and metrics.
+	Status() Status
+}
+
+// Status describes the data plane after its most recent reconcile pass.
+type Status struct {
+	Device        string           // name of the overlay device, e.g. overlay.1
+	DevicePresent bool             // the device existed and matched after the last pass
+	VtepMAC       net.HardwareAddr // MAC of our VTEP, published in our lease
+	MTU           int              // MTU of the overlay device (for pods)
+
+	Peers           int // peers in the desired set (valid ones only)
+	PeersProgrammed int // desired peers whose kernel entries were all in place after the last pass
+	InvalidPeers    int // peers rejected by SetPeers (bad subnet, address, MAC, duplicate)
+	Conflicts       int // desired peers whose route is held by another program's route
+
+	InSync      bool          // the last pass succeeded and left nothing pending
+	Pending     bool          // SetPeers changed the peer set after the last pass started
+	LastPass    time.Time     // when the last pass finished
+	LastSuccess time.Time     // when a pass last succeeded
+	LastError   error         // the last pass's error, nil if it succeeded
+	PassTime    time.Duration // how long the last pass took
+
+	Passes            uint64 // reconcile passes run
+	Errors            uint64 // passes that failed
+	Writes            uint64 // netlink writes issued (create, change, delete)
+	DriftRepairs      uint64 // entries rewritten although the desired state had not changed
+	DeviceRecreations uint64 // times the device was deleted and created again
+}
+
+// Ready reports whether the data plane is fit to carry traffic: the device is
+// present and the last reconcile pass left the kernel in sync.
+func (s Status) Ready() bool { return s.DevicePresent && s.InSync }

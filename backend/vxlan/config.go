@@ -1,0 +1,182 @@
+package vxlan
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/overlaynet/overlay/backend"
+)
+
+// RouteProtocol tags every route this backend installs (rtm_protocol). The
+// reconciler lists routes by it, so it removes exactly its own routes and
+// never another program's. 115 is in none of the kernel's RTPROT_* values nor
+// iproute2's rt_protos (0-4 are the kernel's, 8-18, 42, 99, 186-192 are
+// routing daemons'), nor used by calico (80) or bird (12). Operators can name
+// it with
+//
+//	echo "115 overlay" > /etc/iproute2/rt_protos.d/overlay.conf
+//
+// and then `ip route show proto overlay`.
+const RouteProtocol = 115
+
+// Our routes' metrics spread over [RouteMetricBase, RouteMetricBase+4096),
+// chosen by a hash of the destination (see RouteMetric). Forwarding does not
+// notice: our routes all have distinct destinations, and a metric only
+// orders routes to the same one. The kernel does: it keys the shared
+// next-hop records of IPv4 routes (fib_info) by protocol, scope, preferred
+// source, metric and output device but not by gateway, so N routes that
+// differ only in their gateway land in one hash chain and inserting them
+// costs O(N²) (5,000 peers: 0.5 s in route inserts alone, 0.05 s spread).
+// Kernel nexthop objects (RTA_NH_ID) would avoid it too; the netlink
+// package does not speak them yet.
+//
+// A route of another program to the same destination with a lower or equal
+// metric wins or would be overwritten; the reconciler reports it as a
+// conflict and leaves both alone.
+const (
+	RouteMetricBase   = 4096
+	routeMetricSpread = 4096
+)
+
+// RouteMetric is the metric of our route to a peer's subnet.
+func RouteMetric(subnet netip.Prefix) int {
+	// FNV-1a over the address and length.
+	var b [17]byte
+	n := 0
+	if a := subnet.Addr(); a.IsValid() {
+		n = copy(b[:], a.AsSlice())
+	}
+	b[n] = byte(subnet.Bits())
+	h := uint32(2166136261)
+	for _, c := range b[:n+1] {
+		h ^= uint32(c)
+		h *= 16777619
+	}
+	return RouteMetricBase + int(h%routeMetricSpread)
+}
+
+// Defaults, compatible with flannel's VXLAN backend.
+const (
+	DefaultVNI            = 1
+	DefaultPort           = 8472
+	DefaultResyncInterval = 30 * time.Second
+	// Overhead is what VXLAN over IPv4 adds to every packet: outer IPv4
+	// (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+	Overhead = 50
+)
+
+// Config is the data plane's configuration. The zero values of VNI, Port,
+// MTU and the timers select the defaults.
+type Config struct {
+	VNI           int  // VXLAN network identifier; 0 means DefaultVNI
+	Port          int  // UDP destination port; 0 means DefaultPort
+	DirectRouting bool // route straight over the underlay to peers on a connected subnet
+	MTU           int  // overlay device MTU; 0 means the underlay's MTU minus Overhead
+
+	// The underlay: the link encapsulated packets leave by, given by name
+	// or by index (name wins if both are set), and our public address on it.
+	Underlay      string
+	UnderlayIndex int
+	LocalIP       netip.Addr
+
+	OwnSubnet netip.Prefix // this host's lease, e.g. 10.244.7.0/24
+	NodeID    string       // stable host identity; seeds the VTEP MAC
+
+	// ResyncInterval is how often the kernel is listed and repaired even
+	// when nothing was notified (jittered by ±10%). 0 means
+	// DefaultResyncInterval; negative disables periodic resyncs.
+	ResyncInterval time.Duration
+	// RetryMin and RetryMax bound the exponential backoff after a failed
+	// pass (defaults 100ms and 10s).
+	RetryMin, RetryMax time.Duration
+	// DisableWatch turns off the kernel notifications that trigger prompt
+	// repair, leaving only SetPeers and the periodic resync (for tests).
+	DisableWatch bool
+
+	// Logger receives the backend's logs; nil discards them.
+	Logger *slog.Logger
+	// OnPeerProgrammed, if set, is called from the reconciler goroutine
+	// when a peer's current lease (subnet, public IP, MAC) is fully in the
+	// kernel for the first time: after the pass that wrote it, or the first
+	// pass that found it already there. It must not block.
+	OnPeerProgrammed func(p backend.Peer, at time.Time)
+}
+
+// DeviceName is the name of the VXLAN device for a VNI: overlay.<VNI>.
+func DeviceName(vni int) string { return "overlay." + strconv.Itoa(vni) }
+
+// VtepMAC derives the MAC of this host's VTEP from its node ID and the VNI:
+// the first six bytes of a SHA-256, made locally administered and unicast.
+// The same host therefore gets the same MAC across daemon restarts and
+// reboots, and peers' neighbour entries stay valid when the device is
+// recreated.
+func VtepMAC(nodeID string, vni int) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("overlay-vtep\x00" + nodeID + "\x00" + strconv.Itoa(vni)))
+	mac := net.HardwareAddr(sum[:6:6])
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
+}
+
+// withDefaults fills in defaults and checks what every operation needs.
+func (c Config) withDefaults() (Config, error) {
+	if c.VNI == 0 {
+		c.VNI = DefaultVNI
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = DefaultResyncInterval
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 10 * time.Second
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = c.RetryMin
+	}
+	var errs []error
+	if c.VNI < 1 || c.VNI > 1<<24-1 {
+		errs = append(errs, fmt.Errorf("VNI %d out of range 1-16777215", c.VNI))
+	}
+	if c.Port < 1 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("port %d out of range 1-65535", c.Port))
+	}
+	if c.MTU < 0 {
+		errs = append(errs, fmt.Errorf("MTU %d is negative", c.MTU))
+	}
+	if c.Underlay == "" && c.UnderlayIndex <= 0 {
+		errs = append(errs, errors.New("no underlay link: set Underlay (name) or UnderlayIndex"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("vxlan config: %w", err)
+	}
+	return c, nil
+}
+
+// checkDevice checks what creating the device needs beyond withDefaults
+// (teardown can do without it).
+func (c Config) checkDevice() error {
+	var errs []error
+	if !c.LocalIP.IsValid() || !c.LocalIP.Is4() || c.LocalIP.IsUnspecified() {
+		errs = append(errs, fmt.Errorf("LocalIP %v is not a usable IPv4 address", c.LocalIP))
+	}
+	if !c.OwnSubnet.IsValid() || !c.OwnSubnet.Addr().Is4() || c.OwnSubnet.Masked() != c.OwnSubnet {
+		errs = append(errs, fmt.Errorf("OwnSubnet %v is not an IPv4 network prefix", c.OwnSubnet))
+	}
+	if c.NodeID == "" {
+		errs = append(errs, errors.New("NodeID is empty (it seeds the VTEP MAC)"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("vxlan config: %w", err)
+	}
+	return nil
+}

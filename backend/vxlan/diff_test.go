@@ -1,0 +1,483 @@
+package vxlan
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const (
+	tDev      = 10 // our device's index in the diff tests
+	tUnderlay = 2
+	tOther    = 7 // some other link, e.g. cni0
+)
+
+func tMAC(n int) MAC { return MAC{0x0e, 0, 0, 0, 0, byte(n)} }
+
+func tSpec(n int) peerSpec {
+	return peerSpec{
+		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
+		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
+		MAC:      tMAC(n),
+	}
+}
+
+// programmed is the kernel state a converged backend leaves for a peer.
+func programmed(s peerSpec) kernelState {
+	hop := s.Subnet.Addr()
+	return kernelState{
+		Routes: []Route{{Dst: s.Subnet, Gw: hop, LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol, Priority: RouteMetric(s.Subnet)}},
+		Neighs: []Neigh{{LinkIndex: tDev, IP: hop, MAC: s.MAC, State: NUDPermanent}},
+		FDBs:   []FDB{{LinkIndex: tDev, MAC: s.MAC, Dst: s.PublicIP, State: NUDPermanent}},
+	}
+}
+
+func merge(states ...kernelState) kernelState {
+	var out kernelState
+	for _, s := range states {
+		out.Routes = append(out.Routes, s.Routes...)
+		out.Neighs = append(out.Neighs, s.Neighs...)
+		out.FDBs = append(out.FDBs, s.FDBs...)
+	}
+	return out
+}
+
+// underlayConnected is the kernel's route for the underlay's own subnet.
+var underlayConnected = kernelState{Routes: []Route{
+	{Dst: netip.MustParsePrefix("198.18.0.0/24"), LinkIndex: tUnderlay, Protocol: 2, Scope: scopeLink},
+}}
+
+// opStrings renders ops for comparison, leaving out the metric of routes
+// that have the one RouteMetric gives their destination.
+func opStrings(ops []op) []string {
+	var s []string
+	for _, o := range ops {
+		if o.route.Priority == RouteMetric(o.route.Dst) {
+			o.route.Priority = 0
+		}
+		s = append(s, o.String())
+	}
+	return s
+}
+
+// ourRoute is a route of ours as the reconciler writes it.
+func ourRoute(dst, gw string, link int) Route {
+	d := netip.MustParsePrefix(dst)
+	return Route{Dst: d, Gw: netip.MustParseAddr(gw), LinkIndex: link, OnLink: link == tDev, Protocol: RouteProtocol, Priority: RouteMetric(d)}
+}
+
+func TestDiff(t *testing.T) {
+	p2, p3 := tSpec(2), tSpec(3)
+	p2newMAC := p2
+	p2newMAC.MAC = tMAC(0x22)
+	p2newIP := p2
+	p2newIP.PublicIP = netip.MustParseAddr("198.18.0.222")
+	p3far := p3
+	p3far.PublicIP = netip.MustParseAddr("203.0.113.3") // not on the underlay's subnet
+
+	foreignOnDev := Route{Dst: netip.MustParsePrefix("10.250.0.0/24"), LinkIndex: tDev, Protocol: 4}
+	foreignSameDst := Route{Dst: p3.Subnet, Gw: netip.MustParseAddr("192.0.2.1"), LinkIndex: tOther, Protocol: 4}
+	oursElsewhere := ourRoute("10.244.9.0/24", "10.244.9.0", tOther)
+
+	tests := []struct {
+		name   string
+		want   []peerSpec
+		have   kernelState
+		direct bool
+		ops    []string
+		confl  []netip.Prefix
+	}{
+		{
+			name: "empty",
+		},
+		{
+			name: "add two peers: neighbour, FDB, route in that order",
+			want: []peerSpec{p2, p3},
+			ops: []string{
+				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
+				"neigh-set 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:03 dst 198.18.0.3 dev 10 state 0x80",
+				"route-set 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115",
+				"route-set 10.244.3.0/24 via 10.244.3.0 dev 10 onlink proto 115",
+			},
+		},
+		{
+			name: "converged: nothing to do",
+			want: []peerSpec{p2, p3},
+			have: merge(programmed(p2), programmed(p3), underlayConnected),
+		},
+		{
+			name: "remove a peer: route, FDB, neighbour in that order",
+			want: []peerSpec{p2},
+			have: merge(programmed(p2), programmed(p3)),
+			ops: []string{
+				"route-del 10.244.3.0/24 via 10.244.3.0 dev 10 onlink proto 115",
+				"fdb-del 0e:00:00:00:00:03 dst 198.18.0.3 dev 10 state 0x80",
+				"neigh-del 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "MAC change replaces the neighbour and drops the old FDB entry",
+			want: []peerSpec{p2newMAC},
+			have: programmed(p2),
+			ops: []string{
+				"fdb-del 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:22 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:22 dst 198.18.0.2 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "public IP change rewrites the FDB entry only",
+			want: []peerSpec{p2newIP},
+			have: programmed(p2),
+			ops:  []string{"fdb-set 0e:00:00:00:00:02 dst 198.18.0.222 dev 10 state 0x80"},
+		},
+		{
+			name:   "DirectRouting on: peer on the underlay subnet gets a direct route, its VXLAN entries go",
+			want:   []peerSpec{p2, p3far},
+			have:   merge(programmed(p2), programmed(p3far), underlayConnected),
+			direct: true,
+			ops: []string{
+				"fdb-del 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"neigh-del 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
+				"route-set 10.244.2.0/24 via 198.18.0.2 dev 2 proto 115",
+			},
+		},
+		{
+			name: "DirectRouting off again: back to VXLAN",
+			want: []peerSpec{p2},
+			have: merge(underlayConnected, kernelState{Routes: []Route{
+				ourRoute("10.244.2.0/24", "198.18.0.2", tUnderlay),
+			}}),
+			ops: []string{
+				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"route-set 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115",
+			},
+		},
+		{
+			name:   "DirectRouting converged",
+			want:   []peerSpec{p2},
+			direct: true,
+			have: merge(underlayConnected, kernelState{Routes: []Route{
+				ourRoute("10.244.2.0/24", "198.18.0.2", tUnderlay),
+			}}),
+		},
+		{
+			name: "stale entries on the device are removed, the kernel's own neighbours are not",
+			want: []peerSpec{p2},
+			have: merge(programmed(p2), kernelState{
+				Routes: []Route{ourRoute("10.244.8.0/24", "10.244.8.0", tDev)},
+				Neighs: []Neigh{
+					{LinkIndex: tDev, IP: netip.MustParseAddr("10.244.8.0"), MAC: tMAC(8), State: NUDPermanent},
+					{LinkIndex: tDev, IP: netip.MustParseAddr("10.244.9.9"), MAC: tMAC(9), State: 0x02}, // reachable
+				},
+				FDBs: []FDB{
+					{LinkIndex: tDev, MAC: tMAC(8), Dst: netip.MustParseAddr("198.18.0.8"), State: NUDPermanent},
+					{LinkIndex: tDev, MAC: MAC{}, Dst: netip.MustParseAddr("198.18.0.99"), State: NUDPermanent},
+				},
+			}),
+			ops: []string{
+				"route-del 10.244.8.0/24 via 10.244.8.0 dev 10 onlink proto 115",
+				"fdb-del 00:00:00:00:00:00 dst 198.18.0.99 dev 10 state 0x80",
+				"fdb-del 0e:00:00:00:00:08 dst 198.18.0.8 dev 10 state 0x80",
+				"neigh-del 10.244.8.0 lladdr 0e:00:00:00:00:08 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "other programs' routes, other links' entries, our protocol elsewhere: left alone",
+			want: []peerSpec{p2},
+			have: merge(programmed(p2), kernelState{
+				Routes: []Route{foreignOnDev, oursElsewhere},
+				Neighs: []Neigh{{LinkIndex: tOther, IP: netip.MustParseAddr("10.244.8.0"), MAC: tMAC(8), State: NUDPermanent}},
+				FDBs:   []FDB{{LinkIndex: tOther, MAC: tMAC(8), Dst: netip.MustParseAddr("198.18.0.8"), State: NUDPermanent}},
+			}),
+		},
+		{
+			name:  "a foreign route holding a peer's subnet is a conflict, not overwritten",
+			want:  []peerSpec{p3},
+			have:  kernelState{Routes: []Route{foreignSameDst}},
+			confl: []netip.Prefix{p3.Subnet},
+			ops: []string{
+				"neigh-set 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:03 dst 198.18.0.3 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "drift: wrong neighbour MAC, non-permanent FDB, route on the wrong gateway",
+			want: []peerSpec{p2},
+			have: kernelState{
+				Routes: []Route{ourRoute("10.244.2.0/24", "10.244.2.1", tDev)},
+				Neighs: []Neigh{{LinkIndex: tDev, IP: p2.Subnet.Addr(), MAC: tMAC(0x99), State: NUDPermanent}},
+				FDBs:   []FDB{{LinkIndex: tDev, MAC: p2.MAC, Dst: p2.PublicIP, State: 0x02}},
+			},
+			ops: []string{
+				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"route-set 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115",
+			},
+		},
+		{
+			name: "extra remotes appended to a wanted MAC are pruned after the set",
+			want: []peerSpec{p2newIP},
+			have: merge(programmed(p2), kernelState{FDBs: []FDB{
+				{LinkIndex: tDev, MAC: p2.MAC, Dst: netip.MustParseAddr("198.18.0.77"), State: NUDPermanent},
+			}}),
+			ops: []string{
+				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.222 dev 10 state 0x80",
+				"fdb-prune 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
+				"fdb-prune 0e:00:00:00:00:02 dst 198.18.0.77 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "a second route of ours to a wanted destination is pruned",
+			want: []peerSpec{p2},
+			have: merge(programmed(p2), kernelState{Routes: []Route{
+				{Dst: p2.Subnet, Gw: p2.Subnet.Addr(), LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol, Priority: 100},
+			}}),
+			ops: []string{"route-prune 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115 metric 100"},
+		},
+		{
+			name: "a route at an old metric is replaced: new one first, then the old one goes",
+			want: []peerSpec{p2},
+			have: kernelState{
+				Routes: []Route{{Dst: p2.Subnet, Gw: p2.Subnet.Addr(), LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol}},
+				Neighs: programmed(p2).Neighs,
+				FDBs:   programmed(p2).FDBs,
+			},
+			ops: []string{
+				"route-set 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115",
+				"route-prune 10.244.2.0/24 via 10.244.2.0 dev 10 onlink proto 115",
+			},
+		},
+		{
+			name: "another program's route with a higher metric does not conflict",
+			want: []peerSpec{p3},
+			have: merge(kernelState{Routes: []Route{{Dst: p3.Subnet, Gw: netip.MustParseAddr("192.0.2.1"), LinkIndex: tOther, Protocol: 4, Priority: 1 << 20}}}),
+			ops: []string{
+				"neigh-set 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:03 dst 198.18.0.3 dev 10 state 0x80",
+				"route-set 10.244.3.0/24 via 10.244.3.0 dev 10 onlink proto 115",
+			},
+		},
+		{
+			name:  "a conflict appearing next to our route: reported, both left alone",
+			want:  []peerSpec{p3},
+			have:  merge(programmed(p3), kernelState{Routes: []Route{foreignSameDst}}),
+			confl: []netip.Prefix{p3.Subnet},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := diff(tt.want, tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct})
+			if d := cmp.Diff(tt.ops, opStrings(p.ops)); d != "" {
+				t.Errorf("ops (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tt.confl, p.conflicts, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
+				t.Errorf("conflicts (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestDiffApplyConverges applies plans to a tiny model of the kernel and
+// checks that a second diff is empty, for every pair of scenarios.
+func TestDiffIsIdempotentAfterApply(t *testing.T) {
+	sets := [][]peerSpec{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {func() peerSpec { s := tSpec(2); s.MAC = tMAC(0x22); return s }()}}
+	for i, from := range sets {
+		for j, to := range sets {
+			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
+				env := diffEnv{Dev: tDev, Underlay: tUnderlay}
+				var k kernelState
+				k = applyModel(k, diff(from, k, env).ops)
+				k = applyModel(k, diff(to, k, env).ops)
+				if ops := diff(to, k, env).ops; len(ops) != 0 {
+					t.Fatalf("not converged, still: %v", opStrings(ops))
+				}
+			})
+		}
+	}
+}
+
+func applyModel(k kernelState, ops []op) kernelState {
+	for _, o := range ops {
+		switch o.kind {
+		case opRouteSet:
+			k.Routes = append(delRoute(k.Routes, o.route.Dst), o.route)
+		case opRouteDel:
+			k.Routes = delRoute(k.Routes, o.route.Dst)
+		case opNeighSet, opNeighDel:
+			var out []Neigh
+			for _, n := range k.Neighs {
+				if n.IP != o.neigh.IP {
+					out = append(out, n)
+				}
+			}
+			if o.kind == opNeighSet {
+				out = append(out, o.neigh)
+			}
+			k.Neighs = out
+		case opFDBSet, opFDBDel, opFDBPrune:
+			var out []FDB
+			for _, f := range k.FDBs {
+				if f.MAC != o.fdb.MAC {
+					out = append(out, f)
+				}
+			}
+			if o.kind == opFDBSet {
+				out = append(out, o.fdb)
+			}
+			k.FDBs = out
+		}
+	}
+	return k
+}
+
+func delRoute(rs []Route, dst netip.Prefix) []Route {
+	var out []Route
+	for _, r := range rs {
+		if r.Dst != dst {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestValidatePeers(t *testing.T) {
+	own := netip.MustParsePrefix("10.244.1.0/24")
+	local := netip.MustParseAddr("198.18.0.1")
+	good := func(n int) Peer {
+		s := tSpec(n)
+		return Peer{Subnet: s.Subnet, PublicIP: s.PublicIP, VtepMAC: s.MAC.HardwareAddr()}
+	}
+	mod := func(n int, f func(*Peer)) Peer { p := good(n); f(&p); return p }
+	tests := []struct {
+		name   string
+		peer   Peer
+		reason string
+	}{
+		{"IPv6 subnet", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "subnet is not IPv4"},
+		{"host bits", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("10.244.5.1/24") }), "subnet has host bits set"},
+		{"no public IP", mod(5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "public IP is not a unicast IPv4 address"},
+		{"public IP 0.0.0.0", mod(5, func(p *Peer) { p.PublicIP = netip.IPv4Unspecified() }), "public IP is not a unicast IPv4 address"},
+		{"our public IP", mod(5, func(p *Peer) { p.PublicIP = local }), "public IP is our own"},
+		{"short MAC", mod(5, func(p *Peer) { p.VtepMAC = net.HardwareAddr{1, 2, 3} }), "VTEP MAC is not a unicast Ethernet address"},
+		{"multicast MAC", mod(5, func(p *Peer) { p.VtepMAC = net.HardwareAddr{1, 0, 0x5e, 0, 0, 1} }), "VTEP MAC is not a unicast Ethernet address"},
+		{"our subnet", mod(5, func(p *Peer) { p.Subnet = own }), "subnet overlaps our own lease"},
+		{"duplicate subnet", mod(2, func(p *Peer) { p.VtepMAC = tMAC(0x55).HardwareAddr() }), "duplicate subnet"},
+		{"same network address", mod(2, func(p *Peer) {
+			p.Subnet = netip.MustParsePrefix("10.244.2.0/25")
+			p.VtepMAC = tMAC(0x55).HardwareAddr()
+		}), "network address used by another peer's subnet"},
+		{"duplicate MAC", mod(5, func(p *Peer) { p.VtepMAC = tMAC(2).HardwareAddr() }), "VTEP MAC used by another peer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			specs, rejected := validatePeers([]Peer{good(3), good(2), tt.peer}, own, local)
+			if d := cmp.Diff([]peerSpec{tSpec(2), tSpec(3)}, specs, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+				t.Errorf("specs (-want +got):\n%s", d)
+			}
+			if len(rejected) != 1 {
+				t.Fatalf("rejected = %v, want one", rejected)
+			}
+			for _, why := range rejected {
+				if why != tt.reason {
+					t.Errorf("reason = %q, want %q", why, tt.reason)
+				}
+			}
+		})
+	}
+}
+
+func TestCompareDevice(t *testing.T) {
+	want := Link{Name: "overlay.1", Kind: "vxlan", MTU: 1450, MAC: tMAC(1), Up: true, VNI: 1, Port: 8472,
+		Local: netip.MustParseAddr("198.18.0.1"), UnderlayIndex: 2}
+	addr := netip.MustParsePrefix("10.244.1.0/32")
+	other := netip.MustParsePrefix("10.244.9.0/32")
+	mod := func(f func(*Link)) Link { l := want; l.Index = 5; f(&l); return l }
+	tests := []struct {
+		name   string
+		have   Link
+		addrs  []netip.Prefix
+		want   deviceDiff
+		reason string
+	}{
+		{"matches", mod(func(*Link) {}), []netip.Prefix{addr}, deviceDiff{}, ""},
+		{"wrong kind", mod(func(l *Link) { l.Kind = "dummy" }), nil, deviceDiff{Recreate: "kind is dummy, want vxlan"}, "kind is dummy, want vxlan"},
+		{"wrong port and VNI", mod(func(l *Link) { l.Port = 4789; l.VNI = 2 }), nil,
+			deviceDiff{Recreate: "VNI is 2, want 1; port is 4789, want 8472"}, "VNI is 2, want 1; port is 4789, want 8472"},
+		{"wrong local", mod(func(l *Link) { l.Local = netip.MustParseAddr("198.18.0.9") }), nil,
+			deviceDiff{Recreate: "local address is 198.18.0.9, want 198.18.0.1"}, "local address is 198.18.0.9, want 198.18.0.1"},
+		{"learning", mod(func(l *Link) { l.Learning = true }), nil, deviceDiff{Recreate: "learning is true, want false"}, "learning is true, want false"},
+		{"underlay", mod(func(l *Link) { l.UnderlayIndex = 3 }), nil, deviceDiff{Recreate: "underlay link index is 3, want 2"}, "underlay link index is 3, want 2"},
+		{"fixable: MTU, MAC, down, addresses", mod(func(l *Link) { l.MTU = 1400; l.MAC = tMAC(9); l.Up = false }), []netip.Prefix{other},
+			deviceDiff{SetMTU: true, SetMAC: true, SetUp: true, AddAddr: true, DelAddr: []netip.Prefix{other}},
+			"wrong MTU, wrong MAC, address missing, foreign addresses [10.244.9.0/32], down"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := compareDevice(want, tt.have, addr, tt.addrs)
+			if d := cmp.Diff(tt.want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
+				t.Errorf("diff (-want +got):\n%s", d)
+			}
+			if got.Reason() != tt.reason {
+				t.Errorf("Reason() = %q, want %q", got.Reason(), tt.reason)
+			}
+		})
+	}
+}
+
+func TestVtepMAC(t *testing.T) {
+	a1, a2, b := VtepMAC("node-a", 1), VtepMAC("node-a", 1), VtepMAC("node-b", 1)
+	if a1.String() != a2.String() {
+		t.Errorf("not stable: %s vs %s", a1, a2)
+	}
+	if a1.String() == b.String() || a1.String() == VtepMAC("node-a", 2).String() {
+		t.Errorf("not distinct per node and VNI")
+	}
+	for _, m := range []net.HardwareAddr{a1, b} {
+		if len(m) != 6 || m[0]&0x01 != 0 || m[0]&0x02 == 0 {
+			t.Errorf("%s is not a locally administered unicast MAC", m)
+		}
+	}
+}
+
+func TestRetryDump(t *testing.T) {
+	calls := 0
+	flaky := func(fails int, err error) func() ([]int, error) {
+		calls = 0
+		return func() ([]int, error) {
+			calls++
+			if calls <= fails {
+				return []int{-1}, err
+			}
+			return []int{1, 2}, nil
+		}
+	}
+	if got, err := retryDump(flaky(maxDumpAttempts-1, ErrDumpInterrupted)); err != nil || len(got) != 2 {
+		t.Errorf("interrupted %d times: got %v, %v; want the full listing", maxDumpAttempts-1, got, err)
+	}
+	if _, err := retryDump(flaky(maxDumpAttempts-1, syscall.EINTR)); err != nil {
+		t.Errorf("EINTR is retried too: %v", err)
+	}
+	if _, err := retryDump(flaky(maxDumpAttempts, ErrDumpInterrupted)); !errors.Is(err, ErrDumpInterrupted) || calls != maxDumpAttempts {
+		t.Errorf("always interrupted: err %v after %d calls, want ErrDumpInterrupted after %d", err, calls, maxDumpAttempts)
+	}
+	if _, err := retryDump(flaky(1, syscall.EPERM)); !errors.Is(err, syscall.EPERM) || calls != 1 {
+		t.Errorf("EPERM: err %v after %d calls, want it at once", err, calls)
+	}
+}
+
+func TestWriteErrorUnwraps(t *testing.T) {
+	err := error(&WriteError{Failed: 1, Total: 3, First: fmt.Errorf("route-set x: %w", syscall.EBUSY)})
+	if !errors.Is(err, syscall.EBUSY) || !strings.Contains(err.Error(), "1 of 3 kernel writes failed") {
+		t.Errorf("err = %v", err)
+	}
+}

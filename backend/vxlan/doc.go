@@ -1,0 +1,32 @@
+// Package vxlan is the VXLAN data plane of the overlay: one VXLAN device per
+// host (the VTEP, named overlay.<VNI>) and, for every other host, three
+// kernel entries that carry a pod's packet to it.
+//
+// The packet path, for a pod on host A (lease 10.244.1.0/24, public address
+// 198.18.0.1) sending to 10.244.2.5 on host B (10.244.2.0/24, 198.18.0.2):
+//
+//  1. route  10.244.2.0/24 via 10.244.2.0 dev overlay.1 onlink proto 115
+//     sends it to overlay.1 with next hop 10.244.2.0 (B's VTEP address; the
+//     onlink flag tells the kernel not to look for a route to the next hop);
+//  2. neigh  10.244.2.0 lladdr <B's VTEP MAC> dev overlay.1 PERMANENT
+//     gives the inner Ethernet header its destination without ARP;
+//  3. fdb    <B's VTEP MAC> dst 198.18.0.2 dev overlay.1 self permanent
+//     tells the VXLAN driver where to send frames for that MAC: it wraps the
+//     frame in UDP (port 8472, VNI 1) from 198.18.0.1 to 198.18.0.2.
+//
+// B's overlay.1 decapsulates it (its MAC matches, learning is off) and
+// routes it to the pod. With DirectRouting, a peer whose public address is
+// on a subnet directly connected to the underlay gets just a route,
+// 10.244.2.0/24 via 198.18.0.2 dev <underlay> proto 115, and no
+// encapsulation.
+//
+// The kernel state is reconciled, not scripted: each pass lists what the
+// kernel holds (one dump per kind), diffs it against the desired peer set
+// with a pure function, and applies only the delta with idempotent writes.
+// Everything the backend owns is identifiable from the kernel alone — the
+// device by name, routes by RouteProtocol, neighbour and FDB entries by
+// device — so a restarted daemon adopts what is there without flushing it,
+// stale entries of peers that left while it was down are removed, and drift
+// (an entry deleted by hand, a device recreated by someone) is repaired.
+// See Documentation/design-dataplane.md.
+package vxlan

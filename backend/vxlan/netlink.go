@@ -1,0 +1,203 @@
+package vxlan
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Netlink is the narrow slice of rtnetlink the backend uses. KernelNetlink is
+// the real implementation; vxlantest.Fake is an in-memory one that injects
+// errors and counts writes. Values are plain comparable structs rather than
+// the netlink package's types, so the reconciler can key maps by them and a
+// fake needs no knowledge of wire formats.
+//
+// Every method is about one network namespace, the one the implementation
+// was opened in. List methods may fail with netlink.ErrDumpInterrupted or
+// EINTR, which callers retry.
+type Netlink interface {
+	// LinkByName and LinkByIndex return ErrLinkNotFound (wrapped) when
+	// there is no such link.
+	LinkByName(name string) (Link, error)
+	LinkByIndex(index int) (Link, error)
+	// LinkList lists every link; only used to explain a failed LinkAdd.
+	LinkList() ([]Link, error)
+	// LinkAdd creates the VXLAN device l describes (Kind must be "vxlan").
+	LinkAdd(l Link) error
+	LinkDel(index int) error
+	LinkSetUp(index int) error
+	LinkSetMTU(index, mtu int) error
+	LinkSetMAC(index int, mac MAC) error
+
+	// AddrList returns the IPv4 addresses of a link.
+	AddrList(index int) ([]netip.Prefix, error)
+	AddrReplace(index int, addr netip.Prefix) error
+	AddrDel(index int, addr netip.Prefix) error
+
+	// RouteList returns the IPv4 routes of the main table.
+	RouteList() ([]Route, error)
+	RouteReplace(r Route) error
+	RouteDel(r Route) error
+
+	// NeighList returns the IPv4 neighbour entries of a link.
+	NeighList(index int) ([]Neigh, error)
+	NeighSet(n Neigh) error
+	NeighDel(n Neigh) error
+
+	// FDBList returns the VXLAN forwarding entries of a link, one per
+	// remote (an entry with two remotes is listed twice).
+	FDBList(index int) ([]FDB, error)
+	FDBSet(f FDB) error
+	FDBDel(f FDB) error
+
+	// Subscribe calls fn for link changes, route deletions and neighbour
+	// deletions until done is closed or the subscription breaks (for
+	// example when the socket buffer overflows); the returned channel is
+	// closed then. fn must not block.
+	Subscribe(done <-chan struct{}, fn func(Event)) (ended <-chan struct{}, err error)
+}
+
+// ErrLinkNotFound is returned (wrapped) by LinkByName and LinkByIndex.
+var ErrLinkNotFound = errors.New("link not found")
+
+// ErrDumpInterrupted is what a list returns when the kernel's table changed
+// during the dump (NLM_F_DUMP_INTR); the listing is retried.
+var ErrDumpInterrupted = netlink.ErrDumpInterrupted
+
+// MAC is an Ethernet address as a comparable value.
+type MAC [6]byte
+
+// MACFrom converts a 6-byte hardware address.
+func MACFrom(hw net.HardwareAddr) (MAC, bool) {
+	var m MAC
+	if len(hw) != len(m) {
+		return m, false
+	}
+	copy(m[:], hw)
+	return m, true
+}
+
+// HardwareAddr returns a freshly allocated net.HardwareAddr.
+func (m MAC) HardwareAddr() net.HardwareAddr { return append(net.HardwareAddr(nil), m[:]...) }
+
+// IsZero reports whether m is 00:00:00:00:00:00.
+func (m MAC) IsZero() bool { return m == MAC{} }
+
+func (m MAC) String() string {
+	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
+}
+
+// Link is a network device as far as the backend cares. For non-VXLAN links
+// only Index, Name, Kind, MTU, MAC and Up are meaningful.
+type Link struct {
+	Index int
+	Name  string
+	Kind  string // "vxlan", "veth", "dummy", ...
+	MTU   int
+	MAC   MAC
+	Up    bool // administratively up (IFF_UP)
+
+	// VXLAN attributes.
+	VNI           int
+	Port          int        // UDP destination port
+	Local         netip.Addr // source address of encapsulated packets
+	UnderlayIndex int        // the underlying device (IFLA_VXLAN_LINK)
+	Learning      bool
+	External      bool       // collect-metadata ("external") mode
+	Group         netip.Addr // default remote or multicast group, if any
+}
+
+// Route is an IPv4 route of the main table.
+type Route struct {
+	Dst       netip.Prefix
+	Gw        netip.Addr // zero for a directly connected route
+	LinkIndex int
+	OnLink    bool // RTNH_F_ONLINK: the gateway is on the link, no check
+	Protocol  int  // RTPROT_*; ours is RouteProtocol
+	Scope     int  // RT_SCOPE_*; 0 universe, 253 link
+	Priority  int  // metric
+}
+
+func (r Route) String() string {
+	s := r.Dst.String()
+	if r.Gw.IsValid() {
+		s += " via " + r.Gw.String()
+	}
+	s += fmt.Sprintf(" dev %d", r.LinkIndex)
+	if r.OnLink {
+		s += " onlink"
+	}
+	if r.Protocol != 0 {
+		s += fmt.Sprintf(" proto %d", r.Protocol)
+	}
+	if r.Scope != 0 {
+		s += fmt.Sprintf(" scope %d", r.Scope)
+	}
+	if r.Priority != 0 {
+		s += fmt.Sprintf(" metric %d", r.Priority)
+	}
+	return s
+}
+
+// NUDPermanent is the neighbour state (NUD_*) of every entry we write.
+const NUDPermanent = 0x80
+
+// Neigh is an IPv4 neighbour (ARP) entry.
+type Neigh struct {
+	LinkIndex int
+	IP        netip.Addr
+	MAC       MAC
+	State     int // NUD_*
+}
+
+func (n Neigh) String() string {
+	return fmt.Sprintf("%s lladdr %s dev %d state %#x", n.IP, n.MAC, n.LinkIndex, n.State)
+}
+
+// FDB is one remote of a VXLAN forwarding entry: frames for MAC are
+// encapsulated and sent to Dst.
+type FDB struct {
+	LinkIndex int
+	MAC       MAC
+	Dst       netip.Addr
+	State     int // NUD_*; ours are NUDPermanent
+}
+
+func (f FDB) String() string {
+	return fmt.Sprintf("%s dst %s dev %d state %#x", f.MAC, f.Dst, f.LinkIndex, f.State)
+}
+
+// EventKind says what an Event is about.
+type EventKind uint8
+
+// Kinds of Event.
+const (
+	EventLink     EventKind = iota + 1 // a link was added, changed or deleted
+	EventRouteDel                      // an IPv4 route was deleted
+	EventNeighDel                      // a neighbour or FDB entry was deleted
+)
+
+// Event is a kernel notification, reduced to what decides whether to wake
+// the reconciler.
+type Event struct {
+	Kind      EventKind
+	LinkIndex int
+	LinkName  string // EventLink only
+	Deleted   bool   // EventLink: RTM_DELLINK
+	Protocol  int    // EventRouteDel only
+}
+
+// isNotFound reports whether err means the object to delete is already gone.
+func isNotFound(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESRCH) ||
+		errors.Is(err, syscall.ENODEV) || errors.Is(err, ErrLinkNotFound)
+}
+
+// isInterrupted reports whether a dump must be retried.
+func isInterrupted(err error) bool {
+	return errors.Is(err, netlink.ErrDumpInterrupted) || errors.Is(err, syscall.EINTR)
+}

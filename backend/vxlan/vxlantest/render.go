@@ -1,0 +1,123 @@
+package vxlantest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/overlaynet/overlay/backend/vxlan"
+)
+
+// State renders what the backend owns in a namespace, read through nl, as
+// sorted lines for golden comparisons:
+//
+//	device overlay.1 vni 1 port 8472 local 198.18.0.1 underlay ul0 mtu 1450 mac 0e:... up
+//	addr overlay.1 10.244.1.0/32
+//	route 10.244.2.0/24 via 10.244.2.0 dev overlay.1 onlink
+//	route 10.250.0.0/24 dev overlay.1 proto 4         (another program's route on our device)
+//	neigh 10.244.2.0 lladdr 0e:... dev overlay.1
+//	fdb 0e:... dst 198.18.0.2 dev overlay.1
+//
+// Routes are those of our protocol on any link plus any route on the device;
+// our routes' metric is shown only if it is not vxlan.RouteMetric of their
+// destination. Neighbours: only permanent ones (the kernel's own come and
+// go). Without a
+// device, only the routes are rendered and the first line says so.
+func State(nl vxlan.Netlink, dev string) (string, error) {
+	var lines []string
+	d, err := nl.LinkByName(dev)
+	present := err == nil
+	switch {
+	case errors.Is(err, vxlan.ErrLinkNotFound):
+		lines = append(lines, "no device "+dev)
+	case err != nil:
+		return "", fmt.Errorf("look up %s: %w", dev, err)
+	}
+	name := func(i int) string {
+		if l, err := nl.LinkByIndex(i); err == nil {
+			return l.Name
+		}
+		return fmt.Sprintf("if%d", i)
+	}
+	if present {
+		up := "down"
+		if d.Up {
+			up = "up"
+		}
+		lines = append(lines, fmt.Sprintf("device %s %s vni %d port %d local %s underlay %s learning %t mtu %d mac %s %s",
+			d.Name, d.Kind, d.VNI, d.Port, d.Local, name(d.UnderlayIndex), d.Learning, d.MTU, d.MAC, up))
+		addrs, err := nl.AddrList(d.Index)
+		if err != nil {
+			return "", fmt.Errorf("list addresses: %w", err)
+		}
+		var as []string
+		for _, a := range addrs {
+			as = append(as, fmt.Sprintf("addr %s %s", d.Name, a))
+		}
+		slices.Sort(as)
+		lines = append(lines, as...)
+	}
+
+	routes, err := nl.RouteList()
+	if err != nil {
+		return "", fmt.Errorf("list routes: %w", err)
+	}
+	var rs []string
+	for _, r := range routes {
+		if r.Protocol != vxlan.RouteProtocol && !(present && r.LinkIndex == d.Index) {
+			continue
+		}
+		s := "route " + r.Dst.String()
+		if r.Gw.IsValid() {
+			s += " via " + r.Gw.String()
+		}
+		s += " dev " + name(r.LinkIndex)
+		if r.OnLink {
+			s += " onlink"
+		}
+		if r.Protocol != vxlan.RouteProtocol {
+			s += fmt.Sprintf(" proto %d", r.Protocol)
+		}
+		// Our routes' metric is a function of the destination; show it
+		// only when it is not the expected one.
+		if r.Priority != 0 && !(r.Protocol == vxlan.RouteProtocol && r.Priority == vxlan.RouteMetric(r.Dst)) {
+			s += fmt.Sprintf(" metric %d", r.Priority)
+		}
+		rs = append(rs, s)
+	}
+	slices.Sort(rs)
+	lines = append(lines, rs...)
+	if !present {
+		return strings.Join(lines, "\n") + "\n", nil
+	}
+
+	neighs, err := nl.NeighList(d.Index)
+	if err != nil {
+		return "", fmt.Errorf("list neighbours: %w", err)
+	}
+	var ns []string
+	for _, n := range neighs {
+		if n.State&vxlan.NUDPermanent != 0 {
+			ns = append(ns, fmt.Sprintf("neigh %s lladdr %s dev %s", n.IP, n.MAC, d.Name))
+		}
+	}
+	slices.Sort(ns)
+	lines = append(lines, ns...)
+
+	fdbs, err := nl.FDBList(d.Index)
+	if err != nil {
+		return "", fmt.Errorf("list FDB: %w", err)
+	}
+	var fs []string
+	for _, f := range fdbs {
+		s := fmt.Sprintf("fdb %s dst %s dev %s", f.MAC, f.Dst, d.Name)
+		if f.State&vxlan.NUDPermanent == 0 {
+			s += fmt.Sprintf(" state %#x", f.State)
+		}
+		fs = append(fs, s)
+	}
+	slices.Sort(fs)
+	lines = append(lines, fs...)
+	return strings.Join(lines, "\n") + "\n", nil
+}

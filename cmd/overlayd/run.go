@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	"github.com/spf13/cobra"
+)
+
+// hostFlags identify this host; run and teardown share them.
+type hostFlags struct {
+	iface, publicIP, nodeName, subnetFile string
+	logFormat, logLevel                   string
+}
+
+func (h *hostFlags) register(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&h.iface, "iface", "", "underlay interface for VXLAN traffic (default: the default route's interface)")
+	f.StringVar(&h.publicIP, "public-ip", "", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
+	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
+	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
+	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (h *hostFlags) config(g *GlobalFlags, errOut io.Writer) (daemon.Config, error) {
+	cfg := daemon.Config{Etcd: g.clientConfig(), Prefix: g.Prefix, NodeName: h.nodeName, Iface: h.iface, SubnetFile: h.subnetFile}
+	if h.publicIP != "" {
+		ip, err := netip.ParseAddr(h.publicIP)
+		if err != nil || !ip.Is4() {
+			return cfg, usagef("--public-ip %q: want an IPv4 address", h.publicIP)
+		}
+		cfg.PublicIP = ip
+	}
+	log, err := newLogger(errOut, h.logFormat, h.logLevel)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Logger = log
+	return cfg, nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: use text or json", format)
+}
+
+func newRunCommand(g *GlobalFlags) *cobra.Command {
+	var (
+		h                         hostFlags
+		leaseTTL                  time.Duration
+		kernelResync, leaseResync time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon: lease a subnet, program the VXLAN data path, write subnet.env",
+		Long: `Run the overlay daemon on this host until SIGTERM or SIGINT.
+
+It leases a subnet from etcd (adopting this host's existing lease or
+reservation), creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
+entry and route for every other host's lease, and writes subnet.env for
+overlay-cni. On SIGTERM it exits leaving the data path in place, so a restart
+drops no packets; 'overlayd teardown' removes it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := h.config(g, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
+			if leaseTTL < 10*time.Second {
+				return usagef("--lease-ttl %s is too short: use 10s or more (default 24h)", leaseTTL)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			if err := daemon.Run(ctx, cfg); err != nil {
+				return err
+			}
+			return nil
+		},
+	}
+	h.register(c)
+	c.Flags().DurationVar(&leaseTTL, "lease-ttl", etcdv3.DefaultLeaseTTL, "TTL of this host's lease in etcd; kept alive while overlayd runs")
+	c.Flags().DurationVar(&kernelResync, "kernel-resync", 30*time.Second, "how often to re-read the kernel and repair drift")
+	c.Flags().DurationVar(&leaseResync, "lease-resync", 5*time.Minute, "how often to re-list all leases from etcd in case a watch stalled")
+	return c
+}
+
+func newTeardownCommand(g *GlobalFlags) *cobra.Command {
+	var (
+		h   hostFlags
+		vni int
+	)
+	c := &cobra.Command{
+		Use:   "teardown",
+		Short: "Remove this host's VXLAN device, routes, neighbours, FDB entries, lease and subnet.env",
+		Long: `Remove everything overlayd set up on this host. Stop 'overlayd run' first.
+
+The lease key is deleted (a reservation is kept: an operator made it) and its
+etcd lease revoked. If etcd cannot be reached, the data path is still removed
+(using --vni) and the lease expires with its TTL.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := h.config(g, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
+			defer cancel()
+			res, err := daemon.Teardown(ctx, cfg, vni)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "removed device %s and its routes, neighbours and FDB entries\n", res.Device)
+			if res.LeaseRemoved != "" {
+				fmt.Fprintf(out, "released lease %s\n", res.LeaseRemoved)
+			}
+			if res.LeaseKept != "" {
+				fmt.Fprintf(out, "lease kept: %s\n", res.LeaseKept)
+			}
+			fmt.Fprintf(out, "removed %s\n", cfg.SubnetFile)
+			return nil
+		},
+	}
+	h.register(c)
+	c.Flags().IntVar(&vni, "vni", 1, "VNI of the device to remove when etcd cannot be reached")
+	return c
+}

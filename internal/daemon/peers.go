@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+// peerSet turns the lease set seen in etcd into the peer set handed to the
+// data plane. It is pure and incremental: each lease is validated once, when
+// it arrives (the values are untrusted), and our own subnet is left out.
+// A rejected key is reported once per revision, so a key that stays bad is
+// logged once, not at every resync.
+type peerSet struct {
+	cfg    *subnet.Config
+	own    netip.Prefix
+	prefix string // the registry's subnets prefix, to name keys
+
+	valid map[netip.Prefix]backend.Peer
+	// bad maps each currently rejected key to the revision reported.
+	bad map[string]int64
+}
+
+// rejection is a lease that will not be programmed.
+type rejection struct {
+	Key string
+	Err error
+}
+
+func newPeerSet(cfg *subnet.Config, own netip.Prefix, subnetsPrefix string) *peerSet {
+	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]backend.Peer{}, bad: map[string]int64{}}
+}
+
+// reset replaces everything with a full listing.
+func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
+	old := s.bad
+	s.valid = make(map[netip.Prefix]backend.Peer, len(snap.Leases))
+	s.bad = map[string]int64{}
+	var out []rejection
+	for _, l := range snap.Leases {
+		out = s.put(l, old, out)
+	}
+	return s.invalid(snap.Invalid, old, out)
+}
+
+// apply folds a watch batch in and returns the new rejections.
+func (s *peerSet) apply(b etcdv3.Batch) []rejection {
+	if b.Resync {
+		// A re-list batch carries every invalid key again; start the
+		// bookkeeping of undecodable keys afresh so deleted ones vanish.
+		for key := range s.bad {
+			if _, err := subnet.ParseKey(key[len(s.prefix):]); err != nil {
+				delete(s.bad, key)
+			}
+		}
+	}
+	var out []rejection
+	for _, ev := range b.Events {
+		if ev.Type == subnet.Removed {
+			delete(s.valid, ev.Lease.Subnet)
+			delete(s.bad, s.key(ev.Lease.Subnet))
+			continue
+		}
+		out = s.put(ev.Lease, s.bad, out)
+	}
+	return s.invalid(b.Invalid, s.bad, out)
+}
+
+func (s *peerSet) key(p netip.Prefix) string { return s.prefix + subnet.Key(p) }
+
+func (s *peerSet) put(l subnet.Lease, reported map[string]int64, out []rejection) []rejection {
+	if l.Subnet == s.own {
+		return out
+	}
+	peer, err := s.cfg.Peer(l)
+	if err != nil {
+		delete(s.valid, l.Subnet)
+		return s.reject(s.key(l.Subnet), l.ModRevision, err, reported, out)
+	}
+	delete(s.bad, s.key(l.Subnet))
+	s.valid[l.Subnet] = backend.Peer{Subnet: peer.Subnet, PublicIP: peer.PublicIP, VtepMAC: peer.VtepMAC}
+	return out
+}
+
+func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]int64, out []rejection) []rejection {
+	for _, i := range inv {
+		if p, err := subnet.ParseKey(i.Key[min(len(s.prefix), len(i.Key)):]); err == nil {
+			delete(s.valid, p) // an undecodable value replaces whatever was there
+		}
+		out = s.reject(i.Key, i.ModRevision, i.Err, reported, out)
+	}
+	return out
+}
+
+func (s *peerSet) reject(key string, rev int64, err error, reported map[string]int64, out []rejection) []rejection {
+	if seen, ok := reported[key]; !ok || seen != rev {
+		out = append(out, rejection{Key: key, Err: err})
+	}
+	s.bad[key] = rev
+	return out
+}
+
+// peers returns the valid peers sorted by subnet.
+func (s *peerSet) peers() []backend.Peer {
+	out := make([]backend.Peer, 0, len(s.valid))
+	for _, p := range s.valid {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b backend.Peer) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
+	return out
+}
+
+// rejected is the number of keys currently not programmed because they are
+// invalid.
+func (s *peerSet) rejected() int { return len(s.bad) }

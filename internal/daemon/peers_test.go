@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+const prefix = "/coreos.com/network/subnets/"
+
+func lease(sub, ip, mac string, rev int64) subnet.Lease {
+	return subnet.Lease{Subnet: netip.MustParsePrefix(sub), ModRevision: rev,
+		Attrs: subnet.LeaseAttrs{PublicIP: ip, BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"` + mac + `"}`)}}
+}
+
+func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := netip.MustParsePrefix("10.244.1.0/24")
+	s := newPeerSet(cfg, own, prefix)
+	snap := etcdv3.Snapshot{Leases: []subnet.Lease{
+		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
+		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
+		lease("10.244.3.0/24", "0.0.0.0", "0e:00:00:00:00:03", 3),    // bad public IP
+		lease("10.244.4.0/24", "198.18.0.4", "00:00:00:00:00:00", 4), // zero MAC
+	}, Invalid: []etcdv3.Invalid{{Key: prefix + "garbage", ModRevision: 5, Err: errors.New("bad key")}}}
+	rej := s.reset(snap)
+	if len(rej) != 3 || s.rejected() != 3 {
+		t.Fatalf("reset: %d rejections (%v), %d rejected; want 3", len(rej), rej, s.rejected())
+	}
+	peers := s.peers()
+	if len(peers) != 1 || peers[0].Subnet != netip.MustParsePrefix("10.244.2.0/24") {
+		t.Fatalf("peers = %+v, want only 10.244.2.0/24", peers)
+	}
+	// A resync that finds the same bad keys at the same revisions is quiet.
+	if rej := s.reset(snap); len(rej) != 0 {
+		t.Errorf("second reset reported %v again", rej)
+	}
+	// Fixing a bad lease programs it; changing a good one to bad removes it.
+	rej = s.apply(etcdv3.Batch{Events: []subnet.Event{
+		{Type: subnet.Changed, Lease: lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 6)},
+		{Type: subnet.Changed, Lease: lease("10.244.2.0/24", "198.18.0.2", "01:00:5e:00:00:01", 7)},
+		{Type: subnet.Added, Lease: lease("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05", 8)},
+		{Type: subnet.Removed, Lease: lease("10.244.4.0/24", "198.18.0.4", "00:00:00:00:00:00", 4)},
+	}})
+	if len(rej) != 1 || rej[0].Key != prefix+"10.244.2.0-24" {
+		t.Errorf("apply rejections = %v, want 10.244.2.0-24 only", rej)
+	}
+	got := map[string]bool{}
+	for _, p := range s.peers() {
+		got[p.Subnet.String()] = true
+	}
+	if len(got) != 2 || !got["10.244.3.0/24"] || !got["10.244.5.0/24"] {
+		t.Errorf("peers after apply = %v, want 10.244.3.0/24 and 10.244.5.0/24", got)
+	}
+	// Left: the garbage key and the multicast-MAC lease.
+	if s.rejected() != 2 {
+		t.Errorf("rejected = %d, want 2", s.rejected())
+	}
+}
+
+func TestNodeID(t *testing.T) {
+	dir := t.TempDir()
+	mid := filepath.Join(dir, "machine-id")
+	if err := os.WriteFile(mid, []byte("0123456789abcdef\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := NodeID("node-a", mid); err != nil || id != "node-a" {
+		t.Errorf("flag: %q, %v", id, err)
+	}
+	if id, err := NodeID("", mid); err != nil || id != "0123456789abcdef" {
+		t.Errorf("machine-id: %q, %v", id, err)
+	}
+	host, _ := os.Hostname()
+	if id, err := NodeID("", filepath.Join(dir, "missing")); err != nil || id != host {
+		t.Errorf("hostname fallback: %q, %v; want %q", id, err, host)
+	}
+	for _, bad := range []string{"a/b", "../x", "a b", "x\x00y"} {
+		if _, err := NodeID(bad, mid); err == nil {
+			t.Errorf("NodeID(%q) accepted", bad)
+		}
+	}
+}

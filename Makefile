@@ -13,8 +13,8 @@ FUZZTIME  ?= 10s
 all: build plugins
 
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd ./cmd/overlayd
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlay-cni ./cmd/overlay-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd ./cmd/overlayd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlay-cni ./cmd/overlay-cni
 
 # The upstream CNI plugins, built from the version pinned by go.mod's tool
 # directives (so go.sum records exactly what the tests run).

@@ -1,0 +1,304 @@
+package delegate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/utils"
+
+	"github.com/overlaynet/overlay/internal/atomicfile"
+)
+
+// Modes of the cache (DESIGN.md §7): the configurations may carry runtime
+// arguments (pod names, port mappings), so only root reads them.
+const (
+	CacheDirMode  os.FileMode = 0o700
+	CacheFileMode os.FileMode = 0o600
+	// CacheFormat is the version of the cache file format.
+	CacheFormat = 1
+	// maxCacheFile bounds what a read accepts; real entries are ~1 KiB.
+	maxCacheFile = 1 << 20
+)
+
+var (
+	// ErrInvalidAttachment marks a network name, container ID or interface
+	// name that cannot name a cache file safely.
+	ErrInvalidAttachment = errors.New("invalid attachment")
+	// ErrCacheCorrupt marks a cache file that cannot be used.
+	ErrCacheCorrupt = errors.New("corrupt cache entry")
+)
+
+// Attachment identifies one interface of one container on one network: the
+// key of the cache, and of host-local's reservations.
+type Attachment struct {
+	Network     string
+	ContainerID string
+	IfName      string
+}
+
+func (a Attachment) String() string {
+	return fmt.Sprintf("network %q container %q interface %q", a.Network, a.ContainerID, a.IfName)
+}
+
+// Validate rejects anything that could make the cache file name escape the
+// cache directory or collide: empty names, '/', NUL, "..", and whatever the
+// CNI library itself refuses in network names, container IDs and interface
+// names.
+func (a Attachment) Validate() error {
+	for _, f := range []struct{ what, val string }{
+		{"network name", a.Network}, {"container ID", a.ContainerID}, {"interface name", a.IfName},
+	} {
+		switch {
+		case f.val == "":
+			return fmt.Errorf("%w: %s is empty", ErrInvalidAttachment, f.what)
+		case strings.ContainsRune(f.val, 0):
+			return fmt.Errorf("%w: %s %q contains NUL", ErrInvalidAttachment, f.what, f.val)
+		case strings.ContainsAny(f.val, `/\`):
+			return fmt.Errorf("%w: %s %q contains a path separator", ErrInvalidAttachment, f.what, f.val)
+		case strings.Contains(f.val, ".."):
+			return fmt.Errorf("%w: %s %q contains \"..\"", ErrInvalidAttachment, f.what, f.val)
+		}
+	}
+	if err := utils.ValidateNetworkName(a.Network); err != nil {
+		return fmt.Errorf("%w: network name %q: %s", ErrInvalidAttachment, a.Network, err.Msg)
+	}
+	if err := utils.ValidateContainerID(a.ContainerID); err != nil {
+		return fmt.Errorf("%w: container ID %q: %s", ErrInvalidAttachment, a.ContainerID, err.Msg)
+	}
+	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
+		return fmt.Errorf("%w: interface name %q: %s", ErrInvalidAttachment, a.IfName, err.Msg)
+	}
+	if n := len(a.fileName()); n > 255 {
+		return fmt.Errorf("%w: cache file name would be %d bytes long (at most 255)", ErrInvalidAttachment, n)
+	}
+	return nil
+}
+
+// fileName is the cache file's name: <network>-<containerID>-<ifname>.
+func (a Attachment) fileName() string { return a.Network + "-" + a.ContainerID + "-" + a.IfName }
+
+// Entry is one cached attachment.
+type Entry struct {
+	Attachment
+	Delegate Delegate
+}
+
+// cacheFile is the on-disk form: the rendered delegate configuration, byte
+// for byte, with the attachment it belongs to (GC needs the container ID and
+// interface name back, and "-" may appear in both) and the lease it was
+// rendered from.
+type cacheFile struct {
+	Format      int             `json:"format"`
+	Network     string          `json:"network"`
+	ContainerID string          `json:"containerID"`
+	IfName      string          `json:"ifName"`
+	Lease       string          `json:"lease"`
+	Config      json.RawMessage `json:"config"`
+}
+
+// Cache stores rendered delegate configurations under Dir, one file per
+// attachment, so that DEL replays exactly what ADD used.
+type Cache struct {
+	Dir string
+}
+
+// Path returns the cache file of a, after validating a.
+func (c Cache) Path(a Attachment) (string, error) {
+	if err := a.Validate(); err != nil {
+		return "", err
+	}
+	dir := filepath.Clean(c.Dir)
+	p := filepath.Join(dir, a.fileName())
+	if filepath.Dir(p) != dir { // cannot happen after Validate; kept as the last line of defence
+		return "", fmt.Errorf("%w: %s escapes %s", ErrInvalidAttachment, p, dir)
+	}
+	return p, nil
+}
+
+// Write stores d for a atomically (temporary file, fsync, rename), creating
+// the directory with mode 0700; the file gets mode 0600.
+func (c Cache) Write(a Attachment, d Delegate) error {
+	p, err := c.Path(a)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(cacheFile{
+		Format: CacheFormat, Network: a.Network, ContainerID: a.ContainerID, IfName: a.IfName,
+		Lease: d.Lease.String(), Config: d.Config,
+	})
+	if err != nil {
+		return fmt.Errorf("encode cache entry for %s: %w", a, err)
+	}
+	if err := ensureDir(c.Dir); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(p, data, CacheFileMode); err != nil {
+		return fmt.Errorf("write cache entry: %w", err)
+	}
+	return nil
+}
+
+// ensureDir creates dir with mode 0700, or tightens an existing one.
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(dir, CacheDirMode); err != nil {
+		return fmt.Errorf("create cache directory: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("create cache directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("cache directory %s is not a directory", dir)
+	}
+	if fi.Mode().Perm() != CacheDirMode {
+		if err := os.Chmod(dir, CacheDirMode); err != nil {
+			return fmt.Errorf("set mode of cache directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// Read returns the cached entry of a. A missing entry wraps fs.ErrNotExist;
+// one that cannot be used (truncated, not JSON, for another attachment)
+// wraps ErrCacheCorrupt.
+func (c Cache) Read(a Attachment) (Entry, error) {
+	p, err := c.Path(a)
+	if err != nil {
+		return Entry{}, err
+	}
+	data, err := readLimited(p)
+	if err != nil {
+		return Entry{}, fmt.Errorf("read cache entry: %w", err)
+	}
+	e, err := decodeEntry(data)
+	if err != nil {
+		return Entry{}, fmt.Errorf("cache entry %s: %w", p, err)
+	}
+	if e.Attachment != a {
+		return Entry{}, fmt.Errorf("cache entry %s: %w: it names %s", p, ErrCacheCorrupt, e.Attachment)
+	}
+	return e, nil
+}
+
+func readLimited(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxCacheFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxCacheFile {
+		return nil, fmt.Errorf("%s: %w: larger than %d bytes", p, ErrCacheCorrupt, maxCacheFile)
+	}
+	return data, nil
+}
+
+// decodeEntry parses and checks a cache file.
+func decodeEntry(data []byte) (Entry, error) {
+	var f cacheFile
+	if len(bytes.TrimSpace(data)) == 0 {
+		return Entry{}, fmt.Errorf("%w: empty file", ErrCacheCorrupt)
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return Entry{}, fmt.Errorf("%w: %v", ErrCacheCorrupt, err)
+	}
+	if f.Format != CacheFormat {
+		return Entry{}, fmt.Errorf("%w: format %d, want %d", ErrCacheCorrupt, f.Format, CacheFormat)
+	}
+	a := Attachment{Network: f.Network, ContainerID: f.ContainerID, IfName: f.IfName}
+	if err := a.Validate(); err != nil {
+		return Entry{}, fmt.Errorf("%w: %v", ErrCacheCorrupt, err)
+	}
+	lease, err := netip.ParsePrefix(f.Lease)
+	if err != nil {
+		return Entry{}, fmt.Errorf("%w: lease: %v", ErrCacheCorrupt, err)
+	}
+	var conf struct {
+		Type       string `json:"type"`
+		Name       string `json:"name"`
+		CNIVersion string `json:"cniVersion"`
+	}
+	if isAbsent(f.Config) {
+		return Entry{}, fmt.Errorf("%w: no delegate configuration", ErrCacheCorrupt)
+	}
+	if err := json.Unmarshal(f.Config, &conf); err != nil {
+		return Entry{}, fmt.Errorf("%w: delegate configuration: %v", ErrCacheCorrupt, err)
+	}
+	if !validPluginName(conf.Type) || conf.Name != a.Network || conf.CNIVersion == "" {
+		return Entry{}, fmt.Errorf("%w: delegate configuration lacks a valid type, name or cniVersion", ErrCacheCorrupt)
+	}
+	return Entry{Attachment: a, Delegate: Delegate{Type: conf.Type, Lease: lease, Config: f.Config}}, nil
+}
+
+// Remove deletes the entry of a; a missing entry is not an error.
+func (c Cache) Remove(a Attachment) error {
+	p, err := c.Path(a)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove cache entry: %w", err)
+	}
+	return nil
+}
+
+// Listed is one file of the cache directory that may belong to a network.
+type Listed struct {
+	// Path is the cache file.
+	Path string
+	// Entry is the decoded entry when Err is nil.
+	Entry Entry
+	// Err wraps ErrCacheCorrupt (or an I/O error) when the file could not
+	// be used; such a file's name starts with "<network>-" but it may, in
+	// principle, belong to another network whose name starts the same way.
+	Err error
+}
+
+// List returns the entries of network: every regular file named
+// "<network>-*" (temporary files of a write in progress start with "." and
+// are skipped). Entries that decode but belong to another network are left
+// out. A missing directory lists nothing.
+func (c Cache) List(network string) ([]Listed, error) {
+	des, err := os.ReadDir(c.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list cache directory: %w", err)
+	}
+	var out []Listed
+	for _, de := range des {
+		name := de.Name()
+		if !de.Type().IsRegular() || !strings.HasPrefix(name, network+"-") {
+			continue
+		}
+		l := Listed{Path: filepath.Join(c.Dir, name)}
+		data, err := readLimited(l.Path)
+		if err == nil {
+			l.Entry, err = decodeEntry(data)
+		}
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // removed meanwhile
+		case err != nil:
+			l.Err = fmt.Errorf("cache entry %s: %w", l.Path, err)
+		case l.Entry.Network != network:
+			continue
+		case l.Entry.fileName() != name:
+			l.Err = fmt.Errorf("cache entry %s: %w: it names %s", l.Path, ErrCacheCorrupt, l.Entry.Attachment)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}

@@ -1,0 +1,399 @@
+package delegate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/types/create"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// Plugin implements overlay-cni's CNI verbs on top of an Invoker.
+type Plugin struct {
+	invoker Invoker
+	stdout  io.Writer
+	stderr  io.Writer
+}
+
+// New returns a Plugin that runs delegates with inv, prints results to
+// stdout and logs to stderr (nil means os.Stdout and os.Stderr).
+func New(inv Invoker, stdout, stderr io.Writer) *Plugin {
+	if stdout == nil {
+		stdout = os.Stdout
+	}
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	return &Plugin{invoker: inv, stdout: stdout, stderr: stderr}
+}
+
+// Funcs returns the verbs for skel.PluginMainFuncs; all five are set, so the
+// library never answers a verb with a silent success.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+}
+
+func (p *Plugin) logf(format string, args ...any) {
+	fmt.Fprintf(p.stderr, "overlay-cni: "+format+"\n", args...)
+}
+
+// loadConf parses the network configuration (code 7 on failure).
+func loadConf(args *skel.CmdArgs) (*NetConf, error) {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return nil, cniError(types.ErrInvalidNetworkConfig, err,
+			"invalid overlay-cni network configuration: fix the network config file (see Documentation/cni.md)")
+	}
+	return conf, nil
+}
+
+// loadAttachment parses the configuration and validates the container ID and
+// interface name (code 4 when they could escape or collide in the cache).
+func loadAttachment(args *skel.CmdArgs) (*NetConf, Attachment, error) {
+	conf, err := loadConf(args)
+	if err != nil {
+		return nil, Attachment{}, err
+	}
+	a := Attachment{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+	if err := a.Validate(); err != nil {
+		return nil, Attachment{}, cniError(types.ErrInvalidEnvironmentVariables, err,
+			"invalid CNI_CONTAINERID %q or CNI_IFNAME %q: the runtime must pass a plain container ID and interface name", args.ContainerID, args.IfName)
+	}
+	return conf, a, nil
+}
+
+func runtimeOf(args *skel.CmdArgs) Runtime {
+	return Runtime{ContainerID: args.ContainerID, NetNS: args.Netns, IfName: args.IfName, Args: args.Args, Path: args.Path}
+}
+
+// envNotReady is the ADD/CHECK error for a missing or unusable subnet.env.
+func envNotReady(code uint, file string, err error) *types.Error {
+	return cniError(code, err,
+		"subnet file %s is missing or unusable: overlayd writes it once it holds this host's lease; start overlayd (or fix subnetFile) and try again", file)
+}
+
+// Add renders the delegate configuration from the host's lease, caches it
+// (before delegating, so that a DEL after a failed or interrupted ADD can
+// still clean up), runs the delegate's ADD and prints its result in the
+// requested cniVersion. If anything fails after the cache is written, the
+// delegate's DEL runs before the error is returned.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	conf, att, err := loadAttachment(args)
+	if err != nil {
+		return err
+	}
+	env, err := subnet.ReadEnv(conf.SubnetFile)
+	if err != nil {
+		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
+	}
+	d, err := Render(conf, env)
+	if err != nil {
+		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
+	}
+	cache := Cache{Dir: conf.DataDir}
+	if err := cache.Write(att, d); err != nil {
+		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
+	}
+
+	ctx := context.Background()
+	rt := runtimeOf(args)
+	res, err := p.invoker.Add(ctx, d.Type, d.Config, rt)
+	if err != nil {
+		return p.rollback(ctx, cache, att, d, rt, delegateError("ADD", d.Type, err))
+	}
+	out, err := res.GetAsVersion(conf.CNIVersion)
+	if err != nil {
+		return p.rollback(ctx, cache, att, d, rt, cniError(CodeDelegateFailed, err,
+			"the %s result cannot be converted to cniVersion %s: use a delegate that supports it", d.Type, conf.CNIVersion))
+	}
+	if err := out.PrintTo(p.stdout); err != nil {
+		return p.rollback(ctx, cache, att, d, rt, cniError(types.ErrIOFailure, err, "cannot write the ADD result to stdout"))
+	}
+	return nil
+}
+
+// rollback undoes a failed ADD with the delegate's DEL. The cache entry goes
+// only if that DEL succeeded; otherwise it stays for the runtime's DEL.
+func (p *Plugin) rollback(ctx context.Context, cache Cache, att Attachment, d Delegate, rt Runtime, cause *types.Error) error {
+	if err := p.invoker.Del(ctx, d.Type, d.Config, rt); err != nil {
+		p.logf("ADD of %s failed and so did the rollback DEL; the cache entry is kept for the runtime's DEL: %v", att, err)
+		cause.Details = joinDetails(cause.Details, "rollback DEL failed: "+err.Error())
+		return cause
+	}
+	if err := cache.Remove(att); err != nil {
+		p.logf("ADD of %s rolled back, but its cache entry stays: %v", att, err)
+	}
+	return cause
+}
+
+func joinDetails(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// Del releases an attachment. It never needs the daemon: with a cache entry
+// it replays the cached configuration through the delegate's DEL and removes
+// the entry only if that succeeded; without a usable entry it re-renders the
+// configuration from subnet.env and still runs the delegate's DEL; with
+// neither there is nothing it could release, and it succeeds. An empty
+// CNI_NETNS is passed on (the bridge plugin then only releases the address).
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	conf, att, err := loadAttachment(args)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	rt := runtimeOf(args)
+	cache := Cache{Dir: conf.DataDir}
+
+	e, err := cache.Read(att)
+	if err == nil {
+		if err := p.invoker.Del(ctx, e.Delegate.Type, e.Delegate.Config, rt); err != nil {
+			te := delegateError("DEL", e.Delegate.Type, err)
+			te.Msg += " (the cache entry is kept; DEL can be retried)"
+			return te
+		}
+		if err := cache.Remove(att); err != nil {
+			p.logf("DEL of %s succeeded, but its cache entry stays (GC or the next DEL removes it): %v", att, err)
+		}
+		return nil
+	}
+	missing := errors.Is(err, fs.ErrNotExist)
+	if !missing {
+		p.logf("cannot use the cache entry of %s, re-rendering from %s instead: %v", att, conf.SubnetFile, err)
+	}
+	env, err := subnet.ReadEnv(conf.SubnetFile)
+	if err != nil {
+		p.logf("DEL of %s: no usable cache entry and %v: nothing to release", att, err)
+		return nil
+	}
+	d, err := Render(conf, env)
+	if err != nil {
+		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
+	}
+	if err := p.invoker.Del(ctx, d.Type, d.Config, rt); err != nil {
+		return delegateError("DEL", d.Type, err)
+	}
+	if !missing {
+		if err := cache.Remove(att); err != nil {
+			p.logf("DEL of %s succeeded, but its unusable cache entry stays: %v", att, err)
+		}
+	}
+	return nil
+}
+
+// Check verifies an attachment: its cache entry exists, subnet.env is there
+// and still holds the lease the attachment was made from, and the delegate's
+// CHECK (with the cached configuration and the runtime's prevResult) passes.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	conf, att, err := loadAttachment(args)
+	if err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return cniError(types.ErrInvalidNetworkConfig, nil, "CHECK of %s needs a prevResult: the runtime must pass the ADD result", att)
+	}
+	e, err := Cache{Dir: conf.DataDir}.Read(att)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return cniError(CodeNoCache, err, "%s has no cache entry in %s: it was not added by overlay-cni (or the entry was removed); recreate the pod", att, conf.DataDir)
+	case errors.Is(err, ErrCacheCorrupt):
+		return cniError(CodeCacheCorrupt, err, "the cache entry of %s is corrupt: recreate the pod", att)
+	case err != nil:
+		return cniError(types.ErrIOFailure, err, "cannot read the cache entry of %s: check dataDir %s", att, conf.DataDir)
+	}
+	env, err := subnet.ReadEnv(conf.SubnetFile)
+	if err != nil {
+		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
+	}
+	if env.Lease() != e.Delegate.Lease {
+		return cniError(CodeLeaseChanged, nil,
+			"the host's lease changed from %s to %s since %s was added: its address no longer routes; recreate the pod",
+			e.Delegate.Lease, env.Lease(), att)
+	}
+	cfg, err := withPrevResult(e.Delegate.Config, conf.CNIVersion, conf.PrevResult)
+	if err != nil {
+		return cniError(types.ErrDecodingFailure, err, "cannot pass the prevResult of %s to the delegate", att)
+	}
+	if err := p.invoker.Check(context.Background(), e.Delegate.Type, cfg, runtimeOf(args)); err != nil {
+		return delegateError("CHECK", e.Delegate.Type, err)
+	}
+	return nil
+}
+
+// withPrevResult returns the cached delegate configuration with prevResult
+// set, converted to the cached configuration's cniVersion.
+func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(config, &m); err != nil {
+		return nil, err
+	}
+	var cachedVersion string
+	if err := json.Unmarshal(m["cniVersion"], &cachedVersion); err != nil {
+		return nil, fmt.Errorf("cached cniVersion: %w", err)
+	}
+	res, err := create.Create(version, prev)
+	if err != nil {
+		return nil, fmt.Errorf("prevResult: %w", err)
+	}
+	conv, err := res.GetAsVersion(cachedVersion)
+	if err != nil {
+		return nil, fmt.Errorf("prevResult: %w", err)
+	}
+	if m["prevResult"], err = json.Marshal(conv); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// Status reports whether ADD can work: subnet.env must be there and valid
+// (else code 50), and the delegate's STATUS must pass.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	conf, err := loadConf(args)
+	if err != nil {
+		return err
+	}
+	env, err := subnet.ReadEnv(conf.SubnetFile)
+	if err != nil {
+		return cniError(types.ErrPluginNotAvailable, err,
+			"overlay network not ready: subnet file %s is missing or unusable; start overlayd (it writes the file once it holds this host's lease)", conf.SubnetFile)
+	}
+	d, err := Render(conf, env)
+	if err != nil {
+		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
+	}
+	if err := p.invoker.Status(context.Background(), d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
+		return delegateError("STATUS", d.Type, err)
+	}
+	return nil
+}
+
+// GC removes what belongs to attachments that are no longer valid: each
+// cached attachment not in the valid list is deleted through the delegate
+// (with an empty netns: the namespace is gone, or is no longer ours to
+// touch) and its cache entry removed; then host-local reservations of
+// invalid attachments are released under host-local's lock; then the GC is
+// forwarded to the delegate. It continues past errors and reports them all.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	conf, err := loadConf(args)
+	if err != nil {
+		return err
+	}
+	if !conf.HasValidAttachments {
+		return cniError(types.ErrInvalidNetworkConfig, nil,
+			"GC needs cni.dev/valid-attachments (an empty list to remove everything); refusing to guess")
+	}
+	pairs := make([][2]string, 0, len(conf.ValidAttachments))
+	validFiles := map[string]bool{}
+	for _, v := range conf.ValidAttachments {
+		pairs = append(pairs, [2]string{v.ContainerID, v.IfName})
+		validFiles[Attachment{Network: conf.Name, ContainerID: v.ContainerID, IfName: v.IfName}.fileName()] = true
+	}
+	valid := NewValidSet(pairs)
+	ctx := context.Background()
+	var errs []error
+
+	listed, err := Cache{Dir: conf.DataDir}.List(conf.Name)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range listed {
+		if l.Err != nil && !errors.Is(l.Err, ErrCacheCorrupt) {
+			errs = append(errs, l.Err)
+			continue
+		}
+		if l.Err != nil {
+			if validFiles[filepath.Base(l.Path)] {
+				p.logf("GC: keeping the unusable cache entry of a valid attachment: %v", l.Err)
+				continue
+			}
+			p.logf("GC: removing an unusable cache entry (host-local's sweep releases its address): %v", l.Err)
+			if err := removeFile(l.Path); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		att := l.Entry.Attachment
+		if valid.Has(att.ContainerID, att.IfName) {
+			continue
+		}
+		rt := Runtime{ContainerID: att.ContainerID, IfName: att.IfName, Path: args.Path}
+		if err := p.invoker.Del(ctx, l.Entry.Delegate.Type, l.Entry.Delegate.Config, rt); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale %s: %w", att, err))
+			continue
+		}
+		if err := removeFile(l.Path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.logf("GC: deleted stale %s", att)
+	}
+
+	released, err := SweepHostLocal(conf.HostLocalDir(), valid)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("sweep host-local reservations in %s: %w", conf.HostLocalDir(), err))
+	}
+	for _, a := range released {
+		p.logf("GC: released host-local reservation %s", a)
+	}
+
+	if env, err := subnet.ReadEnv(conf.SubnetFile); err != nil {
+		p.logf("GC: not forwarding GC to the delegate, its configuration cannot be rendered: %v", err)
+	} else if err := p.delegateGC(ctx, conf, env, args.Path); err != nil {
+		errs = append(errs, err)
+	}
+
+	if len(errs) > 0 {
+		return cniError(CodeGCIncomplete, errors.Join(errs...),
+			"GC of network %q left %d stale resource(s) behind: see the details; the next GC retries them", conf.Name, len(errs))
+	}
+	return nil
+}
+
+// delegateGC forwards the GC to the delegate with the valid attachments.
+func (p *Plugin) delegateGC(ctx context.Context, conf *NetConf, env subnet.Env, path string) error {
+	d, err := Render(conf, env)
+	if err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(d.Config, &m); err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	list := conf.ValidAttachments
+	if list == nil {
+		list = []types.GCAttachment{}
+	}
+	raw, err := json.Marshal(list)
+	if err != nil {
+		return fmt.Errorf("encode the valid attachments: %w", err)
+	}
+	m["cni.dev/valid-attachments"] = raw
+	m["cni.dev/attachments"] = raw
+	cfg, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	if err := p.invoker.GC(ctx, d.Type, cfg, Runtime{Path: path}); err != nil {
+		return fmt.Errorf("delegate %s GC: %w", d.Type, err)
+	}
+	return nil
+}
+
+func removeFile(p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove cache entry: %w", err)
+	}
+	return nil
+}

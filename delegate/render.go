@@ -1,0 +1,114 @@
+package delegate
+
+import (
+	"encoding/json"
+	"net/netip"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// Delegate is a rendered delegate configuration: what overlay-cni hands to
+// the delegate plugin on stdin, and what the cache stores for DEL.
+type Delegate struct {
+	// Type is the delegate plugin to run (the config's "type").
+	Type string
+	// Lease is the host's lease the configuration was rendered from.
+	Lease netip.Prefix
+	// Config is the delegate's network configuration, compact JSON with
+	// sorted keys.
+	Config []byte
+}
+
+// legacyRangeKeys are host-local's old single-range keys. host-local
+// prepends such a range to "ranges", so they are dropped from the ipam base:
+// the only range is ever the lease.
+var legacyRangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
+
+// Render builds the delegate configuration for the host's lease
+// (DESIGN.md §7):
+//
+//   - the user's delegate keys, then the defaults for the keys the user did
+//     not set: bridge "cni0", mtu = OVERLAY_MTU, ipMasq = !OVERLAY_IPMASQ
+//     (overlayd masquerades itself when OVERLAY_IPMASQ is true) and
+//     isGateway true (the bridge holds the lease's first address, the pods'
+//     gateway);
+//   - always ours: name, cniVersion, type (delegate.type, default bridge);
+//   - ipam: the user's ipam base with type host-local, ranges = the lease
+//     and routes = the cluster network first, then the user's routes
+//     (duplicates dropped);
+//   - runtimeConfig and args as the runtime gave them.
+//
+// Render is pure: the same inputs always give the same bytes.
+func Render(c *NetConf, env subnet.Env) (Delegate, error) {
+	if err := env.Validate(); err != nil {
+		return Delegate{}, err
+	}
+	lease := env.Lease()
+	network := env.Network.Masked()
+
+	// enc encodes one value; only a malformed raw value (never produced by
+	// ParseConf) can fail, and the first failure is reported below.
+	var encErr error
+	enc := func(v any) json.RawMessage {
+		b, err := json.Marshal(v)
+		if err != nil && encErr == nil {
+			encErr = err
+		}
+		return b
+	}
+
+	out := make(map[string]json.RawMessage, len(c.Delegate)+8)
+	for k, v := range c.Delegate {
+		out[k] = v
+	}
+	setDefault := func(k string, v any) {
+		if _, ok := out[k]; !ok {
+			out[k] = enc(v)
+		}
+	}
+	setDefault("bridge", DefaultBridge)
+	setDefault("mtu", env.MTU)
+	setDefault("ipMasq", !env.IPMasq)
+	setDefault("isGateway", true)
+	out["type"] = enc(c.DelegateType)
+	out["name"] = enc(c.Name)
+	out["cniVersion"] = enc(c.CNIVersion)
+
+	ipam := make(map[string]json.RawMessage, len(c.IPAM)+3)
+	for k, v := range c.IPAM {
+		ipam[k] = v
+	}
+	for _, k := range legacyRangeKeys {
+		delete(ipam, k)
+	}
+	ipam["type"] = enc("host-local")
+	ipam["ranges"] = enc([][]map[string]string{{{"subnet": lease.String()}}})
+	userRoutes, err := ipamRoutes(c.IPAM)
+	if err != nil {
+		return Delegate{}, err
+	}
+	routes := []json.RawMessage{enc(map[string]string{"dst": network.String()})}
+	seen := map[string]bool{network.String() + " via ": true}
+	for _, r := range userRoutes {
+		key := r.dst.String() + " via " + r.gw
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		routes = append(routes, r.raw)
+	}
+	ipam["routes"] = enc(routes)
+	out["ipam"] = enc(ipam)
+
+	if c.RuntimeConfig != nil {
+		out["runtimeConfig"] = c.RuntimeConfig
+	}
+	if c.Args != nil {
+		out["args"] = c.Args
+	}
+	data := enc(out)
+	if encErr != nil {
+		return Delegate{}, invalidf("cannot encode the delegate configuration: %v", encErr)
+	}
+	return Delegate{Type: c.DelegateType, Lease: lease, Config: data}, nil
+}

@@ -1,0 +1,137 @@
+package delegate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/render")
+
+func testEnv(ipMasq bool) subnet.Env {
+	return subnet.NewEnv(netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.7.0/24"), 1450, ipMasq)
+}
+
+// TestRenderGolden renders the delegate configuration of typical and
+// tricky network configurations and compares it with testdata/render/*.json
+// (go test -run TestRenderGolden -update rewrites them).
+func TestRenderGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		conf   string
+		ipMasq bool
+	}{
+		{
+			// The configuration of deploy/cni/10-overlay.conflist.
+			name:   "conflist",
+			conf:   `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","delegate":{"hairpinMode":true,"isDefaultGateway":true}}`,
+			ipMasq: true,
+		},
+		{
+			name:   "minimal-bridge-masquerades",
+			conf:   `{"cniVersion":"0.3.0","name":"overlay","type":"overlay-cni"}`,
+			ipMasq: false,
+		},
+		{
+			name: "delegate-overrides",
+			conf: `{"cniVersion":"1.0.0","name":"pods","type":"overlay-cni","delegate":{
+				"type":"my-bridge","bridge":"br-pods","mtu":1400,"isGateway":false,"ipMasq":true,
+				"name":"not-used","cniVersion":"0.1.0","prevResult":{"x":1},"cni.dev/x":1,"runtimeConfig":{"mac":"user"}}}`,
+			ipMasq: true,
+		},
+		{
+			name: "ipam-base",
+			conf: `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","ipam":{
+				"type":"dhcp","dataDir":"/var/lib/overlay-ipam","resolvConf":"/etc/resolv.conf",
+				"subnet":"1.2.3.0/24","rangeStart":"1.2.3.10","gateway":"1.2.3.1",
+				"ranges":[[{"subnet":"9.9.9.0/24"}]],
+				"routes":[{"dst":"10.244.0.0/16"},{"dst":"192.168.0.0/16","gw":"10.244.7.1"},{"dst":"192.168.0.0/16","gw":"10.244.7.1"},{"dst":"172.16.0.1/12","mtu":1300}]}}`,
+			ipMasq: true,
+		},
+		{
+			name: "delegate-ipam-and-runtime",
+			conf: `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni",
+				"delegate":{"ipam":{"routes":[{"dst":"0.0.0.0/0"}]},"runtimeConfig":{"mac":"user"}},
+				"runtimeConfig":{"mac":"0e:00:00:00:00:01","portMappings":[{"hostPort":80,"containerPort":8080,"protocol":"tcp"}]},
+				"args":{"cni":{"ips":["10.244.7.9"]}}}`,
+			ipMasq: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseConf([]byte(tc.conf))
+			if err != nil {
+				t.Fatalf("ParseConf: %v", err)
+			}
+			d, err := Render(c, testEnv(tc.ipMasq))
+			if err != nil {
+				t.Fatalf("Render: %v", err)
+			}
+			again, err := Render(c, testEnv(tc.ipMasq))
+			if err != nil || !bytes.Equal(d.Config, again.Config) {
+				t.Fatalf("Render is not deterministic: %s vs %s (%v)", d.Config, again.Config, err)
+			}
+			if d.Lease != netip.MustParsePrefix("10.244.7.0/24") {
+				t.Errorf("Lease = %s, want 10.244.7.0/24", d.Lease)
+			}
+			golden := filepath.Join("testdata", "render", tc.name+".json")
+			if *update {
+				var pretty bytes.Buffer
+				if err := json.Indent(&pretty, d.Config, "", "  "); err != nil {
+					t.Fatal(err)
+				}
+				pretty.WriteByte('\n')
+				if err := os.WriteFile(golden, pretty.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			wantBytes, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("read golden file (run with -update to create it): %v", err)
+			}
+			var want, got any
+			if err := json.Unmarshal(wantBytes, &want); err != nil {
+				t.Fatalf("golden %s: %v", golden, err)
+			}
+			if err := json.Unmarshal(d.Config, &got); err != nil {
+				t.Fatalf("rendered config is not JSON: %v", err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("rendered config differs from %s (-want +got):\n%s", golden, diff)
+			}
+			var typ struct {
+				Type string `json:"type"`
+			}
+			_ = json.Unmarshal(d.Config, &typ)
+			if d.Type != typ.Type {
+				t.Errorf("Delegate.Type = %q, config type %q", d.Type, typ.Type)
+			}
+		})
+	}
+}
+
+func TestRenderRejectsInvalidEnv(t *testing.T) {
+	c, err := ParseConf([]byte(`{"cniVersion":"1.1.0","name":"n"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Render(c, subnet.Env{}); !errors.Is(err, subnet.ErrEnvInvalid) {
+		t.Errorf("Render(zero Env) = %v, want ErrEnvInvalid", err)
+	}
+}
+
+func TestRenderRejectsMalformedRawValues(t *testing.T) {
+	c := &NetConf{CNIVersion: "1.1.0", Name: "n", DelegateType: "bridge",
+		Delegate: map[string]json.RawMessage{"x": json.RawMessage(`{not json`)}}
+	if _, err := Render(c, testEnv(true)); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Render(malformed raw delegate value) = %v, want ErrInvalidConfig", err)
+	}
+}

@@ -116,6 +116,7 @@ OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
 	root.AddCommand(
 		newRunCommand(g),
 		newTeardownCommand(g),
+		newStatusCommand(g),
 		newLeaseCommand(g),
 		newConfigCommand(g),
 		newVersionCommand(),

@@ -70,6 +70,8 @@ func newRunCommand(g *GlobalFlags) *cobra.Command {
 		h                         hostFlags
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
+		ipMasq                    bool
+		healthAddr                string
 	)
 	c := &cobra.Command{
 		Use:   "run",
@@ -88,6 +90,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 				return err
 			}
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
+			cfg.IPMasq, cfg.HealthAddr = ipMasq, healthAddr
 			if leaseTTL < 10*time.Second {
 				return usagef("--lease-ttl %s is too short: use 10s or more (default 24h)", leaseTTL)
 			}
@@ -103,6 +106,8 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().DurationVar(&leaseTTL, "lease-ttl", etcdv3.DefaultLeaseTTL, "TTL of this host's lease in etcd; kept alive while overlayd runs")
 	c.Flags().DurationVar(&kernelResync, "kernel-resync", 30*time.Second, "how often to re-read the kernel and repair drift")
 	c.Flags().DurationVar(&leaseResync, "lease-resync", 5*time.Minute, "how often to re-list all leases from etcd in case a watch stalled")
+	c.Flags().BoolVar(&ipMasq, "ip-masq", true, "masquerade pod traffic leaving the cluster network (nftables table \"overlay\"); pod-to-pod traffic is never NATed")
+	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	return c
 }
 

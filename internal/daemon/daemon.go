@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +41,15 @@ type Config struct {
 	PublicIP      netip.Addr
 	SubnetFile    string
 	LeaseTTL      time.Duration
+	// IPMasq: overlayd masquerades pod traffic leaving the cluster network
+	// (so subnet.env tells the bridge plugin not to).
+	IPMasq bool
+
+	// HealthAddr is where /healthz, /readyz, /metrics and /status are
+	// served ("" disables); HealthListener, if set, is used instead (tests
+	// open it inside the host's namespace).
+	HealthAddr     string
+	HealthListener net.Listener
 
 	// KernelResync is how often the kernel is re-listed to repair drift
 	// (default 30 s); LeaseResync how often etcd is (default 5 min).
@@ -95,6 +106,19 @@ func Run(ctx context.Context, cfg Config) error {
 	log = log.With("node", nodeID)
 	log.Info("starting", "iface", ul.Iface, "public_ip", ul.PublicIP, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	st := &probe{node: nodeID, iface: ul.Iface, publicIP: ul.PublicIP}
+	m := newMetrics(st)
+	if ln, err := healthListener(cfg); err != nil {
+		return err
+	} else if ln != nil {
+		wg.Go(func() { serveHTTP(ctx, ln, st, m, log) })
+		log.Info("serving health and metrics", "addr", ln.Addr())
+	}
+
 	cli, err := etcdclient.New(cfg.Etcd)
 	if err != nil {
 		return err
@@ -113,6 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 	host := etcdv3.Host{NodeID: nodeID, PublicIP: ul.PublicIP, VtepMAC: vxlan.VtepMAC(nodeID, netCfg.Backend.VNI), Previous: previousLease(cfg.SubnetFile, netCfg, log)}
 	host.Hostname, _ = os.Hostname()
 	mgr := etcdv3.NewManager(reg, netCfg, host, etcdv3.ManagerOptions{LeaseTTL: cfg.LeaseTTL, Logger: log})
+	st.set(func(p *probe) { p.mgr = mgr })
 	var lease subnet.Lease
 	if err := retry(ctx, log, "acquire a lease", func(ctx context.Context) (err error) {
 		lease, err = mgr.Acquire(ctx)
@@ -130,16 +155,17 @@ func Run(ctx context.Context, cfg Config) error {
 	be, err := vxlan.New(vxlan.Config{
 		VNI: netCfg.Backend.VNI, Port: netCfg.Backend.Port, DirectRouting: netCfg.Backend.DirectRouting, MTU: netCfg.Backend.MTU,
 		Underlay: ul.Iface, LocalIP: ul.PublicIP, OwnSubnet: lease.Subnet, NodeID: nodeID,
-		ResyncInterval: cfg.KernelResync, Logger: log,
+		ResyncInterval: cfg.KernelResync, Logger: log, OnPeerProgrammed: m.programmed,
 	}, nl)
 	if err != nil {
 		return err
 	}
+	st.set(func(p *probe) { p.be = be })
 	dev, err := be.EnsureDevice(ctx)
 	if err != nil {
 		return fmt.Errorf("set up the VXLAN device: %w", err)
 	}
-	env := subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, false)
+	env := subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, cfg.IPMasq)
 	if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {
 		return err
 	}
@@ -153,14 +179,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	peers := newPeerSet(netCfg, lease.Subnet, reg.SubnetsPrefix())
-	logRejections(log, peers.reset(snap))
-	be.SetPeers(peers.peers())
+	now := time.Now()
+	for _, l := range snap.Leases {
+		m.eventArrived(l.Subnet, now)
+	}
+	m.rejected(peers.reset(snap), log)
+	publishPeers(be, peers, st, m)
 	log.Info("initial lease set", "peers", len(peers.valid), "rejected", peers.rejected(), "revision", snap.Revision)
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	fatal := make(chan error, 1)
 	wg.Go(func() { _ = be.Run(ctx) })
 	wg.Go(func() {
@@ -168,7 +194,8 @@ func Run(ctx context.Context, cfg Config) error {
 			fatal <- err
 		}
 	})
-	batches := reg.Watch(ctx, snap, etcdv3.WatchOptions{ResyncInterval: cfg.LeaseResync, Logger: log})
+	batches := reg.Watch(ctx, snap, etcdv3.WatchOptions{ResyncInterval: cfg.LeaseResync, Logger: log,
+		OnRestart: func(string) { m.watchRestarts.Inc() }})
 	envCheck := time.NewTicker(5 * time.Second)
 	defer envCheck.Stop()
 	for {
@@ -183,8 +210,16 @@ func Run(ctx context.Context, cfg Config) error {
 				continue // ctx is ending
 			}
 			logEvents(log, b, lease.Subnet)
-			logRejections(log, peers.apply(b))
-			be.SetPeers(peers.peers())
+			now := time.Now()
+			for _, ev := range b.Events {
+				if ev.Type == subnet.Removed {
+					m.eventGone(ev.Lease.Subnet)
+				} else {
+					m.eventArrived(ev.Lease.Subnet, now)
+				}
+			}
+			m.rejected(peers.apply(b), log)
+			publishPeers(be, peers, st, m)
 		case <-envCheck.C:
 			// The device MTU follows the underlay's; pods must learn it.
 			if mtu := be.Status().MTU; mtu > 0 && mtu != env.MTU {
@@ -277,8 +312,37 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
 	}
 }
 
-func logRejections(log *slog.Logger, rs []rejection) {
+// rejected logs and counts newly rejected leases.
+func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
 	for _, r := range rs {
 		log.Warn("skipping invalid lease", "key", r.Key, "err", r.Err)
+		m.rejectionsTotal.Inc()
+		if p, err := subnet.ParseKey(r.Key[strings.LastIndexByte(r.Key, '/')+1:]); err == nil {
+			m.eventGone(p)
+		}
 	}
+}
+
+// publishPeers hands the peer set to the backend and records its size.
+func publishPeers(be *vxlan.Backend, peers *peerSet, st *probe, m *metrics) {
+	be.SetPeers(peers.peers())
+	valid, rejected := len(peers.valid), peers.rejected()
+	st.set(func(p *probe) { p.expected, p.rejected = valid, rejected })
+	m.leasesSeen.Set(float64(valid + rejected + 1)) // + our own
+	m.leasesRejected.Set(float64(rejected))
+}
+
+// healthListener opens the health endpoint's listener, if one is wanted.
+func healthListener(cfg Config) (net.Listener, error) {
+	if cfg.HealthListener != nil {
+		return cfg.HealthListener, nil
+	}
+	if cfg.HealthAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", cfg.HealthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--health-addr %s: %w (is another overlayd running? set --health-addr to another address, or \"\" to disable)", cfg.HealthAddr, err)
+	}
+	return ln, nil
 }

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/printer"
+	"github.com/spf13/cobra"
+)
+
+func newStatusCommand(g *GlobalFlags) *cobra.Command {
+	var addr string
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show this host's lease, device, peers and readiness, from the local overlayd",
+		Long: `Ask the overlayd running on this host (its --health-addr) for its state: the
+lease, public IP, VXLAN device, peers programmed versus expected, and each
+readiness condition with the reason it fails. Exits 1 if the daemon is not
+ready or cannot be reached.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), g.DialTimeout)
+			defer cancel()
+			st, err := fetchStatus(ctx, addr)
+			if err != nil {
+				return err
+			}
+			if err := printer.Write(cmd.OutOrStdout(), format, statusOutput(st)); err != nil {
+				return err
+			}
+			if !st.Ready {
+				return fmt.Errorf("overlayd is not ready (see the conditions above)")
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&addr, "health-addr", daemon.DefaultHealthAddr, "the local overlayd's --health-addr")
+	return c
+}
+
+func fetchStatus(ctx context.Context, addr string) (daemon.Status, error) {
+	var st daemon.Status
+	url := "http://" + addr + "/status"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return st, usagef("--health-addr %q: %v", addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("cannot reach overlayd at %s: %w: is `overlayd run` running here, and with this --health-addr?", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("overlayd at %s answered %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return st, fmt.Errorf("decode status from %s: %w", url, err)
+	}
+	return st, nil
+}
+
+func statusOutput(st daemon.Status) printer.Output {
+	rows := [][]string{
+		{"node", st.Node},
+		{"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"},
+		{"subnet", orDash(st.Subnet) + leaseNote(st)},
+		{"device", orDash(st.Device) + " mtu " + strconv.Itoa(st.MTU) + " mac " + orDash(st.VtepMAC)},
+		{"peers", fmt.Sprintf("%d programmed / %d expected, %d invalid leases skipped", st.PeersProgrammed, st.PeersExpected, st.LeasesRejected)},
+	}
+	if st.LastReconcile != nil {
+		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})
+	}
+	rows = append(rows, []string{"ready", yesNo(st.Ready)})
+	for _, c := range st.Conditions {
+		v := "ok"
+		if !c.OK {
+			v = "FAIL: " + c.Reason
+		}
+		rows = append(rows, []string{"  " + c.Name, v})
+	}
+	return printer.Output{Rows: rows, JSON: st}
+}
+
+func leaseNote(st daemon.Status) string {
+	switch {
+	case st.Reserved:
+		return " (reserved)"
+	case st.LeaseExpires != nil:
+		return " (expires in " + time.Until(*st.LeaseExpires).Round(time.Second).String() + " unless renewed)"
+	}
+	return ""
+}
+
+func errNote(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " (failed: " + e + ")"
+}

@@ -1,0 +1,137 @@
+package daemon
+
+import (
+	"math"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/overlaynet/overlay/backend"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the daemon's Prometheus metrics, on a registry of its own (no
+// package globals, so tests can run several daemons in one process).
+type metrics struct {
+	reg             *prometheus.Registry
+	leasesSeen      prometheus.Gauge
+	leasesRejected  prometheus.Gauge
+	rejectionsTotal prometheus.Counter
+	watchRestarts   prometheus.Counter
+	eventLatency    prometheus.Histogram
+
+	// pending maps a peer subnet to when its latest lease event arrived,
+	// until the backend reports it programmed.
+	mu      sync.Mutex
+	pending map[netip.Prefix]time.Time
+}
+
+func newMetrics(p *probe) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		leasesSeen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases",
+			Help: "Leases in etcd as last seen, this host's included."}),
+		leasesRejected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_invalid",
+			Help: "Lease keys currently skipped because they are invalid."}),
+		rejectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_leases_invalid_total",
+			Help: "Invalid lease keys or values seen (each key once per revision)."}),
+		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_watch_restarts_total",
+			Help: "Times the etcd lease watch was re-established (compaction, broken stream, periodic re-list failure)."}),
+		eventLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "overlay_event_to_programmed_seconds",
+			Help:    "Time from a lease event reaching the daemon to the peer's kernel entries being in place.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5}}),
+		pending: map[netip.Prefix]time.Time{},
+	}
+	status := func(f func(backend.Status) float64) func() float64 {
+		return func() float64 {
+			p.mu.Lock()
+			be := p.be
+			p.mu.Unlock()
+			if be == nil {
+				return 0
+			}
+			return f(be.Status())
+		}
+	}
+	gauge := func(name, help string, f func(backend.Status) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, status(f))
+	}
+	counter := func(name, help string, f func(backend.Status) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, status(f))
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.leasesSeen, m.leasesRejected, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
+		gauge("overlay_peers", "Peers in the desired set (valid leases of other hosts).",
+			func(s backend.Status) float64 { return float64(s.Peers) }),
+		gauge("overlay_peers_programmed", "Peers whose route, neighbour and FDB entry are all in the kernel.",
+			func(s backend.Status) float64 { return float64(s.PeersProgrammed) }),
+		gauge("overlay_device_present", "1 if the VXLAN device exists and matches.",
+			func(s backend.Status) float64 { return b2f(s.DevicePresent) }),
+		gauge("overlay_reconcile_last_duration_seconds", "Duration of the last reconcile pass.",
+			func(s backend.Status) float64 { return s.PassTime.Seconds() }),
+		gauge("overlay_reconcile_in_sync", "1 if the last reconcile pass succeeded and left nothing pending.",
+			func(s backend.Status) float64 { return b2f(s.InSync) }),
+		counter("overlay_reconcile_passes_total", "Reconcile passes run.",
+			func(s backend.Status) float64 { return float64(s.Passes) }),
+		counter("overlay_reconcile_errors_total", "Reconcile passes that failed.",
+			func(s backend.Status) float64 { return float64(s.Errors) }),
+		counter("overlay_netlink_writes_total", "Kernel writes issued by the reconciler.",
+			func(s backend.Status) float64 { return float64(s.Writes) }),
+		counter("overlay_drift_repairs_total", "Kernel entries rewritten although the desired state had not changed.",
+			func(s backend.Status) float64 { return float64(s.DriftRepairs) }),
+		counter("overlay_device_recreations_total", "Times the VXLAN device was deleted and created again.",
+			func(s backend.Status) float64 { return float64(s.DeviceRecreations) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_lease_expiry_seconds",
+			Help: "Seconds until this host's lease expires unless renewed; +Inf for a reservation, 0 before a lease is held."},
+			func() float64 {
+				p.mu.Lock()
+				mgr := p.mgr
+				p.mu.Unlock()
+				switch {
+				case mgr == nil:
+					return 0
+				case mgr.Lease().Reserved:
+					return math.Inf(1)
+				}
+				return max(0, time.Until(mgr.Expires()).Seconds())
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_ready", Help: "1 if /readyz reports ready."},
+			func() float64 { return b2f(p.status(time.Now()).Ready) }),
+	)
+	return m
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// eventArrived records when a lease event for subnet reached the daemon.
+func (m *metrics) eventArrived(subnet netip.Prefix, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pending[subnet] = at
+}
+
+// eventGone forgets a pending event whose peer will not be programmed.
+func (m *metrics) eventGone(subnet netip.Prefix) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pending, subnet)
+}
+
+// programmed is the backend's OnPeerProgrammed hook.
+func (m *metrics) programmed(peer backend.Peer, at time.Time) {
+	m.mu.Lock()
+	arrived, ok := m.pending[peer.Subnet]
+	delete(m.pending, peer.Subnet)
+	m.mu.Unlock()
+	if ok {
+		m.eventLatency.Observe(at.Sub(arrived).Seconds())
+	}
+}

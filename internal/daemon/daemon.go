@@ -41,6 +41,9 @@ type Config struct {
 	PublicIP      netip.Addr
 	SubnetFile    string
 	LeaseTTL      time.Duration
+	// LivenessTTL is the TTL of the liveness key (default 15 s); it bounds
+	// how long an etcd outage goes unnoticed by readiness.
+	LivenessTTL time.Duration
 	// IPMasq: overlayd masquerades pod traffic leaving the cluster network
 	// (so subnet.env tells the bridge plugin not to).
 	IPMasq bool
@@ -136,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	host := etcdv3.Host{NodeID: nodeID, PublicIP: ul.PublicIP, VtepMAC: vxlan.VtepMAC(nodeID, netCfg.Backend.VNI), Previous: previousLease(cfg.SubnetFile, netCfg, log)}
 	host.Hostname, _ = os.Hostname()
-	mgr := etcdv3.NewManager(reg, netCfg, host, etcdv3.ManagerOptions{LeaseTTL: cfg.LeaseTTL, Logger: log})
+	mgr := etcdv3.NewManager(reg, netCfg, host, etcdv3.ManagerOptions{LeaseTTL: cfg.LeaseTTL, LivenessTTL: cfg.LivenessTTL, Logger: log})
 	st.set(func(p *probe) { p.mgr = mgr })
 	var lease subnet.Lease
 	if err := retry(ctx, log, "acquire a lease", func(ctx context.Context) (err error) {

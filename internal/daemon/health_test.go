@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// nsHTTPClient makes requests from inside ns (where the daemon listens on
+// its own loopback).
+func nsHTTPClient(ns netns.NsHandle) *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
+			err = lab.Do(ns, func() error {
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		},
+	}}
+}
+
+func get(t *testing.T, c *http.Client, url string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestReadinessFollowsEachCondition(t *testing.T) {
+	c := newCluster(t)
+	h1 := c.addHost("h1", 1)
+	var ln net.Listener
+	if err := lab.Do(h1.host.NS, func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h1.cfg.HealthListener = ln
+	h1.cfg.LivenessTTL = 2 * time.Second
+	h1.cfg.LeaseTTL = 3 * time.Second
+	base := "http://" + ln.Addr().String()
+	client := nsHTTPClient(h1.host.NS)
+
+	h1.start(t)
+	if code, body := get(t, client, base+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d %q", code, body)
+	}
+	waitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
+	env := h1.env(t)
+
+	_, body := get(t, client, base+"/status")
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v\n%s", err, body)
+	}
+	if !st.Ready || st.Node != "h1" || st.Subnet != env.Lease().String() || st.Device != "overlay.1" || st.MTU != 1450 || st.PublicIP != "198.18.0.1" {
+		t.Errorf("/status = %+v", st)
+	}
+	_, metrics := get(t, client, base+"/metrics")
+	for _, want := range []string{"overlay_ready 1", "overlay_device_present 1", "overlay_reconcile_passes_total", "overlay_lease_expiry_seconds", "overlay_event_to_programmed_seconds_bucket"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	// Device and reconcile: take the underlay away (rename eth0); the
+	// backend can no longer ensure its device. Give it back: ready again.
+	rename := func(from, to string) {
+		h, err := netlink.NewHandleAt(h1.host.NS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		l, err := h.LinkByName(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetName(l, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("eth0", "eth0-away")
+	waitFor(t, 10*time.Second, "/readyz 503 naming the device", func() bool {
+		code, body := get(t, client, base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "device:") && strings.Contains(body, "reconcile:")
+	})
+	rename("eth0-away", "eth0")
+	waitFor(t, 15*time.Second, "/readyz 200 again", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
+
+	// etcd and lease: stop etcd. The liveness key (2 s) lapses first, then
+	// the lease (3 s) can no longer be renewed.
+	c.srv.Close()
+	waitFor(t, 15*time.Second, "/readyz 503 naming etcd and the lease", func() bool {
+		code, body := get(t, client, base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "etcd: etcd session lost") && strings.Contains(body, "lease: lease expired")
+	})
+	_, metrics = get(t, client, base+"/metrics")
+	if !strings.Contains(metrics, "overlay_ready 0") {
+		t.Errorf("/metrics does not say overlay_ready 0 while not ready")
+	}
+	// The data path stays: the device is still there and healthz still 200.
+	if code, _ := get(t, client, base+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d during an etcd outage, want 200", code)
+	}
+}

@@ -285,7 +285,8 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func(context.C
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, subnet.ErrOutOfSubnets), errors.Is(err, etcdv3.ErrLeaseLost), errors.Is(err, etcdclient.ErrConfig):
+		case errors.Is(err, subnet.ErrOutOfSubnets), errors.Is(err, etcdv3.ErrLeaseLost), errors.Is(err, etcdv3.ErrDuplicateNode),
+			errors.Is(err, etcdclient.ErrConfig):
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		if time.Since(lastLog) > 30*time.Second {

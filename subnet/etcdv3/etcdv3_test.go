@@ -452,3 +452,85 @@ func expect(t *testing.T, ch <-chan Batch, typ subnet.EventType, p netip.Prefix,
 	}
 	t.Fatalf("no %s event for %s", typ, p)
 }
+
+func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	first := f.manager(host(1), ManagerOptions{LivenessTTL: 2 * time.Second})
+	l, err := first.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, first)
+	waitFor(t, 5*time.Second, "liveness", first.Alive)
+
+	clone := host(1)
+	clone.PublicIP = netip.MustParseAddr("198.18.0.200") // another machine, same node ID
+	_, err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).Acquire(ctx(t))
+	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), "--node-name") {
+		t.Fatalf("second host with the same node ID: %v, want ErrDuplicateNode with advice", err)
+	}
+	stored, err := f.reg.Get(ctx(t), l.Subnet)
+	if err != nil || stored.Attrs.PublicIP != host(1).PublicIP.String() || stored.ModRevision != l.ModRevision {
+		t.Fatalf("the first host's lease was touched: %+v, %v", stored, err)
+	}
+}
+
+func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	// A crashed overlayd of this same host left its liveness key behind.
+	grant, err := f.cli.Grant(ctx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := fmt.Sprintf(`{"PublicIP":%q,"Hostname":"h","Since":"x"}`, host(1).PublicIP)
+	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), val, clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatalf("restart on the same host: %v", err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Errorf("restart waited %s for its own stale liveness key", waited)
+	}
+}
+
+func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	grant, err := f.cli.Grant(ctx(t), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), `{"PublicIP":"198.18.0.250"}`, clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody renews it: it expires within its TTL and the new host goes on.
+	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatalf("after the dead host's key expired: %v", err)
+	}
+}
+
+func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx(t)) }()
+	clone := host(1)
+	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
+	val, _ := subnet.NewVXLANAttrs(clone.PublicIP, 1, clone.VtepMAC, clone.NodeID, "").Marshal()
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrDuplicateNode) {
+			t.Fatalf("Run = %v, want ErrDuplicateNode", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not stop when a clone rewrote its lease")
+	}
+}

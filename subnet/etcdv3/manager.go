@@ -2,6 +2,7 @@ package etcdv3
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,9 +26,14 @@ const (
 	maxAcquireAttempts = 64
 )
 
-// ErrLeaseLost means this host's subnet now belongs to another host. Pods
-// already hold addresses from it, so the daemon must stop loudly.
-var ErrLeaseLost = errors.New("lease lost to another host")
+var (
+	// ErrLeaseLost means this host's subnet now belongs to another host.
+	// Pods already hold addresses from it, so the daemon must stop loudly.
+	ErrLeaseLost = errors.New("lease lost to another host")
+	// ErrDuplicateNode means a live overlayd on another host uses this
+	// node ID; going on would hijack its lease.
+	ErrDuplicateNode = errors.New("node ID in use by another live host")
+)
 
 // Host is this host's identity as written into its lease.
 type Host struct {
@@ -117,6 +123,9 @@ func (m *Manager) attrs() subnet.LeaseAttrs {
 // host (adopting its etcd lease, or keeping a reservation TTL-free), the
 // subnet of the previous subnet.env if free, else a random free subnet.
 func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
+	if err := m.checkDuplicate(ctx); err != nil {
+		return subnet.Lease{}, err
+	}
 	for range maxAcquireAttempts {
 		snap, err := m.reg.List(ctx)
 		if err != nil {
@@ -262,8 +271,8 @@ func (m *Manager) keepLease(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrLeaseLost) {
-			m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrDuplicateNode) {
+			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
 			return err
 		}
 		m.log.Warn("lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
@@ -316,8 +325,12 @@ func (m *Manager) holdLease(ctx context.Context) error {
 					return fmt.Errorf("lease key %s was deleted", key)
 				}
 				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
-				if err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
+				switch {
+				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
 					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
+				case !subnet.SameAttrs(attrs, m.attrs()):
+					return fmt.Errorf("%w: %s was rewritten with node ID %q from public IP %s: give every host its own --node-name",
+						ErrDuplicateNode, key, attrs.NodeID, attrs.PublicIP)
 				}
 				l.ModRevision = ev.Kv.ModRevision
 				m.setLease(l)
@@ -369,6 +382,54 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	return nil
 }
 
+// livenessValue is the JSON of <prefix>/nodes/<node-id>.
+type livenessValue struct {
+	PublicIP string
+	Hostname string
+	Since    string
+}
+
+// checkDuplicate refuses to start while another host's overlayd holds this
+// node ID's liveness key. A key left by this host's own previous process
+// (same public IP; a second live daemon on one host fails earlier, on its
+// health port) is not a duplicate. Another host's key may be a dead host's
+// that has not expired yet: it is given its remaining TTL to vanish.
+func (m *Manager) checkDuplicate(ctx context.Context) error {
+	key := m.reg.NodeKey(m.host.NodeID)
+	resp, err := m.reg.cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("read liveness key %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	var v livenessValue
+	if err := json.Unmarshal(resp.Kvs[0].Value, &v); err == nil && v.PublicIP == m.host.PublicIP.String() {
+		return nil
+	}
+	// etcd revokes expired leases a little after their TTL: allow slack.
+	const slack = 3 * time.Second
+	wait := m.opts.LivenessTTL + slack
+	if ttl, err := m.reg.TTL(ctx, resp.Kvs[0].Lease); err == nil && ttl >= 0 {
+		wait = time.Duration(ttl)*time.Second + slack
+	}
+	m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "node", m.host.NodeID, "other_public_ip", v.PublicIP, "wait", wait)
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for wr := range m.reg.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
+		ErrDuplicateNode, m.host.NodeID, v.PublicIP, v.Hostname)
+}
+
 // keepLiveness holds <prefix>/nodes/<node-id> on a short etcd lease so tools
 // can tell a live owner from a dead one. After an outage long enough for the
 // short lease to expire it is simply granted again.
@@ -399,8 +460,8 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 		defer cancel()
 		_, _ = m.reg.cli.Revoke(rctx, grant.ID)
 	}()
-	val := fmt.Sprintf(`{"PublicIP":%q,"Hostname":%q,"Since":%q}`, m.host.PublicIP, m.host.Hostname, time.Now().UTC().Format(time.RFC3339))
-	if _, err := m.reg.cli.Put(ctx, m.reg.NodeKey(m.host.NodeID), val, clientv3.WithLease(grant.ID)); err != nil {
+	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
+	if _, err := m.reg.cli.Put(ctx, m.reg.NodeKey(m.host.NodeID), string(val), clientv3.WithLease(grant.ID)); err != nil {
 		return fmt.Errorf("write liveness key %s: %w", m.reg.NodeKey(m.host.NodeID), err)
 	}
 	kaCh, err := m.reg.cli.KeepAlive(ctx, grant.ID)

@@ -93,8 +93,14 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	if len(value) > MaxLeaseValueSize {
 		return a, fmt.Errorf("%w: value of %d bytes exceeds %d", ErrInvalidLease, len(value), MaxLeaseValueSize)
 	}
+	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
+		return a, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
+	}
 	if err := json.Unmarshal(value, &a); err != nil {
 		return a, fmt.Errorf("%w: value is not a JSON lease object: %v", ErrInvalidLease, err)
+	}
+	if a.PublicIP == "" && a.NodeID == "" {
+		return a, fmt.Errorf("%w: value names no host (no PublicIP or NodeID)", ErrInvalidLease)
 	}
 	return a, nil
 }

@@ -113,6 +113,10 @@ func TestDecodeAttrsRejectsHugeAndGarbage(t *testing.T) {
 		"array":  `[1,2]`,
 		"broken": `{"PublicIP":`,
 		"number": `{"PublicIP":7}`,
+		"null":   `null`,
+		"empty":  ``,
+		"string": `"x"`,
+		"nobody": `{"BackendType":"vxlan"}`,
 	} {
 		if _, err := DecodeAttrs([]byte(v)); !errors.Is(err, ErrInvalidLease) {
 			t.Errorf("%s: DecodeAttrs error = %v, want ErrInvalidLease", name, err)

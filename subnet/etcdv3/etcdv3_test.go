@@ -534,3 +534,25 @@ func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 		t.Fatal("Run did not stop when a clone rewrote its lease")
 	}
 }
+
+func TestGarbageOverOwnLeaseIsRestored(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	l, err := m.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startRun(t, m)
+	for _, garbage := range []string{"{not json", "", "null", `{"PublicIP":7}`} {
+		if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), garbage); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, fmt.Sprintf("the lease to be restored after %q", garbage), func() bool {
+			got, err := f.reg.Get(ctx(t), l.Subnet)
+			return err == nil && got.Attrs.NodeID == "node-1" && got.EtcdLease == l.EtcdLease
+		})
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v after garbage was written over its lease, want nil", err)
+	}
+}

@@ -128,7 +128,9 @@ func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 	return snap, nil
 }
 
-// Get reads one lease; ErrNotFound if absent.
+// Get reads one lease; ErrNotFound if absent. If the value does not decode,
+// the error wraps subnet.ErrInvalidLease and the lease still carries its
+// subnet, ModRevision and etcd lease, so the owner can overwrite it.
 func (r *Registry) Get(ctx context.Context, p netip.Prefix) (subnet.Lease, error) {
 	key := r.LeaseKey(p)
 	resp, err := r.cli.Get(ctx, key)
@@ -147,11 +149,9 @@ func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Le
 	if err != nil {
 		return subnet.Lease{}, err
 	}
-	attrs, err := subnet.DecodeAttrs(value)
-	if err != nil {
-		return subnet.Lease{}, err
-	}
-	return subnet.Lease{Subnet: p, Attrs: attrs, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}, nil
+	l := subnet.Lease{Subnet: p, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}
+	l.Attrs, err = subnet.DecodeAttrs(value)
+	return l, err
 }
 
 // Create writes a lease only if its key does not exist (CreateRevision == 0):

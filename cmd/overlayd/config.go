@@ -56,13 +56,13 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			cfg, stored, err := reg.GetConfig(ctx)
 			if raw && stored != nil {
 				_, werr := fmt.Fprintf(cmd.OutOrStdout(), "%s\n", stored)
@@ -117,13 +117,13 @@ func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
 			if _, err := subnet.ParseConfig(data); err != nil {
 				return fmt.Errorf("%s: %w; nothing was stored", file, err)
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			cfg, err := reg.PutConfig(ctx, data)
 			if err != nil {
 				return g.etcdHint(err)

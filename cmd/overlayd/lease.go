@@ -142,13 +142,13 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -206,13 +206,13 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			l, err := reg.Get(ctx, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return fmt.Errorf("%w (list leases with `overlayd lease list`)", err)
@@ -247,13 +247,13 @@ func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil || !ip.Is4() {
 				return usagef("--public-ip %q: want the host's IPv4 address", publicIP)
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			cfg, _, err := reg.GetConfig(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -301,13 +301,13 @@ be deleted.`,
 			if err != nil {
 				return err
 			}
-			reg, closeFn, err := g.registry()
+			ctx, cancel := g.requestContext(cmd)
+			defer cancel()
+			reg, closeFn, err := g.registry(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
 			l, err := reg.Get(ctx, p)
 			if err != nil {
 				return g.etcdHint(err)

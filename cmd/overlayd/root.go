@@ -202,9 +202,11 @@ func (g *GlobalFlags) clientConfig() etcdclient.Config {
 	}
 }
 
-// registry connects to etcd and returns the registry and a closer.
-func (g *GlobalFlags) registry() (*etcdv3.Registry, func(), error) {
-	cli, err := etcdclient.New(g.clientConfig())
+// registry connects to etcd — checking it answers, so a wrong CA, a missing
+// client certificate or a bad password is reported precisely up front — and
+// returns the registry and a closer.
+func (g *GlobalFlags) registry(ctx context.Context) (*etcdv3.Registry, func(), error) {
+	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -216,10 +218,13 @@ func (g *GlobalFlags) requestContext(cmd *cobra.Command) (context.Context, conte
 	return context.WithTimeout(cmd.Context(), g.DialTimeout)
 }
 
-// etcdHint turns an etcd timeout into advice.
+// etcdHint explains a failed etcd request: which endpoint, TLS or
+// credential problem caused it, or what to check.
 func (g *GlobalFlags) etcdHint(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: etcd at %s did not answer within %s: check --endpoints, TLS flags (--cacert/--cert/--key) and that etcd is running", err, strings.Join(g.Endpoints, ","), g.DialTimeout)
+	if err == nil {
+		return nil
 	}
-	return err
+	ctx, cancel := context.WithTimeout(context.Background(), g.DialTimeout)
+	defer cancel()
+	return etcdclient.Explain(ctx, g.clientConfig(), err)
 }

@@ -24,10 +24,12 @@ import (
 
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/masq"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Config is everything `overlayd run` is told.
@@ -122,8 +124,11 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("serving health and metrics", "addr", ln.Addr())
 	}
 
-	cli, err := etcdclient.New(cfg.Etcd)
-	if err != nil {
+	var cli *clientv3.Client
+	if err := retry(ctx, log, "reach etcd", func(ctx context.Context) (err error) {
+		cli, err = etcdclient.Connect(ctx, cfg.Etcd)
+		return err
+	}); err != nil {
 		return err
 	}
 	defer cli.Close()
@@ -167,6 +172,13 @@ func Run(ctx context.Context, cfg Config) error {
 	dev, err := be.EnsureDevice(ctx)
 	if err != nil {
 		return fmt.Errorf("set up the VXLAN device: %w", err)
+	}
+	if cfg.IPMasq {
+		mq, err := startMasq(ctx, &wg, cfg, netCfg.Network, dev.Name, log)
+		if err != nil {
+			return err
+		}
+		defer mq.Close()
 	}
 	env := subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, cfg.IPMasq)
 	if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {
@@ -334,6 +346,31 @@ func publishPeers(be *vxlan.Backend, peers *peerSet, st *probe, m *metrics) {
 	st.set(func(p *probe) { p.expected, p.rejected = valid, rejected })
 	m.leasesSeen.Set(float64(valid + rejected + 1)) // + our own
 	m.leasesRejected.Set(float64(rejected))
+}
+
+// masqInterval is how often the masquerade table is checked and repaired.
+const masqInterval = 30 * time.Second
+
+// startMasq installs overlayd's nftables table and keeps it in place.
+func startMasq(ctx context.Context, wg *sync.WaitGroup, cfg Config, network netip.Prefix, device string, log *slog.Logger) (*masq.Masq, error) {
+	opts := []masq.Option{masq.WithOverlayDevice(device), masq.WithLogger(log)}
+	if cfg.NetNS.IsOpen() {
+		opts = append(opts, masq.WithNetNS(cfg.NetNS))
+	}
+	mq, err := masq.New(network, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mq.Ensure(); err != nil {
+		mq.Close()
+		return nil, fmt.Errorf("--ip-masq: install the nftables table %q: %w (does the kernel have nf_tables with NAT? use --ip-masq=false to masquerade elsewhere)", masq.TableName, err)
+	}
+	if drops, err := mq.ForwardDrops(); err == nil && len(drops) > 0 {
+		log.Warn("forward chains with policy drop exist; they may drop pod traffic that overlay's own table accepts: allow the cluster network there",
+			"chains", drops, "network", network)
+	}
+	wg.Go(func() { _ = mq.Run(ctx, masqInterval, nil) })
+	return mq, nil
 }
 
 // healthListener opens the health endpoint's listener, if one is wanted.

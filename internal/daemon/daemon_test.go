@@ -17,6 +17,7 @@ import (
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/etcdtest"
 	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/masq"
 	"github.com/overlaynet/overlay/internal/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -73,6 +74,7 @@ func (c *cluster) addHost(name string, n int) *node {
 		Iface:        "eth0",
 		SubnetFile:   filepath.Join(c.dir, name, "subnet.env"),
 		NetNS:        h.NS,
+		IPMasq:       true,
 		KernelResync: 200 * time.Millisecond,
 		Logger:       testLogger(c.t, name),
 	}}
@@ -137,6 +139,21 @@ func (n *node) routes(t *testing.T) map[netip.Prefix]bool {
 	return out
 }
 
+// masqRules lists overlayd's nftables table in n's namespace (nil: none).
+func masqRules(t *testing.T, n *node) []string {
+	t.Helper()
+	mq, err := masq.New(netip.MustParsePrefix("10.244.0.0/16"), masq.WithNetNS(n.host.NS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mq.Close()
+	rules, err := mq.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}
+
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -199,8 +216,11 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	if e1.Lease() == e2.Lease() {
 		t.Fatalf("both hosts hold %s", e1.Lease())
 	}
-	if e1.MTU != 1450 || e1.Network != netip.MustParsePrefix("10.244.0.0/16") || e1.IPMasq {
-		t.Errorf("h1 subnet.env = %+v, want MTU 1450 (1500 - 50) in 10.244.0.0/16", e1)
+	if e1.MTU != 1450 || e1.Network != netip.MustParsePrefix("10.244.0.0/16") || !e1.IPMasq {
+		t.Errorf("h1 subnet.env = %+v, want MTU 1450 (1500 - 50) in 10.244.0.0/16 with IPMasq", e1)
+	}
+	if rules := masqRules(t, h1); len(rules) == 0 {
+		t.Error("h1 has no masquerade table with IPMasq on")
 	}
 	waitFor(t, 10*time.Second, "h1 and h2 to route to each other", func() bool {
 		return h1.routes(t)[e2.Lease()] && h2.routes(t)[e1.Lease()]
@@ -235,6 +255,9 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	})
 	if got := h3.routes(t); len(got) != 0 {
 		t.Errorf("h3 still has routes after teardown: %v", got)
+	}
+	if rules := masqRules(t, h3); rules != nil {
+		t.Errorf("teardown left the masquerade table: %v", rules)
 	}
 	if _, err := os.Stat(h3.cfg.SubnetFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("teardown left %s", h3.cfg.SubnetFile)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/masq"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -45,13 +47,13 @@ func Teardown(ctx context.Context, cfg Config, vni int) (TeardownResult, error) 
 
 	var reg *etcdv3.Registry
 	var netCfg *subnet.Config
-	cli, err := etcdclient.New(cfg.Etcd)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cli, err := etcdclient.Connect(cctx, cfg.Etcd)
 	if err == nil {
 		defer cli.Close()
 		reg = etcdv3.NewRegistry(cli, cfg.Prefix)
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		netCfg, _, err = reg.GetConfig(cctx)
-		cancel()
 	}
 	if err != nil {
 		cfg.Logger.Warn("etcd unusable: removing the data path only, the lease stays until its TTL runs out", "err", err, "vni", vni)
@@ -73,6 +75,9 @@ func Teardown(ctx context.Context, cfg Config, vni int) (TeardownResult, error) 
 		return res, fmt.Errorf("remove the data path: %w", err)
 	}
 	res.Device = vxlan.DeviceName(vni)
+	if err := removeMasq(cfg); err != nil {
+		return res, err
+	}
 
 	if reg != nil {
 		if err := releaseLease(ctx, reg, netCfg, nodeID, ul, &res); err != nil {
@@ -116,5 +121,23 @@ func releaseLease(ctx context.Context, reg *etcdv3.Registry, netCfg *subnet.Conf
 		return nil
 	}
 	res.LeaseKept = "no lease names this host"
+	return nil
+}
+
+// removeMasq deletes overlayd's nftables table, if any.
+func removeMasq(cfg Config) error {
+	var opts []masq.Option
+	if cfg.NetNS.IsOpen() {
+		opts = append(opts, masq.WithNetNS(cfg.NetNS))
+	}
+	// The network is irrelevant to removal; any valid prefix will do.
+	mq, err := masq.New(netip.MustParsePrefix("10.0.0.0/8"), opts...)
+	if err != nil {
+		return err
+	}
+	defer mq.Close()
+	if err := mq.Remove(); err != nil {
+		return fmt.Errorf("remove the nftables table %q: %w", masq.TableName, err)
+	}
 	return nil
 }

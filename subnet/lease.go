@@ -135,6 +135,14 @@ func (a LeaseAttrs) OwnedBy(nodeID string, publicIP netip.Addr) bool {
 	return publicIP.IsValid() && a.PublicAddr() == publicIP
 }
 
+// NamesAHost reports whether the value could be some host's claim: it has a
+// node ID or a usable public address. A value that names no host (garbage,
+// a multicast or zero address) is nobody's claim, and the lease's owner may
+// overwrite it.
+func (a LeaseAttrs) NamesAHost() bool {
+	return a.NodeID != "" || checkPublicIP(a.PublicAddr(), a.PublicIP) == nil
+}
+
 // Peer is a lease checked for programming: everything the data plane needs,
 // every value validated.
 type Peer struct {

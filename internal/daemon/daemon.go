@@ -111,10 +111,18 @@ func Run(ctx context.Context, cfg Config) error {
 	log = log.With("node", nodeID)
 	log.Info("starting", "iface", ul.Iface, "public_ip", ul.PublicIP, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
 
+	// Shutdown order matters: stop every goroutine first, then close what
+	// they use (etcd client, netlink sockets, nftables), newest first.
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	var closers []func()
+	defer func() {
+		cancel()
+		wg.Wait()
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
 	st := &probe{node: nodeID, iface: ul.Iface, publicIP: ul.PublicIP}
 	m := newMetrics(st)
 	if ln, err := healthListener(cfg); err != nil {
@@ -131,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	defer cli.Close()
+	closers = append(closers, func() { _ = cli.Close() })
 	reg := etcdv3.NewRegistry(cli, cfg.Prefix)
 
 	var netCfg *subnet.Config
@@ -159,7 +167,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	defer nl.Close()
+	closers = append(closers, func() { _ = nl.Close() })
 	be, err := vxlan.New(vxlan.Config{
 		VNI: netCfg.Backend.VNI, Port: netCfg.Backend.Port, DirectRouting: netCfg.Backend.DirectRouting, MTU: netCfg.Backend.MTU,
 		Underlay: ul.Iface, LocalIP: ul.PublicIP, OwnSubnet: lease.Subnet, NodeID: nodeID,
@@ -178,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		defer mq.Close()
+		closers = append(closers, func() { _ = mq.Close() })
 	}
 	env := subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, cfg.IPMasq)
 	if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {

@@ -72,11 +72,14 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 func (s *peerSet) key(p netip.Prefix) string { return s.prefix + subnet.Key(p) }
 
 func (s *peerSet) put(l subnet.Lease, reported map[string]int64, out []rejection) []rejection {
-	if l.Subnet == s.own {
-		return out
-	}
 	peer, err := s.cfg.Peer(l)
-	if err != nil {
+	switch {
+	case l.Subnet == s.own && err == nil:
+		// Our own lease is never a peer. Clear a mark left by a value
+		// someone wrote over it before the lease manager restored it.
+		delete(s.bad, s.key(l.Subnet))
+		return out
+	case err != nil:
 		delete(s.valid, l.Subnet)
 		return s.reject(s.key(l.Subnet), l.ModRevision, err, reported, out)
 	}

@@ -543,7 +543,7 @@ func TestGarbageOverOwnLeaseIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := startRun(t, m)
-	for _, garbage := range []string{"{not json", "", "null", `{"PublicIP":7}`} {
+	for _, garbage := range []string{"{not json", "", "null", `{"PublicIP":7}`, `{"PublicIP":"239.1.2.3","BackendType":"vxlan"}`, `{"PublicIP":"0.0.0.0"}`} {
 		if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), garbage); err != nil {
 			t.Fatal(err)
 		}

@@ -326,9 +326,9 @@ func (m *Manager) holdLease(ctx context.Context) error {
 				}
 				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
 				switch {
-				case err != nil:
-					// Garbage is nobody's claim: restore ours.
-					return fmt.Errorf("lease key %s was overwritten with an invalid value: %w", key, err)
+				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !attrs.NamesAHost():
+					// Garbage is nobody's claim: reclaim restores ours.
+					return fmt.Errorf("lease key %s was overwritten with a value naming no host", key)
 				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
 					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
 				case !subnet.SameAttrs(attrs, m.attrs()):
@@ -372,10 +372,12 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		m.setLease(subnet.Lease{Subnet: want.Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
 		m.log.Info("lease re-claimed", "subnet", want.Subnet)
 		return nil
-	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0:
-		// Our key holds garbage: nobody's claim. Overwrite it, keeping the
-		// kind of claim we had (the garbage may have dropped the etcd lease).
-		m.log.Warn("own lease key held an invalid value; restoring it", "subnet", want.Subnet, "err", err)
+	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0,
+		err == nil && !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !cur.Attrs.NamesAHost():
+		// Our key holds a value naming no host: nobody's claim. Overwrite
+		// it, keeping the kind of claim we had (the writer may have dropped
+		// the etcd lease).
+		m.log.Warn("own lease key held a value naming no host; restoring it", "subnet", want.Subnet, "err", err)
 		cur.Attrs, cur.Reserved, cur.EtcdLease = subnet.LeaseAttrs{}, want.Reserved, want.EtcdLease
 	case err != nil:
 		return err

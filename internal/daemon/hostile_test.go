@@ -1,0 +1,181 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/lab"
+)
+
+// hostileWrite is one adversarial key/value written under <prefix>/subnets/.
+type hostileWrite struct {
+	kind, key, value string
+}
+
+// hostileWrites generates n corrupt or adversarial lease writes from rng:
+// everything a buggy or malicious writer with etcd access could produce.
+// own is the daemon's own subnet (garbage over it must be survived too).
+func hostileWrites(rng *rand.Rand, n int, own netip.Prefix) []hostileWrite {
+	// Random subnets other than our own: a plausible claim by another host
+	// over our own key is a takeover (tested elsewhere), not hostile data.
+	subnetKey := func() string {
+		for {
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(100 + rng.IntN(100)), 0}), 24)
+			if p != own {
+				return p.Addr().String() + "-24"
+			}
+		}
+	}
+	// Every value differs (Hostname), so every write is a change to judge:
+	// rewriting a key with an identical value is rightly not an event.
+	nonce := 0
+	value := func(ip, mac string) string {
+		nonce++
+		return fmt.Sprintf(`{"PublicIP":%q,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":%q},"Hostname":"w%d"}`, ip, mac, nonce)
+	}
+	goodMAC := func() string { return fmt.Sprintf("0e:00:00:00:%02x:%02x", rng.IntN(256), rng.IntN(256)) }
+	gens := []func() hostileWrite{
+		func() hostileWrite { return hostileWrite{"bad JSON", subnetKey(), `{"PublicIP":"198.18.0.9",`} },
+		func() hostileWrite {
+			return hostileWrite{"not an object", subnetKey(), []string{"null", "[]", `"x"`, "7", ""}[rng.IntN(5)]}
+		},
+		func() hostileWrite {
+			return hostileWrite{"huge value", subnetKey(), `{"PublicIP":"198.18.0.9","Pad":"` + strings.Repeat("A", 100<<10) + `"}`}
+		},
+		func() hostileWrite {
+			return hostileWrite{"deep nesting", subnetKey(), strings.Repeat(`{"a":`, 5000) + "1" + strings.Repeat("}", 5000)}
+		},
+		func() hostileWrite {
+			bits := []int{0, 8, 16, 23, 25, 30, 32}[rng.IntN(7)]
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(100 + rng.IntN(100)), 0}), bits).Masked()
+			return hostileWrite{"wrong prefix length", p.Addr().String() + "-" + strconv.Itoa(bits), value("198.18.0.9", goodMAC())}
+		},
+		func() hostileWrite {
+			// Overlapping our own subnet with a longer or shorter prefix.
+			half := netip.PrefixFrom(own.Addr(), own.Bits()+1)
+			return hostileWrite{"overlaps own subnet", half.Addr().String() + "-" + strconv.Itoa(half.Bits()), value("198.18.0.9", goodMAC())}
+		},
+		func() hostileWrite {
+			return hostileWrite{"outside the network", fmt.Sprintf("10.%d.0.0-24", 1+rng.IntN(200)), value("198.18.0.9", goodMAC())}
+		},
+		func() hostileWrite {
+			ip := []string{"0.0.0.0", "255.255.255.255", "224.0.0.1", "239.1.2.3", "127.0.0.1", "240.0.0.1", "169.254.0.1", "10.244.3.3", "fd00::1", "", "::"}[rng.IntN(11)]
+			return hostileWrite{"bad public IP " + ip, subnetKey(), value(ip, goodMAC())}
+		},
+		func() hostileWrite {
+			mac := []string{"00:00:00:00:00:00", "ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "33:33:00:00:00:01", "0e:00:00:00:00", "zz:zz:zz:zz:zz:zz", "", "0e:00:00:00:00:01:02:03"}[rng.IntN(8)]
+			return hostileWrite{"bad MAC " + mac, subnetKey(), value("198.18.0.9", mac)}
+		},
+		func() hostileWrite {
+			nonce++
+			return hostileWrite{"other VNI", subnetKey(), fmt.Sprintf(`{"PublicIP":"198.18.0.9","BackendType":"vxlan","BackendData":{"VNI":2,"VtepMAC":"0e:00:00:00:00:09"},"Hostname":"w%d"}`, nonce)}
+		},
+		func() hostileWrite {
+			nonce++
+			return hostileWrite{"other backend", subnetKey(), fmt.Sprintf(`{"PublicIP":"198.18.0.9","BackendType":"host-gw","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"},"Hostname":"w%d"}`, nonce)}
+		},
+		func() hostileWrite {
+			key := []string{"junk", "10.244.1.0", "10.244.1.0-24-1", "10.244.1.0-24/x", "../../../etc-24", "10.244.1.0-２４",
+				"010.244.1.0-24", "10.244.1.1-24", strings.Repeat("9", 3000), "10.244.1.0-", "-24", " 10.244.1.0-24"}[rng.IntN(12)]
+			return hostileWrite{"key outside the pattern", key, value("198.18.0.9", goodMAC())}
+		},
+		func() hostileWrite {
+			nonce++
+			v := []string{"\x00\xff garbage", "null", fmt.Sprintf(`{"PublicIP":"239.1.2.3","Hostname":"w%d"}`, nonce),
+				fmt.Sprintf(`{"PublicIP":"0.0.0.0","BackendType":"vxlan","Hostname":"w%d"}`, nonce)}[rng.IntN(4)]
+			return hostileWrite{"garbage over own lease", own.Addr().String() + "-" + strconv.Itoa(own.Bits()), v}
+		},
+	}
+	out := make([]hostileWrite, n)
+	for i := range out {
+		out[i] = gens[rng.IntN(len(gens))]()
+	}
+	return out
+}
+
+var invalidTotal = regexp.MustCompile(`(?m)^overlay_leases_invalid_total (\d+)$`)
+
+// The daemon never crashes, never programs a hostile lease, counts every
+// one, and keeps programming the valid peers written between them.
+func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
+	c := newCluster(t)
+	h1 := c.addHost("h1", 1)
+	var ln net.Listener
+	if err := lab.Do(h1.host.NS, func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	h1.cfg.HealthListener = ln
+	client := nsHTTPClient(h1.host.NS)
+	h1.start(t)
+	own := h1.env(t).Lease()
+	cli := c.reg.Client()
+
+	hostileTotal := 0
+	valid := map[netip.Prefix]bool{}
+	for _, seed := range []uint64{1, 2, 3} {
+		rng := rand.New(rand.NewPCG(seed, 42))
+		writes := hostileWrites(rng, 60, own)
+		kinds := map[string]int{}
+		for i, w := range writes {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := cli.Put(ctx, c.reg.SubnetsPrefix()+w.key, w.value)
+			cancel()
+			if err != nil {
+				t.Fatalf("seed %d: write %d (%s): %v", seed, i, w.kind, err)
+			}
+			hostileTotal++
+			kinds[strings.Fields(w.kind)[0]]++
+			if i%10 == 9 { // a valid peer now and then, between the hostile writes
+				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(200 + len(valid)), 0}), 24)
+				v := fmt.Sprintf(`{"PublicIP":"198.18.0.%d","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:01:%02x"}}`, 10+len(valid), len(valid))
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if _, err := cli.Put(ctx, c.reg.LeaseKey(p), v); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+				valid[p] = true
+			}
+		}
+		t.Logf("seed %d: %d hostile writes by kind %v", seed, len(writes), kinds)
+		// Every hostile write is judged once valid peers written after it
+		// are programmed and the counter has caught up.
+		waitFor(t, 10*time.Second, fmt.Sprintf("seed %d: valid peers programmed and %d rejections counted", seed, hostileTotal), func() bool {
+			routes := h1.routes(t)
+			for p := range valid {
+				if !routes[p] {
+					return false
+				}
+			}
+			_, body := get(t, client, "http://"+ln.Addr().String()+"/metrics")
+			m := invalidTotal.FindStringSubmatch(body)
+			return m != nil && m[1] == strconv.Itoa(hostileTotal)
+		})
+		routes := h1.routes(t)
+		for p := range routes {
+			if !valid[p] {
+				t.Fatalf("seed %d: programmed %s, which only a hostile write named", seed, p)
+			}
+		}
+		select {
+		case err := <-h1.done:
+			t.Fatalf("seed %d: the daemon exited: %v", seed, err)
+		default:
+		}
+		if code, body := get(t, client, "http://"+ln.Addr().String()+"/readyz"); code != 200 {
+			t.Fatalf("seed %d: not ready after hostile writes: %s", seed, body)
+		}
+	}
+	// Our own lease survives every garbage write: it is restored.
+	waitFor(t, 5*time.Second, "the own lease to be restored", func() bool {
+		l, err := c.reg.Get(context.Background(), own)
+		return err == nil && l.Attrs.NodeID == "h1" && !l.Reserved
+	})
+}

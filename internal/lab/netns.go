@@ -1,14 +1,31 @@
-// Package lab builds simulated hosts out of network namespaces for tests,
-// the demo and benchmarks:
+// Package lab builds a cluster of simulated hosts out of network namespaces,
+// for the end-to-end tests, the demo and benchmarks:
 //
-//	ns <run>-ul: bridge "ul" (the underlay switch, 198.18.0.0/24, no address)
-//	   ├── veth ── ns <run>-h1: eth0 198.18.0.1/24
-//	   ├── veth ── ns <run>-h2: eth0 198.18.0.2/24
+//	ns <run>ul: bridge "ul" (the underlay switch, 198.18.0.0/24, no address)
+//	   ├── veth ── ns <run>h1: eth0 198.18.0.1/24, overlayd, cni0, overlay.1
+//	   │             ├── veth ── ns <run>h1-p1: eth0 10.244.x.2 (a pod)
+//	   │             └── veth ── ns <run>h1-p2: ...
+//	   ├── veth ── ns <run>h2: eth0 198.18.0.2/24 ...
 //	   └── ...
+//	etcd: embedded in the lab's process, on <work dir>/etcd.sock
+//
+// Underlay and Host are the namespaces alone (tests of the daemon use them
+// directly). Lab adds the rest: a real etcd served on a unix socket — which a
+// process in any namespace can reach, so no namespace needs a route to the
+// root namespace — with the network config put; one real `overlayd run`
+// process per host (Node), born in the host's namespace because it is
+// forked from a thread switched into it, logging to a file in the work
+// directory; and pods (Pod) attached through libcni with the project's
+// conflist, overlay-cni and the upstream bridge and host-local plugins, each
+// running a Responder for probes (Ping, WhoAmI, Stream).
 //
 // Nothing is created in the root namespace and no namespace is connected to
-// it. Every name starts with "ovl<pid>-", so leftovers of a run that crashed
-// are found by name and removed when the next lab starts.
+// it; no packet leaves the lab's namespaces (etcd's peer listener, which a
+// single member never uses, sits on a loopback port). Every namespace name starts
+// with "ovl<pid>-" and every work directory with "ovl-lab-<pid>-", so the
+// leftovers of a run that crashed are found by name and removed when the
+// next lab starts (RemoveStale). The lab only ever signals processes it
+// started, by PID, and they die with it (PR_SET_PDEATHSIG).
 package lab
 
 import (
@@ -75,31 +92,83 @@ func Do(ns netns.NsHandle, fn func() error) error {
 	return fn()
 }
 
-// RemoveStale deletes namespaces left by lab runs whose process is gone.
+// RemoveStale deletes namespaces left by lab runs whose process is gone,
+// and their work directories ("ovl-lab-<pid>-*" in os.TempDir).
 func RemoveStale() error {
-	entries, err := os.ReadDir(netnsDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, e := range entries {
-		pid, ok := runPID(e.Name())
+	for _, name := range namespacesWithPrefix(namePrefix) {
+		pid, ok := runPID(namePrefix, name)
 		if !ok || processAlive(pid) {
 			continue
 		}
-		if err := netns.DeleteNamed(e.Name()); err != nil {
-			errs = append(errs, fmt.Errorf("remove stale namespace %s: %w", e.Name(), err))
+		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale namespace %s: %w", name, err))
+		}
+	}
+	return errors.Join(append(errs, removeStaleDirs())...)
+}
+
+// StaleNamespaces lists the namespaces of lab runs whose process is gone.
+func StaleNamespaces() []string {
+	var out []string
+	for _, name := range namespacesWithPrefix(namePrefix) {
+		if pid, ok := runPID(namePrefix, name); ok && !processAlive(pid) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// dirPrefix starts the name of a lab's own work directory in os.TempDir.
+const dirPrefix = "ovl-lab-"
+
+// removeStaleDirs deletes the work directories of labs whose process is gone.
+func removeStaleDirs() error {
+	entries, err := os.ReadDir(os.TempDir())
+	if err != nil {
+		return nil // nothing we could clean
+	}
+	var errs []error
+	for _, e := range entries {
+		pid, ok := runPID(dirPrefix, e.Name())
+		if !ok || !e.IsDir() || processAlive(pid) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(os.TempDir(), e.Name())); err != nil {
+			errs = append(errs, fmt.Errorf("remove stale lab directory: %w", err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// runPID parses the PID out of a lab namespace name "ovl<pid>-...".
-func runPID(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(name, namePrefix)
+// namespacesWithPrefix lists the named namespaces (as `ip netns` sees them)
+// whose name starts with prefix.
+func namespacesWithPrefix(prefix string) []string {
+	entries, err := os.ReadDir(netnsDir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// runPrefix is the namespace name prefix of this process's run tagged tag.
+func runPrefix(tag string) string {
+	run := namePrefix + strconv.Itoa(os.Getpid()) + "-"
+	if tag != "" {
+		run += tag + "-"
+	}
+	return run
+}
+
+// runPID parses the PID out of a name "<prefix><pid>-...".
+func runPID(prefix, name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
 	if !ok {
 		return 0, false
 	}
@@ -111,10 +180,26 @@ func runPID(name string) (int, bool) {
 	return pid, err == nil && pid > 0
 }
 
+// processAlive reports whether pid runs; a zombie (exited, not reaped —
+// e.g. a detached demo whose new parent does not reap) does not.
 func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true // no /proc: trust kill
+	}
+	// "pid (comm) state ...": comm may hold spaces and parentheses.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z' && stat[i+2] != 'X'
+	}
+	return true
 }
+
+// ProcessAlive reports whether pid runs (and is not a zombie).
+func ProcessAlive(pid int) bool { return processAlive(pid) }
 
 // Underlay is the shared L2 segment of a lab: a bridge in its own namespace.
 type Underlay struct {
@@ -142,10 +227,7 @@ func NewUnderlay(tag string) (*Underlay, error) {
 	if err := RemoveStale(); err != nil {
 		return nil, err
 	}
-	run := namePrefix + strconv.Itoa(os.Getpid()) + "-"
-	if tag != "" {
-		run += tag + "-"
-	}
+	run := runPrefix(tag)
 	u := &Underlay{Run: run, nsName: run + "ul", network: netip.MustParsePrefix("198.18.0.0/24")}
 	// A leftover of this same process (an earlier test that failed hard).
 	_ = netns.DeleteNamed(u.nsName)

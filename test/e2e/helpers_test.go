@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/lab/labtest"
+)
+
+// probeTimeout bounds one TCP probe or ping. Generous: 2 cores and -race.
+const probeTimeout = 2 * time.Second
+
+// Continuous traffic: 20 probes a second; a probe is lost if its echo is
+// not back within streamTimeout. That is below TCP's 1 s SYN retransmission
+// on purpose: UDP has none, so any packet dropped is a lost probe.
+const (
+	streamInterval = 50 * time.Millisecond
+	streamTimeout  = 900 * time.Millisecond
+)
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func lease(t *testing.T, n *lab.Node) netip.Prefix {
+	t.Helper()
+	p, err := n.Lease()
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	return p
+}
+
+// reach connects from a pod to a pod's responder and checks the source
+// address the destination saw is the source pod's: no NAT between pods.
+func reach(from, to *lab.Pod) error {
+	seen, err := lab.WhoAmI(from.NS, netip.AddrPortFrom(to.IP, lab.ProbePort), probeTimeout)
+	if err != nil {
+		return fmt.Errorf("%s -> %s: %w", from, to, err)
+	}
+	if seen != from.IP {
+		return fmt.Errorf("%s -> %s: the destination saw source %s, want %s (NAT between pods)", from, to, seen, from.IP)
+	}
+	return nil
+}
+
+// hostReach connects from a host to a pod's responder, checks the source
+// is one of the host's own overlay addresses (its lease), and pings the pod.
+func hostReach(from *lab.Node, own netip.Prefix, to *lab.Pod) error {
+	seen, err := lab.WhoAmI(from.NS, netip.AddrPortFrom(to.IP, lab.ProbePort), probeTimeout)
+	if err != nil {
+		return fmt.Errorf("host %s -> %s: %w", from.Name, to, err)
+	}
+	if !own.Contains(seen) {
+		return fmt.Errorf("host %s -> %s: the pod saw source %s, want an address of %s's lease %s", from.Name, to, seen, from.Name, own)
+	}
+	if _, err := lab.Ping(from.NS, to.IP, probeTimeout); err != nil {
+		return fmt.Errorf("host %s -> %s: %w", from.Name, to, err)
+	}
+	return nil
+}
+
+// meshErrors checks every pod reaches every other pod and every host every
+// pod, and returns every failure.
+func meshErrors(t *testing.T, nodes []*lab.Node, pods []*lab.Pod) error {
+	t.Helper()
+	var errs []error
+	for _, from := range pods {
+		for _, to := range pods {
+			if from != to {
+				errs = append(errs, reach(from, to))
+			}
+		}
+	}
+	for _, n := range nodes {
+		own := lease(t, n)
+		for _, to := range pods {
+			errs = append(errs, hostReach(n, own, to))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// routedSubnets returns the subnets n has overlay routes to.
+func routedSubnets(n *lab.Node) ([]netip.Prefix, error) {
+	rs, err := n.Routes()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Prefix, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Dst)
+	}
+	return out, nil
+}
+
+// waitRoutes waits until every node routes exactly to every other node's lease.
+func waitRoutes(t *testing.T, nodes []*lab.Node, timeout time.Duration) time.Duration {
+	t.Helper()
+	leases := map[*lab.Node]netip.Prefix{}
+	for _, n := range nodes {
+		leases[n] = lease(t, n)
+	}
+	return labtest.Eventually(t, timeout, "every host routes to every other host's lease", func() error {
+		var errs []error
+		for _, n := range nodes {
+			var want []netip.Prefix
+			for _, o := range nodes {
+				if o != n {
+					want = append(want, leases[o])
+				}
+			}
+			slices.SortFunc(want, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+			got, err := routedSubnets(n)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(got, want) {
+				errs = append(errs, fmt.Errorf("%s routes to %v, want %v", n.Name, got, want))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// checkStream fails t if s lost any probe.
+func checkStream(t *testing.T, what string, st lab.StreamStats) {
+	t.Helper()
+	t.Logf("%s: %s", what, st)
+	if st.Sent == 0 || len(st.Lost) > 0 || st.Received != st.Sent {
+		t.Errorf("%s: %s; want every probe answered", what, st)
+	}
+}
+
+// warmUp waits until s has had n probes answered.
+func warmUp(t *testing.T, s *lab.Stream, n int) {
+	t.Helper()
+	labtest.Eventually(t, 10*time.Second, "probe stream to start", func() error {
+		st := s.Stats()
+		if len(st.Lost) > 0 {
+			t.Fatalf("probe stream lost probes before anything happened: %s", st)
+		}
+		if st.Received < n {
+			return fmt.Errorf("%s", st)
+		}
+		return nil
+	})
+}

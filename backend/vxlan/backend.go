@@ -650,6 +650,6 @@ func (b *Backend) Teardown(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("teardown of %s incomplete (run it again): %w", b.name, err)
 	}
-	b.log.Info("removed overlay device and all its routes", "device", b.name)
+	b.log.Info("removed overlay device and all its routes")
 	return nil
 }

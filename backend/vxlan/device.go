@@ -156,7 +156,7 @@ func (b *Backend) ensureDevice() (dev, underlay Link, created bool, err error) {
 	switch {
 	case errors.Is(err, ErrLinkNotFound):
 		if b.devSeen {
-			b.log.Warn("overlay device disappeared, recreating it and replaying all peers", "device", b.name)
+			b.log.Warn("overlay device disappeared, recreating it and replaying all peers")
 			b.stats.DeviceRecreations++
 		}
 		dev, err = b.createDevice(want, wantAddr)
@@ -171,7 +171,7 @@ func (b *Backend) ensureDevice() (dev, underlay Link, created bool, err error) {
 	}
 	d := compareDevice(want, have, wantAddr, addrs)
 	if d.Recreate != "" {
-		b.log.Warn("overlay device does not match the configuration, recreating it", "device", b.name, "reason", d.Recreate)
+		b.log.Warn("overlay device does not match the configuration, recreating it", "reason", d.Recreate)
 		if err := b.write(func() error { return b.nl.LinkDel(have.Index) }); err != nil && !isNotFound(err) {
 			return Link{}, underlay, false, fmt.Errorf("delete mismatched device %s (%s): %w", b.name, d.Recreate, err)
 		}
@@ -180,7 +180,7 @@ func (b *Backend) ensureDevice() (dev, underlay Link, created bool, err error) {
 		return dev, underlay, err == nil, err
 	}
 	if r := d.Reason(); r != "" {
-		b.log.Info("fixing overlay device in place", "device", b.name, "reason", r)
+		b.log.Info("fixing overlay device in place", "reason", r)
 	}
 	if err := b.fixDevice(have.Index, want, wantAddr, d); err != nil {
 		return Link{}, underlay, false, err
@@ -233,7 +233,7 @@ func (b *Backend) createDevice(want Link, wantAddr netip.Prefix) (Link, error) {
 	if err != nil {
 		return Link{}, fmt.Errorf("look up %s after creating it: %w", want.Name, err)
 	}
-	b.log.Info("created overlay device", "device", want.Name, "vni", want.VNI, "port", want.Port,
+	b.log.Info("created overlay device", "vni", want.VNI, "port", want.Port,
 		"local", want.Local, "mtu", want.MTU, "mac", want.MAC.String())
 	if err := b.fixDevice(dev.Index, want, wantAddr, deviceDiff{AddAddr: true, SetUp: !dev.Up}); err != nil {
 		return Link{}, err

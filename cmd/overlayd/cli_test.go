@@ -302,3 +302,23 @@ func TestUnreachableEtcdSaysWhatToCheck(t *testing.T) {
 		t.Errorf("unreachable etcd: %+v", r)
 	}
 }
+
+func TestLeaseListIsInAddressOrder(t *testing.T) {
+	srv, reg := cluster(t)
+	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"10.244.156.0/24", "10.244.42.0/24", "10.244.9.0/24"} {
+		if _, err := reg.Create(ctx(t), netip.MustParsePrefix(s), subnet.LeaseAttrs{PublicIP: "198.18.0.9"}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(r.out), "\n") {
+		got = append(got, strings.Fields(line)[0])
+	}
+	if want := "10.244.9.0/24 10.244.42.0/24 10.244.156.0/24"; strings.Join(got, " ") != want {
+		t.Errorf("lease list order = %v, want %s", got, want)
+	}
+}

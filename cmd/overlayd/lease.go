@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -74,6 +75,11 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease)
 	if err != nil {
 		return nil, err
 	}
+	// etcd returns keys in string order (10.244.156.0 before 10.244.42.0);
+	// people expect address order.
+	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int {
+		return a.Subnet.Addr().Compare(b.Subnet.Addr())
+	})
 	rows := make([]leaseRow, 0, len(leases))
 	for _, l := range leases {
 		row := leaseRow{Subnet: l.Subnet.String(), PublicIP: l.Attrs.PublicIP, NodeID: l.Attrs.NodeID,

@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {
 		return err
 	}
-	log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.VtepMAC, "mtu", dev.MTU, "subnet_file", cfg.SubnetFile)
+	log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.VtepMAC.String(), "mtu", dev.MTU, "subnet_file", cfg.SubnetFile)
 
 	var snap etcdv3.Snapshot
 	if err := retry(ctx, log, "list leases", func(ctx context.Context) (err error) {

@@ -32,6 +32,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // DefaultDialTimeout bounds connecting and the startup check when
@@ -181,6 +183,13 @@ func (c Config) clientConfig() (clientv3.Config, error) {
 		Username:    c.Username,
 		Password:    c.Password,
 		Logger:      zap.NewNop(),
+		// gRPC's default reconnect backoff grows to 2 minutes: after an etcd
+		// outage a daemon would wait that long to notice etcd is back. Cap it
+		// at a few seconds; a node agent reconnecting is cheap.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
 	}
 	if !c.wantTLS(eps) {
 		return cc, nil

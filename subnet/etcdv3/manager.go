@@ -423,7 +423,7 @@ func (m *Manager) checkDuplicate(ctx context.Context) error {
 	if ttl, err := m.reg.TTL(ctx, resp.Kvs[0].Lease); err == nil && ttl >= 0 {
 		wait = time.Duration(ttl)*time.Second + slack
 	}
-	m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "node", m.host.NodeID, "other_public_ip", v.PublicIP, "wait", wait)
+	m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "other_public_ip", v.PublicIP, "wait", wait)
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for wr := range m.reg.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
@@ -452,7 +452,7 @@ func (m *Manager) keepLiveness(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		m.log.Warn("liveness key lost, re-creating", "node", m.host.NodeID, "err", err)
+		m.log.Warn("liveness key lost, re-creating", "err", err)
 		if !sleepCtx(ctx, m.opts.RetryInterval) {
 			return
 		}

@@ -56,13 +56,11 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer done()
 			cfg, stored, err := reg.GetConfig(ctx)
 			if raw && stored != nil {
 				_, werr := fmt.Fprintf(cmd.OutOrStdout(), "%s\n", stored)
@@ -99,6 +97,19 @@ func readConfigFile(cmd *cobra.Command, file string) ([]byte, error) {
 	return data, nil
 }
 
+// loadConfigFile reads -f FILE and validates it as a network config.
+func loadConfigFile(cmd *cobra.Command, file string) ([]byte, *subnet.Config, error) {
+	data, err := readConfigFile(cmd, file)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := subnet.ParseConfig(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return data, cfg, nil
+}
+
 func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
 	var file string
 	c := &cobra.Command{
@@ -110,20 +121,15 @@ func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			data, err := readConfigFile(cmd, file)
+			data, _, err := loadConfigFile(cmd, file)
+			if err != nil {
+				return fmt.Errorf("%w; nothing was stored", err)
+			}
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			if _, err := subnet.ParseConfig(data); err != nil {
-				return fmt.Errorf("%s: %w; nothing was stored", file, err)
-			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
+			defer done()
 			cfg, err := reg.PutConfig(ctx, data)
 			if err != nil {
 				return g.etcdHint(err)
@@ -149,13 +155,9 @@ func newConfigValidateCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			data, err := readConfigFile(cmd, file)
+			_, cfg, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return err
-			}
-			cfg, err := subnet.ParseConfig(data)
-			if err != nil {
-				return fmt.Errorf("%s: %w", file, err)
 			}
 			return printer.Write(cmd.OutOrStdout(), format, configOutput(cfg))
 		},

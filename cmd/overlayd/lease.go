@@ -148,13 +148,11 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer done()
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -212,13 +210,11 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer done()
 			l, err := reg.Get(ctx, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return fmt.Errorf("%w (list leases with `overlayd lease list`)", err)
@@ -253,13 +249,11 @@ func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil || !ip.Is4() {
 				return usagef("--public-ip %q: want the host's IPv4 address", publicIP)
 			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer done()
 			cfg, _, err := reg.GetConfig(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -307,13 +301,11 @@ be deleted.`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.requestContext(cmd)
-			defer cancel()
-			reg, closeFn, err := g.registry(ctx)
+			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer done()
 			l, err := reg.Get(ctx, p)
 			if err != nil {
 				return g.etcdHint(err)

@@ -202,15 +202,18 @@ func (g *GlobalFlags) clientConfig() etcdclient.Config {
 	}
 }
 
-// registry connects to etcd — checking it answers, so a wrong CA, a missing
-// client certificate or a bad password is reported precisely up front — and
-// returns the registry and a closer.
-func (g *GlobalFlags) registry(ctx context.Context) (*etcdv3.Registry, func(), error) {
+// connect opens a request context bounded by --dial-timeout and a registry
+// on a checked etcd connection — so a wrong CA, a missing client
+// certificate or a bad password is reported precisely up front. done
+// releases both.
+func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etcdv3.Registry, done func(), err error) {
+	ctx, cancel := g.requestContext(cmd)
 	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
-		return nil, nil, err
+		cancel()
+		return nil, nil, nil, err
 	}
-	return etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
+	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close(); cancel() }, nil
 }
 
 // requestContext bounds one CLI request by --dial-timeout.

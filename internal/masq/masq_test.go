@@ -2,6 +2,7 @@ package masq
 
 import (
 	"context"
+	"github.com/overlaynet/overlay/internal/lab"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -268,7 +269,7 @@ func TestNetworkChangeReplacesRules(t *testing.T) {
 func TestDefaultNamespaceIsTheCallers(t *testing.T) {
 	ns := newNS(t, "cur")
 	var m *Masq
-	err := doIn(ns, func() (err error) {
+	err := lab.Do(ns, func() (err error) {
 		m, err = New(clusterNet)
 		return err
 	})

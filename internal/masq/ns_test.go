@@ -4,16 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/overlaynet/overlay/internal/lab"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,89 +21,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Namespaces are named "ovl<pid>-masq<n>-<tag>", like internal/lab's
-// ("ovl<pid>-..."), so leftovers of a run that crashed are found by name and
-// removed by the next run (here, or by lab.RemoveStale).
-const nsDir = "/var/run/netns"
-
 var (
 	nsSeq        atomic.Int64
 	staleRemoved sync.Once
 )
 
-// removeStale deletes this package's namespaces whose test process is gone.
-func removeStale() error {
-	names, err := filepath.Glob(filepath.Join(nsDir, "ovl*-masq*"))
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, path := range names {
-		name := filepath.Base(path)
-		digits, _, _ := strings.Cut(strings.TrimPrefix(name, "ovl"), "-")
-		pid, err := strconv.Atoi(digits)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
-			continue // its process is alive
-		}
-		if err := netns.DeleteNamed(name); err != nil {
-			errs = append(errs, fmt.Errorf("remove stale namespace %s: %w", name, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// doIn runs fn on a thread switched into ns, and switches back. Sockets fn
-// opens belong to ns for their whole life.
-func doIn(ns netns.NsHandle, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		return fmt.Errorf("enter namespace %s: %w", ns, err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			// The thread is in the wrong namespace; never let it run Go code again.
-			panic(fmt.Sprintf("cannot return to the original namespace: %v", err))
-		}
-	}()
-	return fn()
-}
-
-// newNS creates a named network namespace for t without moving the caller
-// and deletes it when t ends. Nothing is created in the root namespace.
+// newNS creates a named network namespace for t (named like internal/lab's,
+// so a crashed run's leftovers are removed by lab.RemoveStale) without
+// moving the caller, and deletes it when t ends.
 func newNS(t *testing.T, tag string) netns.NsHandle {
 	t.Helper()
 	testenv.RequireRoot(t)
 	staleRemoved.Do(func() {
-		if err := removeStale(); err != nil {
+		if err := lab.RemoveStale(); err != nil {
 			t.Logf("removing stale lab namespaces: %v", err)
 		}
 	})
-	name := fmt.Sprintf("ovl%d-masq%d-%s", os.Getpid(), nsSeq.Add(1), tag)
-	h, err := func() (netns.NsHandle, error) {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return 0, err
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name) // switches this thread into it
-		if serr := netns.Set(orig); serr != nil {
-			panic(fmt.Sprintf("cannot return to the original namespace: %v", serr))
-		}
-		return h, err
-	}()
+	name := fmt.Sprintf("%s%d-%s", lab.RunPrefix("masq"), nsSeq.Add(1), tag)
+	h, err := lab.NewNamedNS(name)
 	if err != nil {
-		t.Fatalf("create network namespace %s: %v", name, err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		h.Close()
@@ -222,7 +155,7 @@ func route(t *testing.T, ns netns.NsHandle, dst string, gw netip.Addr, dev strin
 // from namespace from, and returns the source address the listener saw.
 func observedSource(from, to netns.NsHandle, dst netip.Addr, timeout time.Duration) (netip.Addr, error) {
 	var ln net.Listener
-	if err := doIn(to, func() (err error) {
+	if err := lab.Do(to, func() (err error) {
 		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
 		return err
 	}); err != nil {
@@ -246,7 +179,7 @@ func observedSource(from, to netns.NsHandle, dst netip.Addr, timeout time.Durati
 		defer c.Close()
 		accepted <- result{src: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()}
 	}()
-	err := doIn(from, func() error {
+	err := lab.Do(from, func() error {
 		c, err := (&net.Dialer{Timeout: timeout}).Dial("tcp4", ln.Addr().String())
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package masq
 
 import (
 	"errors"
+	"github.com/overlaynet/overlay/internal/lab"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -65,7 +66,7 @@ func newTrafficLab(t *testing.T) *trafficLab {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = doIn(l.host, func() error {
+	err = lab.Do(l.host, func() error {
 		if err := os.WriteFile(ipForward, []byte("1"), 0o644); err != nil {
 			return err
 		}

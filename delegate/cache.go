@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/utils"
 
@@ -26,6 +27,11 @@ const (
 	CacheFormat = 1
 	// maxCacheFile bounds what a read accepts; real entries are ~1 KiB.
 	maxCacheFile = 1 << 20
+	// maxFileName bounds the cache file's name: atomicfile.Write creates
+	// ".<name>.tmp-<up to 10 digits>" next to it, and that name too must fit
+	// in NAME_MAX (255), or every ADD of the attachment would fail with an
+	// I/O error although its names were accepted.
+	maxFileName = 255 - len(".") - len(".tmp-") - 10
 )
 
 var (
@@ -76,8 +82,8 @@ func (a Attachment) Validate() error {
 	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
 		return fmt.Errorf("%w: interface name %q: %s", ErrInvalidAttachment, a.IfName, err.Msg)
 	}
-	if n := len(a.fileName()); n > 255 {
-		return fmt.Errorf("%w: cache file name would be %d bytes long (at most 255)", ErrInvalidAttachment, n)
+	if n := len(a.fileName()); n > maxFileName {
+		return fmt.Errorf("%w: cache file name would be %d bytes long (at most %d)", ErrInvalidAttachment, n, maxFileName)
 	}
 	return nil
 }
@@ -188,18 +194,55 @@ func (c Cache) Read(a Attachment) (Entry, error) {
 	return e, nil
 }
 
+// readLimited reads the cache file p. Only a regular file is an entry: a
+// symbolic link (the cache never writes one), a FIFO (whose open would block
+// forever), a device or a directory wraps ErrCacheCorrupt, and so does a
+// file larger than maxCacheFile. Nothing but p itself is ever opened.
 func readLimited(p string) ([]byte, error) {
-	f, err := os.Open(p)
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w: not a regular file (%v)", p, ErrCacheCorrupt, fi.Mode().Type())
+	}
+	data, err := readRegular(p, maxCacheFile, syscall.O_NOFOLLOW)
+	if errors.Is(err, errNotRegular) || errors.Is(err, errTooLarge) || errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s: %w: %v", p, ErrCacheCorrupt, err)
+	}
+	return data, err
+}
+
+var (
+	errNotRegular = errors.New("not a regular file")
+	errTooLarge   = errors.New("file too large")
+)
+
+// readRegular reads the regular file p, at most max bytes (errTooLarge
+// beyond). It opens p non-blocking and checks what it opened, so that a FIFO
+// or a device put where a file is expected gives errNotRegular instead of
+// blocking forever (or reading /dev/zero until memory runs out); callers
+// that must not even open such a file Lstat or Stat it first. flags are
+// added to O_RDONLY (e.g. O_NOFOLLOW).
+func readRegular(p string, max int64, flags int) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC|flags, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxCacheFile+1))
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxCacheFile {
-		return nil, fmt.Errorf("%s: %w: larger than %d bytes", p, ErrCacheCorrupt, maxCacheFile)
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w (%v)", p, errNotRegular, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%s: %w: larger than %d bytes", p, errTooLarge, max)
 	}
 	return data, nil
 }
@@ -270,7 +313,7 @@ type Listed struct {
 // are skipped). Entries that decode but belong to another network are left
 // out. A missing directory lists nothing.
 func (c Cache) List(network string) ([]Listed, error) {
-	des, err := os.ReadDir(c.Dir)
+	des, err := os.ReadDir(c.Dir) // opened with O_DIRECTORY: a FIFO does not block it
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -293,10 +336,12 @@ func (c Cache) List(network string) ([]Listed, error) {
 			continue // removed meanwhile
 		case err != nil:
 			l.Err = fmt.Errorf("cache entry %s: %w", l.Path, err)
-		case l.Entry.Network != network:
-			continue
 		case l.Entry.fileName() != name:
+			// Whatever network it names, a file whose content is not the
+			// entry its name says is corrupt, as Read finds it.
 			l.Err = fmt.Errorf("cache entry %s: %w: it names %s", l.Path, ErrCacheCorrupt, l.Entry.Attachment)
+		case l.Entry.Network != network:
+			continue // the entry of a network whose name starts like ours
 		}
 		out = append(out, l)
 	}

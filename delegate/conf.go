@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -195,10 +196,50 @@ func (c *NetConf) takeDelegateKeys() error {
 	for k := range c.Delegate {
 		switch {
 		case k == "type" || k == "name" || k == "cniVersion" || k == "ipam" || k == "prevResult",
-			strings.HasPrefix(k, "cni.dev/"):
+			len(k) >= len(cniDevPrefix) && strings.EqualFold(k[:len(cniDevPrefix)], cniDevPrefix):
 			delete(c.Delegate, k)
 		case isAbsent(c.Delegate[k]):
 			delete(c.Delegate, k) // null means "use the default"
+		}
+	}
+	return rejectAliases("delegate", c.Delegate, delegateOwnKeys)
+}
+
+// cniDevPrefix starts the keys the CNI spec reserves for the runtime
+// (cni.dev/valid-attachments and the like); the delegate never gets the
+// user's.
+const cniDevPrefix = "cni.dev/"
+
+// The keys overlay-cni sets, defaults or replaces in the delegate's
+// configuration and in its ipam section (see Render).
+//
+// The delegates decode their configuration with encoding/json, which matches
+// object keys to fields ignoring case (strings.EqualFold: "cniversion",
+// "CNIVERSION" and, with U+017F, "ſubnet" all match) and keeps the value of
+// the last matching key. Render writes keys sorted, so a user's "cniversion"
+// comes after, and would override for the delegate, overlay-cni's
+// "cniVersion"; "ranges" would be replaced by a user's "rangeſ", and
+// host-local would keep its reservations in a user's "datadir" while GC
+// sweeps the "dataDir" it knows. Such aliases are refused.
+var (
+	delegateOwnKeys = []string{"type", "name", "cniVersion", "ipam", "prevResult", "runtimeConfig", "args",
+		"bridge", "mtu", "ipMasq", "isGateway"}
+	ipamOwnKeys = append([]string{"type", "ranges", "routes", "dataDir"}, legacyRangeKeys...)
+)
+
+// rejectAliases refuses a key of m that differs from one of own only in
+// letter case (as encoding/json folds it).
+func rejectAliases(field string, m map[string]json.RawMessage, own []string) error {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, o := range own {
+			if k != o && strings.EqualFold(k, o) {
+				return invalidf("%s key %q differs from %q only in letter case, and the delegate reads JSON keys ignoring case: write %q", field, k, o, o)
+			}
 		}
 	}
 	return nil
@@ -268,6 +309,9 @@ func ipamRoutes(ipam map[string]json.RawMessage) ([]userRoute, error) {
 func validateIPAM(ipam map[string]json.RawMessage) error {
 	if ipam == nil {
 		return nil
+	}
+	if err := rejectAliases("ipam", ipam, ipamOwnKeys); err != nil {
+		return err
 	}
 	if raw, ok := ipam["dataDir"]; ok && !isAbsent(raw) {
 		var s string

@@ -129,6 +129,9 @@ func FuzzParseConf(f *testing.F) {
 		`{"cniVersion":"1.1.0","name":"n","runtimeConfig":{"mac":"x"},"args":{},"delegate":{"ipam":{"dataDir":"/x"}}}`,
 		`{"cniVersion":"1.1.0","name":"n","delegate":null,"ipam":null}`,
 		`{}`, `null`, `[]`, ``,
+		// Aliases of the keys overlay-cni owns (refused; see TestConfRejectsKeyAliases).
+		`{"cniVersion":"1.1.0","name":"n","delegate":{"cniversion":"0.1.0","Name":"x","TYPE":"y"}}`,
+		`{"cniVersion":"1.1.0","name":"n","ipam":{"rangeſ":[[{"subnet":"192.0.2.0/24"}]],"datadir":"/x"}}`,
 	} {
 		f.Add([]byte(seed))
 	}

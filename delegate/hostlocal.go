@@ -109,7 +109,10 @@ func SweepHostLocal(dir string, valid ValidSet) ([]netip.Addr, error) {
 // dir/lock, as its go-filemutex does) and returns the function releasing it.
 func lockHostLocal(dir string) (func(), error) {
 	p := filepath.Join(dir, hostLocalLockFile)
-	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE, 0o600)
+	// O_NOFOLLOW: a symbolic link named lock is never followed, so a
+	// dangling one cannot make GC create a file elsewhere; O_NONBLOCK: a
+	// FIFO named lock does not block the open (flock then fails on it).
+	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open host-local lock: %w", err)
 	}

@@ -236,6 +236,11 @@ func decodeResult(conf, out []byte) (types.Result, error) {
 		}
 		out = fixed
 	}
+	// Plugin.Add converts the result to the request's version, and the
+	// CNI library's conversions crash on null entries.
+	if err := checkResultLists(out); err != nil {
+		return nil, fmt.Errorf("decode delegate result: %w", err)
+	}
 	res, err := create.Create(ver, out)
 	if err != nil {
 		return nil, fmt.Errorf("decode delegate result: %w", err)

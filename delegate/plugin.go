@@ -9,7 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
+	"github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/types/create"
@@ -71,6 +73,67 @@ func loadAttachment(args *skel.CmdArgs) (*NetConf, Attachment, error) {
 	return conf, a, nil
 }
 
+// maxEnvFile bounds what is read of subnet.env (about 100 bytes in practice).
+const maxEnvFile = 64 << 10
+
+// readEnv reads subnet.env like subnet.ReadEnv, but only from a regular file
+// of at most maxEnvFile bytes: subnetFile pointing at a FIFO, a device or a
+// directory is an unusable file (the caller's code 11 or 50), not an open
+// that blocks forever, a read of /dev/zero until memory runs out, or the
+// side effect of opening a device (it is looked at with stat first).
+func readEnv(path string) (subnet.Env, error) {
+	if fi, err := os.Stat(path); err != nil {
+		return subnet.Env{}, fmt.Errorf("read subnet file %s: %w", path, err)
+	} else if !fi.Mode().IsRegular() {
+		return subnet.Env{}, fmt.Errorf("read subnet file %s: %w (%v)", path, errNotRegular, fi.Mode().Type())
+	}
+	data, err := readRegular(path, maxEnvFile, 0)
+	if err != nil {
+		return subnet.Env{}, fmt.Errorf("read subnet file %s: %w", path, err)
+	}
+	e, err := subnet.ParseEnv(data)
+	if err != nil {
+		return subnet.Env{}, fmt.Errorf("subnet file %s: %w", path, err)
+	}
+	return e, nil
+}
+
+// checkNetNS refuses a CNI_NETNS that is a FIFO or a device: the CNI
+// library opens CNI_NETNS after a successful ADD or DEL to compare it with
+// the plugin's own namespace, and opening a FIFO blocks forever (opening a
+// device may block or do anything). It is only stat'ed here. An empty or
+// missing path is fine (DEL of a pod whose namespace is gone), and so is
+// anything else the delegate will judge.
+//
+// For ADD (own set) it also refuses the plugin's own network namespace, as
+// the CNI library does, but before anything is cached or delegated: the
+// library's own check comes after the ADD succeeded and its result was
+// printed, so the runtime would get a result followed by an error on stdout
+// and an attachment nobody asked to keep.
+func checkNetNS(args *skel.CmdArgs, own bool) error {
+	if args.Netns == "" {
+		return nil
+	}
+	fi, err := os.Stat(args.Netns)
+	if err != nil {
+		return nil
+	}
+	if fi.Mode()&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice) != 0 {
+		return cniError(types.ErrInvalidEnvironmentVariables, nil,
+			"invalid CNI_NETNS %q: a %v is not a network namespace", args.Netns, fi.Mode().Type())
+	}
+	if !own || strings.ToUpper(args.NetnsOverride) == "TRUE" || args.NetnsOverride == "1" {
+		return nil
+	}
+	if same, err := ns.CheckNetNS(args.Netns); err != nil {
+		return err
+	} else if same {
+		return cniError(types.ErrInvalidNetNS, nil,
+			"invalid CNI_NETNS %q: it is overlay-cni's own network namespace, not the container's", args.Netns)
+	}
+	return nil
+}
+
 func runtimeOf(args *skel.CmdArgs) Runtime {
 	return Runtime{ContainerID: args.ContainerID, NetNS: args.Netns, IfName: args.IfName, Args: args.Args, Path: args.Path}
 }
@@ -91,7 +154,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	env, err := subnet.ReadEnv(conf.SubnetFile)
+	if err := checkNetNS(args, true); err != nil {
+		return err
+	}
+	env, err := readEnv(conf.SubnetFile)
 	if err != nil {
 		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
 	}
@@ -153,6 +219,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkNetNS(args, false); err != nil {
+		return err
+	}
 	ctx := context.Background()
 	rt := runtimeOf(args)
 	cache := Cache{Dir: conf.DataDir}
@@ -173,7 +242,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if !missing {
 		p.logf("cannot use the cache entry of %s, re-rendering from %s instead: %v", att, conf.SubnetFile, err)
 	}
-	env, err := subnet.ReadEnv(conf.SubnetFile)
+	env, err := readEnv(conf.SubnetFile)
 	if err != nil {
 		p.logf("DEL of %s: no usable cache entry and %v: nothing to release", att, err)
 		return nil
@@ -201,6 +270,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkNetNS(args, false); err != nil {
+		return err
+	}
 	if conf.PrevResult == nil {
 		return cniError(types.ErrInvalidNetworkConfig, nil, "CHECK of %s needs a prevResult: the runtime must pass the ADD result", att)
 	}
@@ -213,7 +285,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	case err != nil:
 		return cniError(types.ErrIOFailure, err, "cannot read the cache entry of %s: check dataDir %s", att, conf.DataDir)
 	}
-	env, err := subnet.ReadEnv(conf.SubnetFile)
+	env, err := readEnv(conf.SubnetFile)
 	if err != nil {
 		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
 	}
@@ -243,11 +315,7 @@ func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte
 	if err := json.Unmarshal(m["cniVersion"], &cachedVersion); err != nil {
 		return nil, fmt.Errorf("cached cniVersion: %w", err)
 	}
-	res, err := create.Create(version, prev)
-	if err != nil {
-		return nil, fmt.Errorf("prevResult: %w", err)
-	}
-	conv, err := res.GetAsVersion(cachedVersion)
+	conv, err := convertResult(version, prev, cachedVersion)
 	if err != nil {
 		return nil, fmt.Errorf("prevResult: %w", err)
 	}
@@ -257,6 +325,51 @@ func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte
 	return json.Marshal(m)
 }
 
+// convertResult decodes a result (the runtime's prevResult) of version and
+// converts it to toVersion. The CNI library's conversions dereference every
+// entry of interfaces, ips and routes, so a null entry would crash the
+// plugin: such a result is refused, and so is anything else that makes the
+// library panic.
+func convertResult(version string, raw json.RawMessage, toVersion string) (res types.Result, err error) {
+	if err := checkResultLists(raw); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = nil, fmt.Errorf("cannot convert the result from %s to %s: %v", version, toVersion, r)
+		}
+	}()
+	decoded, err := create.Create(version, raw)
+	if err != nil {
+		return nil, err
+	}
+	return decoded.GetAsVersion(toVersion)
+}
+
+// checkResultLists refuses a result with a null entry in interfaces, ips or
+// routes (keys matched as the CNI library matches them, ignoring case).
+func checkResultLists(raw []byte) error {
+	var lists struct {
+		Interfaces []json.RawMessage `json:"interfaces"`
+		IPs        []json.RawMessage `json:"ips"`
+		Routes     []json.RawMessage `json:"routes"`
+	}
+	if err := json.Unmarshal(raw, &lists); err != nil {
+		return err
+	}
+	for _, l := range []struct {
+		name string
+		list []json.RawMessage
+	}{{"interfaces", lists.Interfaces}, {"ips", lists.IPs}, {"routes", lists.Routes}} {
+		for i, e := range l.list {
+			if isAbsent(e) {
+				return fmt.Errorf("%s[%d] is null", l.name, i)
+			}
+		}
+	}
+	return nil
+}
+
 // Status reports whether ADD can work: subnet.env must be there and valid
 // (else code 50), and the delegate's STATUS must pass.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
@@ -264,7 +377,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	env, err := subnet.ReadEnv(conf.SubnetFile)
+	env, err := readEnv(conf.SubnetFile)
 	if err != nil {
 		return cniError(types.ErrPluginNotAvailable, err,
 			"overlay network not ready: subnet file %s is missing or unusable; start overlayd (it writes the file once it holds this host's lease)", conf.SubnetFile)
@@ -348,7 +461,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		p.logf("GC: released host-local reservation %s", a)
 	}
 
-	if env, err := subnet.ReadEnv(conf.SubnetFile); err != nil {
+	if env, err := readEnv(conf.SubnetFile); err != nil {
 		p.logf("GC: not forwarding GC to the delegate, its configuration cannot be rendered: %v", err)
 	} else if err := p.delegateGC(ctx, conf, env, args.Path); err != nil {
 		errs = append(errs, err)

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime/debug"
 
@@ -14,10 +15,25 @@ import (
 )
 
 func main() {
-	p := delegate.New(delegate.NewExecInvoker(os.Stderr), os.Stdout, os.Stderr)
-	skel.PluginMainFuncs(p.Funcs(),
-		version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"),
-		about())
+	os.Exit(run(delegate.NewExecInvoker(os.Stderr)))
+}
+
+// versions are the CNI versions overlay-cni supports.
+var versions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// run is the plugin's entry point with the delegate invoker as a parameter,
+// so that tests drive it in-process with a fake delegate. It does what
+// skel.PluginMainFuncs does (environment and stdin in, result or CNI error
+// JSON on stdout) but returns the exit status instead of exiting.
+func run(inv delegate.Invoker) int {
+	p := delegate.New(inv, os.Stdout, os.Stderr)
+	if e := skel.PluginMainFuncsWithError(p.Funcs(), versions, about()); e != nil {
+		if err := e.Print(); err != nil {
+			fmt.Fprintf(os.Stderr, "overlay-cni: cannot write the error to stdout: %v\n", err)
+		}
+		return 1
+	}
+	return 0
 }
 
 // about is printed when the plugin is run without CNI_COMMAND.

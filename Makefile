@@ -30,12 +30,12 @@ test: build plugins unit e2e fuzz
 
 # Everything but the end-to-end tests (those need the binaries: see e2e).
 unit:
-	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /test/e2e)
+	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults)
 
 # Multi-host tests: real overlayd processes on simulated hosts (network
 # namespaces the tests create and delete), a real etcd, pods through libcni.
 e2e: build plugins
-	$(GO) test -race -count=1 -timeout 10m ./test/e2e/...
+	$(GO) test -race -count=1 -p 1 -timeout 12m ./test/e2e/... ./test/faults/...
 
 # A short run of every fuzz target (go test -fuzz takes one target at a time).
 fuzz:

@@ -197,7 +197,14 @@ func (c Config) explainTransport(err error, found []*EndpointError, within strin
 		return generic
 	}
 	if !allFailed(found) {
-		errs = append(errs, generic) // the other endpoints did not answer in time
+		// The other endpoints did not answer in time. If at most half of
+		// them can be reached at all, the likely cause is a cluster that
+		// lost its quorum: the members left cannot serve a request.
+		if len(found) > 1 && 2*len(errs) >= len(found) {
+			generic = fmt.Errorf("%w: %d of %d endpoints unreachable and no answer from the others%s: if they are the members of one cluster, it has lost its quorum (a majority of members must run): %w",
+				ErrUnreachable, len(errs), len(found), within, err)
+		}
+		errs = append(errs, generic)
 	}
 	return joinErrors(errs)
 }

@@ -40,6 +40,21 @@ import (
 // Config.DialTimeout is not set.
 const DefaultDialTimeout = 5 * time.Second
 
+// gRPC keepalive on every connection to an etcd member, while calls (a
+// watch, a lease keepalive) are open on it. A member that vanishes without
+// closing its connections (host gone, blackholing firewall) leaves a
+// connection that TCP does not report dead for minutes — forever if a
+// middlebox still acknowledges — and the watch and lease renewals on it
+// hang. With keepalive, the connection is dropped after
+// DefaultKeepAliveTime of silence plus DefaultKeepAliveTimeout, and the
+// client carries on with the other members. 10 s is the least gRPC allows
+// (it raises shorter values), and etcd accepts pings every 5 s
+// (--grpc-keepalive-min-time).
+const (
+	DefaultKeepAliveTime    = 10 * time.Second
+	DefaultKeepAliveTimeout = 5 * time.Second
+)
+
 // Config is what a user can set to reach etcd.
 type Config struct {
 	Endpoints   []string
@@ -48,6 +63,11 @@ type Config struct {
 	Username    string
 	Password    string
 	DialTimeout time.Duration
+	// KeepAliveTime and KeepAliveTimeout tune gRPC keepalive (defaults
+	// DefaultKeepAliveTime and DefaultKeepAliveTimeout); negative turns
+	// it off.
+	KeepAliveTime    time.Duration
+	KeepAliveTimeout time.Duration
 }
 
 // kindError is a class of failure that is also a more general one, so
@@ -146,6 +166,17 @@ func (c Config) dialTimeout() time.Duration {
 	return DefaultDialTimeout
 }
 
+// orDefault is d for zero, zero (off) for negative, else v.
+func orDefault(v, d time.Duration) time.Duration {
+	switch {
+	case v == 0:
+		return d
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
 func (c Config) endpointList() string { return strings.Join(c.Endpoints, ",") }
 
 // wantTLS says whether the settings ask for TLS.
@@ -178,11 +209,13 @@ func (c Config) clientConfig() (clientv3.Config, error) {
 		return clientv3.Config{}, fmt.Errorf("%w: user %q has no password: use --user %s:PASSWORD or --password", ErrConfig, c.Username, c.Username)
 	}
 	cc := clientv3.Config{
-		Endpoints:   c.Endpoints,
-		DialTimeout: c.dialTimeout(),
-		Username:    c.Username,
-		Password:    c.Password,
-		Logger:      zap.NewNop(),
+		Endpoints:            c.Endpoints,
+		DialTimeout:          c.dialTimeout(),
+		DialKeepAliveTime:    orDefault(c.KeepAliveTime, DefaultKeepAliveTime),
+		DialKeepAliveTimeout: orDefault(c.KeepAliveTimeout, DefaultKeepAliveTimeout),
+		Username:             c.Username,
+		Password:             c.Password,
+		Logger:               zap.NewNop(),
 		// gRPC's default reconnect backoff grows to 2 minutes: after an etcd
 		// outage a daemon would wait that long to notice etcd is back. Cap it
 		// at a few seconds; a node agent reconnecting is cheap.

@@ -54,6 +54,11 @@ type ManagerOptions struct {
 	Rand *rand.Rand
 	// RetryInterval is the pause between attempts to reach etcd again.
 	RetryInterval time.Duration
+	// ProgressInterval and StallTimeout detect a stalled watch of the own
+	// lease key, as in WatchOptions (defaults 5 s each): a stalled watch
+	// would hide a deletion of the key from the re-claim.
+	ProgressInterval time.Duration
+	StallTimeout     time.Duration
 }
 
 // Manager acquires this host's lease and keeps it: one etcd lease kept alive
@@ -66,8 +71,13 @@ type Manager struct {
 	opts ManagerOptions
 	log  *slog.Logger
 
-	mu        sync.Mutex
-	lease     subnet.Lease
+	mu    sync.Mutex
+	lease subnet.Lease
+	// seen is a revision at which the lease key was known to hold lease;
+	// the key's watch resumes after it. The key's own ModRevision will not
+	// do: it is usually old, and once history is compacted past it a watch
+	// from there fails at once, every time.
+	seen      int64
 	etcdLease clientv3.LeaseID
 	expires   time.Time // when the etcd lease runs out unless renewed
 	liveSince time.Time // zero while the liveness key is not held
@@ -89,6 +99,12 @@ func NewManager(reg *Registry, cfg *subnet.Config, host Host, opts ManagerOption
 	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
+	}
+	if opts.ProgressInterval <= 0 {
+		opts.ProgressInterval = DefaultProgressInterval
+	}
+	if opts.StallTimeout <= 0 {
+		opts.StallTimeout = DefaultStallTimeout
 	}
 	return &Manager{reg: reg, cfg: cfg, host: host, opts: opts, log: opts.Logger}
 }
@@ -140,6 +156,7 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
 			return subnet.Lease{}, err
 		}
 		m.setLease(l)
+		m.setSeen(max(snap.Revision, l.ModRevision))
 		m.log.Info("lease acquired", "subnet", l.Subnet, "reserved", l.Reserved, "public_ip", m.host.PublicIP)
 		return l, nil
 	}
@@ -230,6 +247,19 @@ func (m *Manager) setEtcdLease(id clientv3.LeaseID, ttl time.Duration) {
 	m.expires = time.Now().Add(ttl)
 }
 
+// setSeen records that the lease key was as m.lease says at revision rev.
+func (m *Manager) setSeen(rev int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seen = max(m.seen, rev)
+}
+
+func (m *Manager) seenRev() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return max(m.seen, m.lease.ModRevision)
+}
+
 func (m *Manager) setLease(l subnet.Lease) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -267,6 +297,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // same subnet whenever the key or its etcd lease disappears.
 func (m *Manager) keepLease(ctx context.Context) error {
 	for ctx.Err() == nil {
+		held := time.Now()
 		err := m.holdLease(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -275,8 +306,16 @@ func (m *Manager) keepLease(ctx context.Context) error {
 			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
 			return err
 		}
+		// A hold that ends at once, again and again, must not become a
+		// busy loop of re-claims against etcd.
+		if time.Since(held) < m.opts.RetryInterval && !sleepCtx(ctx, m.opts.RetryInterval) {
+			return nil
+		}
 		m.log.Warn("lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
-		if err := m.reclaim(ctx); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+		err = m.reclaim(rctx)
+		cancel()
+		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
 				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
 				return err
@@ -305,11 +344,18 @@ func (m *Manager) holdLease(ctx context.Context) error {
 		}
 	}
 	key := m.reg.LeaseKey(l.Subnet)
-	wch := m.reg.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(l.ModRevision+1))
+	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
+	wch := m.reg.cli.Watch(wctx, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
+	stall := newStallCheck(m.reg.cli, wctx, m.opts.ProgressInterval, m.opts.StallTimeout)
+	defer stall.stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stall.C():
+			if reason := stall.check(); reason != "" {
+				return fmt.Errorf("watch of %s: %s", key, reason)
+			}
 		case ka, ok := <-kaCh:
 			if !ok {
 				m.clearEtcdLease()
@@ -317,6 +363,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			}
 			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
 		case resp, ok := <-wch:
+			stall.heard()
 			if !ok || resp.Err() != nil {
 				return fmt.Errorf("watch of %s broke: %v", key, resp.Err())
 			}
@@ -338,6 +385,13 @@ func (m *Manager) holdLease(ctx context.Context) error {
 				l.ModRevision = ev.Kv.ModRevision
 				m.setLease(l)
 			}
+			// Everything up to here has been seen: the last event's
+			// revision, or a progress notification's.
+			if n := len(resp.Events); n > 0 {
+				m.setSeen(resp.Events[n-1].Kv.ModRevision)
+			} else if resp.IsProgressNotify() {
+				m.setSeen(resp.Header.Revision)
+			}
 		}
 	}
 }
@@ -353,7 +407,11 @@ func (m *Manager) clearEtcdLease() {
 // and reports ErrLeaseLost if another host now holds the subnet.
 func (m *Manager) reclaim(ctx context.Context) error {
 	want := m.Lease()
-	cur, err := m.reg.Get(ctx, want.Subnet)
+	cur, rev, err := m.current(ctx, want.Subnet)
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, subnet.ErrInvalidLease) {
+		// Whatever happens to the key after rev, the watch will see.
+		defer m.setSeen(rev)
+	}
 	switch {
 	case errors.Is(err, ErrNotFound):
 		id := clientv3.LeaseID(0)
@@ -390,6 +448,22 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	}
 	m.setLease(l)
 	return nil
+}
+
+// current reads the lease key like Registry.Get, and also returns the
+// revision it was read at.
+func (m *Manager) current(ctx context.Context, p netip.Prefix) (subnet.Lease, int64, error) {
+	key := m.reg.LeaseKey(p)
+	resp, err := m.reg.cli.Get(ctx, key)
+	if err != nil {
+		return subnet.Lease{}, 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return subnet.Lease{}, resp.Header.Revision, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	kv := resp.Kvs[0]
+	l, err := m.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	return l, resp.Header.Revision, err
 }
 
 // livenessValue is the JSON of <prefix>/nodes/<node-id>.

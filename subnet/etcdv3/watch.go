@@ -3,15 +3,19 @@ package etcdv3
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/overlaynet/overlay/subnet"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Batch is what the watcher delivers: the events of one etcd watch response
@@ -26,16 +30,58 @@ type Batch struct {
 	Resync bool
 }
 
+// Defaults of WatchOptions (and of ManagerOptions' stall detection).
+const (
+	DefaultResyncInterval   = 5 * time.Minute
+	DefaultProgressInterval = 5 * time.Second
+	DefaultStallTimeout     = 5 * time.Second
+	DefaultRequestTimeout   = 10 * time.Second
+)
+
 // WatchOptions tune a watch; zero values mean the defaults.
 type WatchOptions struct {
 	// ResyncInterval is how often the whole lease set is re-listed and diffed
-	// in case a watch stalled silently; jittered by up to 10%. Default 5 min.
+	// as a last line of defence; jittered by up to 10%. Default 5 min.
 	ResyncInterval time.Duration
+	// ProgressInterval is how long the watch may be quiet (no event, no
+	// progress notification) before the watcher asks etcd for a progress
+	// notification. Default 5 s.
+	ProgressInterval time.Duration
+	// StallTimeout is how long the watch may stay silent after such a
+	// request before it is declared stalled: it is then cancelled, the
+	// lease set re-listed and the watch opened again on a new stream. A
+	// stalled watch is thus noticed within ProgressInterval+StallTimeout
+	// (10 s by default). Default 5 s.
+	StallTimeout time.Duration
+	// RequestTimeout bounds each re-list, so one sent over a dead
+	// connection fails and is retried rather than hanging. Default 10 s.
+	RequestTimeout time.Duration
 	// RetryInterval is the pause before re-watching after an error.
 	RetryInterval time.Duration
 	Logger        *slog.Logger
 	// OnRestart is called each time the watch has to be re-established.
 	OnRestart func(reason string)
+}
+
+func (o *WatchOptions) defaults() {
+	if o.ResyncInterval <= 0 {
+		o.ResyncInterval = DefaultResyncInterval
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = DefaultProgressInterval
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.RetryInterval <= 0 {
+		o.RetryInterval = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
 }
 
 // Watch follows every lease starting after snap, delivering batches on the
@@ -44,15 +90,7 @@ type WatchOptions struct {
 // been compacted or the watch breaks, it re-lists and sends the difference —
 // adds, removes and attribute changes — so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
-	if opts.ResyncInterval <= 0 {
-		opts.ResyncInterval = 5 * time.Minute
-	}
-	if opts.RetryInterval <= 0 {
-		opts.RetryInterval = time.Second
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
+	opts.defaults()
 	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[netip.Prefix]subnet.Lease, len(snap.Leases))}
 	for _, l := range snap.Leases {
 		w.known[l.Subnet] = l
@@ -98,22 +136,30 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 	}
 }
 
-// follow consumes one etcd watch until it breaks, returning why.
+// follow consumes one etcd watch until it breaks or stalls, returning why.
 func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Timer) string {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := w.reg.cli.Watch(clientv3.WithRequireLeader(wctx), w.reg.SubnetsPrefix(),
+	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
+	wch := w.reg.cli.Watch(wctx, w.reg.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
+	stall := newStallCheck(w.reg.cli, wctx, w.opts.ProgressInterval, w.opts.StallTimeout)
+	defer stall.stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return "stopped"
+		case <-stall.C():
+			if reason := stall.check(); reason != "" {
+				return reason
+			}
 		case <-resync.C:
 			resync.Reset(jitter(w.opts.ResyncInterval))
 			if err := w.relist(ctx, out); err != nil {
 				return "periodic re-list failed: " + err.Error()
 			}
 		case resp, ok := <-wch:
+			stall.heard()
 			switch {
 			case !ok:
 				return "watch channel closed"
@@ -181,7 +227,9 @@ func (w *watcher) apply(events []*clientv3.Event) Batch {
 
 // relist reads the whole lease set and sends what differs from the known set.
 func (w *watcher) relist(ctx context.Context, out chan<- Batch) error {
-	snap, err := w.reg.List(ctx)
+	lctx, cancel := context.WithTimeout(ctx, w.opts.RequestTimeout)
+	snap, err := w.reg.List(lctx)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -207,3 +255,64 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 func jitter(d time.Duration) time.Duration {
 	return d + time.Duration(rand.Int64N(int64(d)/10+1))
 }
+
+// streamSeq numbers the watch streams this process opens.
+var streamSeq atomic.Uint64
+
+// ownStream gives a watch its own gRPC stream. The etcd client multiplexes
+// every watch whose context carries the same metadata onto one stream, so a
+// watch re-opened after a stall with the same metadata would join the
+// stalled stream again, and a progress request would be answered (or not)
+// for every watch on it. A unique metadata value per attempt avoids both.
+func ownStream(ctx context.Context, what string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "overlay-watch", what+"-"+strconv.FormatUint(streamSeq.Add(1), 10))
+}
+
+// stallCheck notices a watch that stopped delivering anything without
+// failing: a stream stuck on the server or in a proxy while the connection
+// itself is healthy, which neither the client nor gRPC keepalive report.
+// When the watch has been quiet for interval, it asks etcd for a progress
+// notification on the watch's stream (RequestProgress); etcd answers with
+// the current revision on every watch of a synced stream. If nothing at all
+// arrives within timeout of asking, the watch has stalled.
+type stallCheck struct {
+	cli      *clientv3.Client
+	wctx     context.Context // the watch's context: it names its stream
+	interval time.Duration
+	timeout  time.Duration
+	timer    *time.Timer
+	asked    time.Time // zero while no request is outstanding
+}
+
+func newStallCheck(cli *clientv3.Client, wctx context.Context, interval, timeout time.Duration) *stallCheck {
+	return &stallCheck{cli: cli, wctx: wctx, interval: interval, timeout: timeout, timer: time.NewTimer(interval)}
+}
+
+func (s *stallCheck) C() <-chan time.Time { return s.timer.C }
+
+// heard records that the watch delivered something.
+func (s *stallCheck) heard() {
+	s.asked = time.Time{}
+	s.timer.Reset(s.interval)
+}
+
+// check runs when the timer fires: it asks for progress the first time and
+// reports a stall ("" otherwise) when the answer is overdue.
+func (s *stallCheck) check() string {
+	if !s.asked.IsZero() {
+		return fmt.Sprintf("watch stalled: no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
+	}
+	s.asked = time.Now()
+	// The request only queues on the stream; bound it all the same, with a
+	// context carrying the watch's metadata so it reaches the same stream.
+	rctx, cancel := context.WithTimeout(s.wctx, s.timeout)
+	err := s.cli.RequestProgress(rctx)
+	cancel()
+	if err != nil && s.wctx.Err() == nil {
+		return "watch stalled: progress request failed: " + err.Error()
+	}
+	s.timer.Reset(s.timeout)
+	return ""
+}
+
+func (s *stallCheck) stop() { s.timer.Stop() }

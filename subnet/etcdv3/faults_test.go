@@ -1,0 +1,323 @@
+package etcdv3_test
+
+// Faults between the watcher or the lease manager and etcd that etcd itself
+// cannot be made to show: a watch that goes silent without an error (a
+// message-level proxy stalls it), and a connection cut while history is
+// compacted. Each test fails if an event is lost or the lease is not kept.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+const faultNetwork = `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":1}}`
+
+func shortDir(t *testing.T) string {
+	t.Helper()
+	// Unix socket paths are limited to 108 bytes: t.TempDir may be longer.
+	dir, err := os.MkdirTemp("/tmp", "ovl-fault-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// proxiedRegistry returns a registry whose client reaches etcd through the
+// proxy at endpoint.
+func proxiedRegistry(t *testing.T, endpoint string) *etcdv3.Registry {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix)
+}
+
+func startServer(t *testing.T) (*etcdtest.Server, *clientv3.Client, *etcdv3.Registry, *subnet.Config) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	direct := srv.Client(t)
+	dreg := etcdv3.NewRegistry(direct, etcdv3.DefaultPrefix)
+	cfg, err := dreg.PutConfig(tctx(t), []byte(faultNetwork))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, direct, dreg, cfg
+}
+
+func tctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func peerAttrs(i int) subnet.LeaseAttrs {
+	mac := net.HardwareAddr{0x0e, 0xfa, 0, 0, byte(i >> 8), byte(i)}
+	return subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)}), 1, mac, fmt.Sprintf("peer-%d", i), "")
+}
+
+func peerSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
+}
+
+// collector gathers a watch's batches into the lease set it describes.
+type collector struct {
+	mu      sync.Mutex
+	known   map[netip.Prefix]string // subnet -> VTEP MAC
+	resyncs int
+}
+
+func collect(ch <-chan etcdv3.Batch) *collector {
+	c := &collector{known: map[netip.Prefix]string{}}
+	go func() {
+		for b := range ch {
+			c.mu.Lock()
+			if b.Resync {
+				c.resyncs++
+			}
+			for _, ev := range b.Events {
+				if ev.Type == subnet.Removed {
+					delete(c.known, ev.Lease.Subnet)
+					continue
+				}
+				d, _ := ev.Lease.Attrs.VXLAN()
+				c.known[ev.Lease.Subnet] = d.VtepMAC
+			}
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *collector) has(p netip.Prefix, mac string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	got, ok := c.known[p]
+	return ok && (mac == "" || got == mac)
+}
+
+func (c *collector) missing(p netip.Prefix) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.known[p]
+	return !ok
+}
+
+// within polls cond every 20 ms for up to timeout and returns how long it
+// took, failing t otherwise.
+func within(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// A watch stream that stays open but delivers nothing (stalled in a proxy,
+// the connection healthy) is noticed by the progress check within
+// ProgressInterval+StallTimeout; the lease set is re-listed, so the add,
+// change and delete made meanwhile all arrive, and the watch goes on live
+// on a new stream. Without the check nothing would arrive until the
+// periodic re-list (5 min).
+func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
+	srv, _, dreg, _ := startServer(t)
+	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	for i := 1; i <= 3; i++ {
+		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := reg.List(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const progress, stallTimeout = 500 * time.Millisecond, time.Second
+	var reasons []string
+	var mu sync.Mutex
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: progress, StallTimeout: stallTimeout,
+		OnRestart: func(r string) { mu.Lock(); reasons = append(reasons, r); mu.Unlock() }}))
+	for i := 1; i <= 3; i++ {
+		c.known[peerSubnet(i)] = "" // from the snapshot
+	}
+
+	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+	within(t, 5*time.Second, "the watch stream to reach the proxy", func() bool { return proxy.Watches() > 0 })
+
+	t.Logf("stalled %d watch stream(s)", proxy.StallWatches())
+	// Meanwhile: an add, a delete and a change (a new VTEP MAC).
+	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dreg.Get(tctx(t), peerSubnet(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := peerAttrs(200)
+	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := changed.VXLAN()
+	bound := 2*(progress+stallTimeout) + 2*time.Second
+	took := within(t, bound, "the add, delete and change made during the stall", func() bool {
+		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
+	})
+	t.Logf("stall detected and every change applied %s after the stall (bound %s)", took.Round(time.Millisecond), bound)
+	mu.Lock()
+	got := strings.Join(reasons, "; ")
+	mu.Unlock()
+	if !strings.Contains(got, "stalled") {
+		t.Errorf("restart reasons %q, want a stall", got)
+	}
+
+	// The watch is live again, on a new stream.
+	if _, err := dreg.Create(tctx(t), peerSubnet(6), peerAttrs(6), 0); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, "a live add after the stall", func() bool { return c.has(peerSubnet(6), "") })
+}
+
+// The manager's watch of its own lease key can stall the same way; a
+// forced revoke made meanwhile must still be noticed and the same subnet
+// re-claimed, or peers would drop this host's routes for good.
+func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
+	srv, _, dreg, cfg := startServer(t)
+	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: 500 * time.Millisecond, StallTimeout: time.Second})
+	l, err := m.Acquire(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	within(t, 5*time.Second, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
+	proxy.StallWatches()
+	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+		t.Fatal(err)
+	}
+	took := within(t, 10*time.Second, "the same subnet to be re-claimed", func() bool {
+		cur, err := dreg.Get(tctx(t), l.Subnet)
+		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+	})
+	t.Logf("deletion during a stalled watch noticed and %s re-claimed after %s", l.Subnet, took.Round(time.Millisecond))
+}
+
+// countingHandler counts log records whose message contains a string.
+type countingHandler struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.n.Add(1)
+	}
+	return nil
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countingHandler) WithGroup(string) slog.Handler            { return h }
+
+// When the connection to etcd breaks and history is compacted past the
+// revision the lease key was last written at, the manager must resume
+// watching its key from a revision that still exists. Resuming from the
+// key's ModRevision would fail with "compacted" at once, every time: a busy
+// loop of re-claims hammering etcd.
+func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
+	srv, direct, dreg, cfg := startServer(t)
+	proxy, err := lab.NewProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	var interrupted atomic.Int64
+	log := slog.New(countingHandler{match: "lease keeping interrupted", n: &interrupted})
+	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond})
+	l, err := m.Acquire(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	proxy.Set(lab.ProxyDown)
+	for i := range 50 {
+		if _, err := dreg.Create(tctx(t), peerSubnet(100+i), peerAttrs(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Compact(t, direct)
+	proxy.Set(lab.ProxyUp)
+	// Give the manager a few retry intervals to go wrong, by waiting for the
+	// lease to be renewed through the proxy twice.
+	within(t, 10*time.Second, "the manager to be back", func() bool { return proxy.Conns() > 0 })
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && interrupted.Load() < 100 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := interrupted.Load(); n > 5 {
+		t.Fatalf("lease keeping was interrupted %d times within 3 s of reconnecting: a re-claim loop", n)
+	}
+	cur, err := dreg.Get(tctx(t), l.Subnet)
+	if err != nil || !cur.Attrs.OwnedBy(h.NodeID, h.PublicIP) || cur.EtcdLease != l.EtcdLease {
+		t.Fatalf("lease after the outage: %+v, %v; want %s with etcd lease %x", cur, err, l.Subnet, l.EtcdLease)
+	}
+	// And deletion is still noticed.
+	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 10*time.Second, "the same subnet to be re-claimed", func() bool {
+		cur, err := dreg.Get(tctx(t), l.Subnet)
+		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+	})
+	t.Logf("lease keeping interrupted %d time(s) by the outage and compaction", interrupted.Load())
+}

@@ -128,7 +128,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if ln, err := healthListener(cfg); err != nil {
 		return err
 	} else if ln != nil {
-		wg.Go(func() { serveHTTP(ctx, ln, st, m, log) })
+		hlog := log // Run re-binds log below; the goroutine keeps its own
+		wg.Go(func() { serveHTTP(ctx, ln, st, m, hlog) })
 		log.Info("serving health and metrics", "addr", ln.Addr())
 	}
 

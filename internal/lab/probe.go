@@ -199,7 +199,8 @@ type Stream struct {
 	timeout  time.Duration
 	start    time.Time
 	stop     chan struct{}
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the receiver
+	sending  sync.WaitGroup // the sender
 
 	mu    sync.Mutex
 	sent  map[uint64]time.Time // seq -> when sent, until answered
@@ -212,11 +213,15 @@ type StreamStats struct {
 	Late           int             // answered after the timeout (counted as lost)
 	Lost           []time.Duration // when each lost probe was sent, since the stream started
 	SendErrors     int             // sends the kernel refused (counted as lost)
+	FirstSendError string          // why the first refused send was refused
 	MaxRTT         time.Duration
 }
 
 func (s StreamStats) String() string {
 	str := fmt.Sprintf("%d sent, %d answered, %d lost, %d send errors, max RTT %s", s.Sent, s.Received, len(s.Lost), s.SendErrors, s.MaxRTT.Round(time.Microsecond))
+	if s.FirstSendError != "" {
+		str += " (first send error: " + s.FirstSendError + ")"
+	}
 	if len(s.Lost) > 0 {
 		const show = 10
 		var at []string
@@ -242,7 +247,7 @@ func StartStream(ns netns.NsHandle, dst netip.AddrPort, interval, timeout time.D
 	}
 	s := &Stream{conn: conn, dst: dst, interval: interval, timeout: timeout, start: time.Now(),
 		stop: make(chan struct{}), sent: map[uint64]time.Time{}}
-	s.wg.Go(s.send)
+	s.sending.Go(s.send)
 	s.wg.Go(s.receive)
 	return s, nil
 }
@@ -260,6 +265,9 @@ func (s *Stream) send() {
 		s.stats.Sent++
 		if _, err := s.conn.WriteToUDPAddrPort(buf, s.dst); err != nil {
 			s.stats.SendErrors++
+			if s.stats.FirstSendError == "" {
+				s.stats.FirstSendError = err.Error()
+			}
 			s.stats.Lost = append(s.stats.Lost, now.Sub(s.start))
 		} else {
 			s.sent[seq] = now
@@ -334,6 +342,9 @@ func (s *Stream) Stop() StreamStats {
 	default:
 		close(s.stop)
 	}
+	// The sender must be done before the socket closes: a probe sent
+	// into a closed socket would count as lost though nothing dropped it.
+	s.sending.Wait()
 	deadline := time.Now().Add(s.timeout)
 	for time.Now().Before(deadline) {
 		s.mu.Lock()

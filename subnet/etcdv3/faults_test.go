@@ -278,7 +278,10 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	reg := proxiedRegistry(t, proxy.Endpoint())
 	var interrupted atomic.Int64
 	log := slog.New(countingHandler{match: "lease keeping interrupted", n: &interrupted})
-	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+	// Pin the manager's subnet below the peers' 10.244.100-149.0/24 it
+	// would otherwise collide with now and then (it picks at random).
+	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
+		Previous: peerSubnet(50)}
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond})
 	l, err := m.Acquire(tctx(t))
 	if err != nil {

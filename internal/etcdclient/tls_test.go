@@ -320,10 +320,12 @@ func TestNothingInPlaintextWhenTLSIsSet(t *testing.T) {
 	_, err := connect(t, etcdclient.Config{Endpoints: []string{spy.addr}, CACert: pki.CACert, Username: "root", Password: password})
 	wantErr(t, err, nil, "TLS handshake with "+spy.addr)
 	got := spy.firstBytes()
-	if len(got) == 0 {
-		t.Fatal("the client never connected to the spy")
-	}
+	spoke := 0
 	for i, b := range got {
+		if len(b) == 0 {
+			continue // a dial given up before sending anything: nothing crossed the wire
+		}
+		spoke++
 		// A TLS handshake record starts 0x16 0x03.
 		if len(b) < 2 || b[0] != 0x16 || b[1] != 0x03 {
 			t.Errorf("connection %d started with %q, not a TLS handshake record", i, b)
@@ -331,6 +333,9 @@ func TestNothingInPlaintextWhenTLSIsSet(t *testing.T) {
 		if bytes.Contains(b, []byte(password)) {
 			t.Errorf("connection %d carried the password in the clear", i)
 		}
+	}
+	if spoke == 0 {
+		t.Fatal("the client never sent anything to the spy")
 	}
 }
 

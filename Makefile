@@ -59,6 +59,16 @@ lint:
 	  echo "govulncheck: vulnerability database $(GOVULNDB) unreachable; scan not run"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
+# Benchmarks (Documentation/benchmarks.md): namespaces, a real etcd and the
+# real binaries, every figure of issue #7 repeated; a table on stdout, JSON
+# lines (and a cold-start plot) in bench/results/. BENCHFLAGS adds flags,
+# e.g. BENCHFLAGS='-k 100,1000,5000 -runs 3' or '-only cold,events'.
+BENCHFLAGS ?=
+
+bench: build plugins
+	$(GO) build -o $(BIN)/overlay-bench ./internal/bench
+	$(BIN)/overlay-bench -bin $(BIN) -root . $(BENCHFLAGS)
+
 # A 3-host cluster with 2 pods per host in network namespaces: prints the
 # leases, routes and pod-to-pod pings, then removes everything. KEEP=1 keeps
 # it running in the background until `make demo-down`.

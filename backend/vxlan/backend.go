@@ -46,6 +46,10 @@ type Backend struct {
 	devIndex      atomic.Int64
 	underlayIndex atomic.Int64
 
+	// wanted indexes the desired peers' entries for the notification
+	// filter (onEvent runs on the subscription's goroutine).
+	wanted atomic.Pointer[peerIndex]
+
 	mu      sync.Mutex // guards the fields below
 	desired []peerSpec
 	gen     uint64 // bumped by every SetPeers
@@ -53,15 +57,28 @@ type Backend struct {
 	status  backend.Status // published by the kernel owner
 	doneGen uint64         // generation the last finished pass worked on
 
-	opMu       sync.Mutex // held by whoever touches the kernel; guards the fields below
-	devSeen    bool       // we have seen our device since we started
-	tornDown   bool
-	syncedGen  uint64 // generation of the last fully successful pass
-	synced     bool   // some pass fully succeeded
-	failing    bool   // the last pass failed (for quiet logs)
-	programmed map[netip.Prefix]peerSpec
+	opMu      sync.Mutex // held by whoever touches the kernel; guards the fields below
+	devSeen   bool       // we have seen our device since we started
+	tornDown  bool
+	syncedGen uint64 // generation of the last fully successful pass
+	synced    bool   // some pass fully succeeded
+	failing   bool   // the last pass failed (for quiet logs)
+	// programmed are the peers whose current lease is fully in the kernel,
+	// sorted by subnet; usually the desired set itself (shared, not
+	// copied: desired slices are never modified).
+	programmed []peerSpec
 	conflicted map[netip.Prefix]bool // conflicts already logged
 	stats      counters
+
+	// What the last successful pass left in the kernel, for the next pass
+	// to start from when only the desired peers changed (see pass):
+	// inKernel are its peers, fully programmed unless conflicted, with
+	// nothing else of ours on the device; env the devices it worked on;
+	// out what its listing (the last full one) showed of other routes.
+	inKernel []peerSpec
+	inSync   bool
+	env      diffEnv
+	out      outside
 }
 
 type counters struct {
@@ -92,7 +109,6 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 		name:       name,
 		kick:       make(chan struct{}, 1),
 		notify:     make(chan struct{}, 1),
-		programmed: make(map[netip.Prefix]peerSpec),
 		conflicted: make(map[netip.Prefix]bool),
 	}
 	b.mac, _ = MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
@@ -124,8 +140,11 @@ func (b *Backend) EnsureDevice(ctx context.Context) (DeviceInfo, error) {
 	if b.tornDown {
 		return DeviceInfo{}, errTornDown
 	}
-	dev, underlay, _, err := b.ensureDevice()
+	dev, underlay, created, err := b.ensureDevice()
 	b.noteDevice(dev, underlay, err)
+	if created || err != nil {
+		b.inSync = false // the next pass lists the kernel
+	}
 	b.publish(func(s *backend.Status) {})
 	if err != nil {
 		return DeviceInfo{}, err
@@ -156,12 +175,13 @@ func (b *Backend) noteDevice(dev, underlay Link, err error) {
 // in Status.InvalidPeers. A set equal to the current one (in any order) is
 // a no-op.
 func (b *Backend) SetPeers(peers []Peer) {
-	specs, rejected := validatePeers(peers, b.cfg.OwnSubnet, b.cfg.LocalIP)
+	specs, rejected, idx := validatePeers(peers, b.cfg.OwnSubnet, b.cfg.LocalIP)
 	b.mu.Lock()
 	if slices.Equal(specs, b.desired) && maps.Equal(rejected, b.invalid) {
 		b.mu.Unlock()
 		return // nothing changed: no pass needed
 	}
+	b.wanted.Store(&idx)
 	for k, why := range rejected {
 		if b.invalid[k] != why {
 			b.log.Warn("ignoring invalid peer", "peer", k, "reason", why)
@@ -256,11 +276,12 @@ func (b *Backend) Run(ctx context.Context) error {
 		resyncC = resync.C
 	}
 	backoff := b.cfg.RetryMin
+	onlyPeers := false // woken only because the desired peers changed
 	for {
 		// Subscribe before listing, so no change between the listing and
 		// the subscription goes unseen.
 		startWatch()
-		err := b.pass()
+		full, err := b.pass(onlyPeers)
 		if errors.Is(err, errTornDown) {
 			<-ctx.Done()
 			return nil
@@ -276,13 +297,15 @@ func (b *Backend) Run(ctx context.Context) error {
 			retry.Stop()
 			backoff = b.cfg.RetryMin
 		}
-		if resync != nil {
+		if resync != nil && full {
 			resync.Reset(jitter(b.cfg.ResyncInterval))
 		}
+		onlyPeers = false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-b.kick:
+			onlyPeers = true
 		case <-notifyC:
 		case <-retry.C:
 		case <-resyncC:
@@ -305,7 +328,10 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // onEvent filters kernel notifications down to the ones that may mean our
-// state was disturbed; it runs on the subscription goroutines.
+// state was disturbed; it runs on the subscription goroutine. A deleted
+// route, neighbour or FDB entry matters only if a desired peer needs it:
+// the deletions of our own passes (a peer removed, an old MAC dropped)
+// must not wake a full pass each.
 func (b *Backend) onEvent(e Event) {
 	dev := b.devIndex.Load()
 	switch e.Kind {
@@ -314,14 +340,32 @@ func (b *Backend) onEvent(e Event) {
 			poke(b.notify)
 		}
 	case EventRouteDel:
-		if e.Protocol == RouteProtocol {
+		if e.Protocol == RouteProtocol && b.wants(e) {
 			poke(b.notify)
 		}
 	case EventNeighDel:
-		if int64(e.LinkIndex) == dev {
+		if int64(e.LinkIndex) == dev && b.wants(e) {
 			poke(b.notify)
 		}
 	}
+}
+
+// wants reports whether a deleted entry may be one a desired peer needs
+// (true when the notification does not say which entry it was).
+func (b *Backend) wants(e Event) bool {
+	w := b.wanted.Load()
+	if w == nil {
+		return false // no peers desired: nothing to repair
+	}
+	switch {
+	case e.Kind == EventRouteDel && e.Dst.IsValid():
+		return w.hasSubnet(e.Dst)
+	case e.Kind == EventNeighDel && e.FDB && !e.MAC.IsZero():
+		return w.hasMAC(e.MAC)
+	case e.Kind == EventNeighDel && !e.FDB && e.IP.IsValid():
+		return w.hasHop(e.IP)
+	}
+	return true
 }
 
 // Reconcile runs one pass now, synchronously: it is what Run does on every
@@ -330,7 +374,8 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.pass()
+	_, err := b.pass(false)
+	return err
 }
 
 func retryDump[T any](list func() ([]T, error)) ([]T, error) {
@@ -393,7 +438,6 @@ func (e *WriteError) Error() string {
 func (e *WriteError) Unwrap() error { return e.First }
 
 func (b *Backend) exec(o op) error {
-	b.stats.Writes++
 	var err error
 	switch o.kind {
 	case opRouteSet:
@@ -409,13 +453,32 @@ func (b *Backend) exec(o op) error {
 	case opFDBDel, opFDBPrune:
 		err = b.nl.FDBDel(o.fdb)
 	}
+	return b.count(o, err)
+}
+
+// count records the outcome of one write: already gone is what a deletion
+// wanted.
+func (b *Backend) count(o op, err error) error {
+	b.stats.Writes++
 	if err != nil && o.kind.isDelete() && isNotFound(err) {
-		err = nil // already gone is what we wanted
+		err = nil
 	}
 	if err == nil {
 		b.stats.okWrites++
 	}
 	return err
+}
+
+// applyChunk is how many writes apply builds and hands to a batchWriter at
+// a time.
+const applyChunk = 128
+
+// batchWriter is implemented by a Netlink that applies many independent
+// writes in fewer round trips (KernelNetlink: many requests per sendmsg).
+// Others get one call per write.
+type batchWriter interface {
+	// writeBatch applies ops in order and returns each one's error.
+	writeBatch(ops []op) []error
 }
 
 type applyResult struct {
@@ -425,48 +488,99 @@ type applyResult struct {
 	removed []Route               // stale routes removed
 }
 
+func (r *applyResult) record(o op, err error, total int) {
+	if err != nil {
+		if r.err == nil {
+			r.err = &WriteError{Total: total, First: fmt.Errorf("%v: %w", o, err)}
+		}
+		r.err.Failed++
+		if o.peer.IsValid() {
+			if r.failed == nil {
+				r.failed = make(map[netip.Prefix]bool)
+			}
+			r.failed[o.peer] = true
+		}
+		return
+	}
+	if o.peer.IsValid() {
+		if r.touched == nil {
+			r.touched = make(map[netip.Prefix]bool)
+		}
+		r.touched[o.peer] = true
+	} else if o.kind == opRouteDel {
+		r.removed = append(r.removed, o.route)
+	}
+}
+
 // apply runs the plan in order. A failed write does not stop the pass (one
 // bad peer must not hold up the others) but skips the rest of that peer's
 // writes, so a route never goes in without its neighbour and FDB entry.
-func (b *Backend) apply(ops []op) applyResult {
+//
+// The plan's writes come by kind (all neighbours, then all FDB entries,
+// then all routes...). The writes of one kind concern distinct peers, so
+// none depends on another's outcome: a batchWriter gets them applyChunk at
+// a time, and the next kind only starts once the outcome of every write of
+// this one is known, which keeps the skipping exact. The prune kinds,
+// which may hold several writes for one peer, go one by one.
+func (b *Backend) apply(p *plan) applyResult {
 	var r applyResult
-	for _, o := range ops {
-		if o.peer.IsValid() && r.failed[o.peer] {
-			r.err.Skipped++
-			continue
-		}
-		if err := b.exec(o); err != nil {
-			if r.err == nil {
-				r.err = &WriteError{Total: len(ops), First: fmt.Errorf("%v: %w", o, err)}
-			}
-			r.err.Failed++
-			if o.peer.IsValid() {
-				if r.failed == nil {
-					r.failed = make(map[netip.Prefix]bool)
+	total := 0
+	for k := range numOpKinds {
+		total += p.count(k)
+	}
+	bw, batched := b.nl.(batchWriter)
+	chunk := make([]op, 0, applyChunk)
+	for k := range numOpKinds {
+		n := p.count(k)
+		if !batched || n < 2 || k == opFDBPrune || k == opRoutePrune {
+			for i := range n {
+				o := p.at(k, i)
+				if o.peer.IsValid() && r.failed[o.peer] {
+					r.err.Skipped++
+					continue
 				}
-				r.failed[o.peer] = true
+				r.record(o, b.exec(o), total)
 			}
 			continue
 		}
-		if o.peer.IsValid() {
-			if r.touched == nil {
-				r.touched = make(map[netip.Prefix]bool)
+		for start := 0; start < n; start += applyChunk {
+			chunk = chunk[:0]
+			for i := start; i < min(n, start+applyChunk); i++ {
+				o := p.at(k, i)
+				if o.peer.IsValid() && r.failed[o.peer] {
+					r.err.Skipped++
+					continue
+				}
+				chunk = append(chunk, o)
 			}
-			r.touched[o.peer] = true
-		} else if o.kind == opRouteDel {
-			r.removed = append(r.removed, o.route)
+			for i, err := range bw.writeBatch(chunk) {
+				r.record(chunk[i], b.count(chunk[i], err), total)
+			}
 		}
 	}
 	return r
 }
 
-// pass is one reconcile pass: ensure the device, list the kernel once per
-// kind, diff against the desired peers and apply the delta.
-func (b *Backend) pass() error {
+// pass is one reconcile pass: ensure the device, find out what the kernel
+// holds, diff against the desired peers and apply the delta. It reports
+// whether it read the kernel back (a full pass).
+//
+// A full pass lists the kernel once per kind. When onlyPeers is set — the
+// pass was woken by SetPeers alone — and the previous pass succeeded on the
+// same devices, the kernel holds what that pass left, except for changes
+// the notifications would have reported (deletions of wanted entries, link
+// changes: they wake a full pass instead) or that only a listing finds
+// (silent drift: the periodic resync, a full pass, finds it). Such a pass
+// lists nothing: it diffs the changed peers against the entries the last
+// pass left for them. A lease event then costs its own writes, not a
+// listing of every peer's entries; a peer whose subnet is held by another
+// program's route, or a device that had to be recreated, still gets a
+// full pass.
+func (b *Backend) pass(onlyPeers bool) (full bool, err error) {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	if b.tornDown {
-		return errTornDown
+		return true, errTornDown
 	}
 	start := time.Now()
 	b.mu.Lock()
@@ -475,17 +589,38 @@ func (b *Backend) pass() error {
 	b.stats.Passes++
 	okBefore := b.stats.okWrites
 
-	dev, underlay, created, err := b.ensureDevice()
-	b.noteDevice(dev, underlay, err)
-	if err != nil {
-		return b.finish(start, gen, want, err, nil, nil)
+	// A pass woken by SetPeers alone after a successful one starts from
+	// what that pass left, devices included: a change to them (deleted,
+	// down, new MTU) is notified and wakes a full pass, which checks them.
+	var p plan
+	var env diffEnv
+	full = true
+	if onlyPeers && b.inSync {
+		gone, come := specDelta(b.inKernel, want)
+		if !anyIn(b.conflicted, gone, come) {
+			full, env = false, b.env
+			p = diff(come, believed(gone, come, env, b.out), env)
+		}
 	}
-	have, err := b.readKernel(dev.Index)
-	if err != nil {
-		return b.finish(start, gen, want, err, nil, nil)
+	created := false
+	if full {
+		dev, underlay, c, err := b.ensureDevice()
+		b.noteDevice(dev, underlay, err)
+		if err != nil {
+			b.inSync = false
+			return true, b.finish(start, gen, want, err, nil, nil)
+		}
+		env = diffEnv{Dev: dev.Index, Underlay: underlay.Index, DirectRouting: b.cfg.DirectRouting}
+		created = c
+		have, err := b.readKernel(env.Dev)
+		if err != nil {
+			b.inSync = false
+			return true, b.finish(start, gen, want, err, nil, nil)
+		}
+		b.out = outsideOf(have.Routes, env)
+		p = diff(want, have, env)
 	}
-	p := diff(want, have, diffEnv{Dev: dev.Index, Underlay: underlay.Index, DirectRouting: b.cfg.DirectRouting})
-	res := b.apply(p.ops)
+	res := b.apply(&p)
 
 	// Writes in a pass whose desired state had already been applied in
 	// full are repairs of drift: someone or something changed the kernel.
@@ -493,10 +628,22 @@ func (b *Backend) pass() error {
 		b.stats.DriftRepairs += repaired
 		b.log.Info("repaired drift in kernel state", "entries", repaired)
 	}
-	for _, r := range res.removed {
-		b.log.Info("peer removed", "subnet", r.Dst, "via", r.Gw)
+	level := slog.LevelInfo
+	if len(res.removed) > logEach {
+		b.log.Info("peers removed", "removed", len(res.removed))
+		level = slog.LevelDebug
 	}
-	conflicts := make(map[netip.Prefix]bool, len(p.conflicts))
+	if b.log.Enabled(context.Background(), level) {
+		for _, r := range res.removed {
+			b.log.Log(context.Background(), level, "peer removed", "subnet", r.Dst, "via", r.Gw)
+		}
+	}
+	conflicts := b.conflicted
+	if full {
+		conflicts = make(map[netip.Prefix]bool, len(p.conflicts))
+	} else if len(p.conflicts) > 0 {
+		conflicts = maps.Clone(b.conflicted)
+	}
 	for _, c := range p.conflicts {
 		conflicts[c] = true
 		if !b.conflicted[c] {
@@ -510,7 +657,27 @@ func (b *Backend) pass() error {
 	if res.err != nil {
 		werr = res.err
 	}
-	return b.finish(start, gen, want, werr, &res, conflicts)
+	b.inSync, b.inKernel, b.env = werr == nil, want, env
+	return full, b.finish(start, gen, want, werr, &res, conflicts)
+}
+
+// logEach is how many peers one pass may add, update or remove with a log
+// line each at Info; beyond it (a cold start, a large re-list) the pass
+// logs one summary line at Info and the peers at Debug.
+const logEach = 16
+
+// anyIn reports whether a peer of either set has its subnet in conflicted:
+// what the kernel holds for it is another program's business, which only a
+// listing tells.
+func anyIn(conflicted map[netip.Prefix]bool, sets ...[]peerSpec) bool {
+	for _, set := range sets {
+		for _, s := range set {
+			if conflicted[s.Subnet] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // finish records the outcome of a pass: the peers now programmed (calling
@@ -519,32 +686,66 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 	now := time.Now()
 	programmed, adopted := 0, 0
 	if res != nil {
-		for _, w := range want {
+		var added, updated []peerSpec
+		var replaced []peerSpec // the previous versions of updated
+		// Walk want and the previously programmed peers (both sorted) side
+		// by side. A peer that failed or is in conflict keeps its previous
+		// version, if any; the new set is want itself unless one did.
+		old := b.programmed
+		var next []peerSpec // nil while it equals want[:programmed]
+		j := 0
+		for i, w := range want {
+			for j < len(old) && prefixKey(old[j].Subnet) < prefixKey(w.Subnet) {
+				j++
+			}
+			prev, had := peerSpec{}, j < len(old) && old[j].Subnet == w.Subnet
+			if had {
+				prev = old[j]
+			}
 			if res.failed[w.Subnet] || conflicts[w.Subnet] {
+				if next == nil {
+					next = append(make([]peerSpec, 0, len(want)), want[:i]...)
+				}
+				if had {
+					next = append(next, prev)
+				}
 				continue
 			}
 			programmed++
-			prev, had := b.programmed[w.Subnet]
+			if next != nil {
+				next = append(next, w)
+			}
 			if had && prev == w {
 				continue
 			}
-			b.programmed[w.Subnet] = w
 			switch {
 			case !res.touched[w.Subnet]:
 				adopted++ // found in place
 			case had:
-				b.log.Info("peer updated", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
-					"old_public_ip", prev.PublicIP, "old_vtep_mac", prev.MAC.String())
+				updated, replaced = append(updated, w), append(replaced, prev)
 			default:
-				b.log.Info("peer added", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
+				added = append(added, w)
 			}
 			if f := b.cfg.OnPeerProgrammed; f != nil {
 				f(Peer{Subnet: w.Subnet, PublicIP: w.PublicIP, VtepMAC: w.MAC.HardwareAddr()}, now)
 			}
 		}
-		for s := range b.programmed {
-			if _, found := slices.BinarySearchFunc(want, s, func(w peerSpec, s netip.Prefix) int { return comparePrefix(w.Subnet, s) }); !found {
-				delete(b.programmed, s)
+		if next == nil {
+			next = want
+		}
+		b.programmed = next
+		level := slog.LevelInfo
+		if len(added)+len(updated) > logEach {
+			b.log.Info("peers programmed", "added", len(added), "updated", len(updated))
+			level = slog.LevelDebug
+		}
+		if b.log.Enabled(context.Background(), level) {
+			for i, w := range updated {
+				b.log.Log(context.Background(), level, "peer updated", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
+					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].MAC.String())
+			}
+			for _, w := range added {
+				b.log.Log(context.Background(), level, "peer added", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
 			}
 		}
 		if adopted > 0 {
@@ -597,6 +798,7 @@ func (b *Backend) Teardown(ctx context.Context) error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	b.tornDown = true
+	b.inSync = false
 	defer b.publish(func(s *backend.Status) { s.DevicePresent, s.InSync, s.PeersProgrammed = false, false, 0 })
 
 	var errs []error
@@ -646,7 +848,7 @@ func (b *Backend) Teardown(ctx context.Context) error {
 		}
 	}
 	b.devIndex.Store(-1)
-	clear(b.programmed)
+	b.programmed = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("teardown of %s incomplete (run it again): %w", b.name, err)
 	}

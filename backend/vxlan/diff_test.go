@@ -277,7 +277,7 @@ func TestDiff(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := diff(tt.want, tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct})
-			if d := cmp.Diff(tt.ops, opStrings(p.ops)); d != "" {
+			if d := cmp.Diff(tt.ops, opStrings(p.ops())); d != "" {
 				t.Errorf("ops (-want +got):\n%s", d)
 			}
 			if d := cmp.Diff(tt.confl, p.conflicts, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
@@ -296,9 +296,12 @@ func TestDiffIsIdempotentAfterApply(t *testing.T) {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
 				env := diffEnv{Dev: tDev, Underlay: tUnderlay}
 				var k kernelState
-				k = applyModel(k, diff(from, k, env).ops)
-				k = applyModel(k, diff(to, k, env).ops)
-				if ops := diff(to, k, env).ops; len(ops) != 0 {
+				pf := diff(from, k, env)
+				k = applyModel(k, pf.ops())
+				pt := diff(to, k, env)
+				k = applyModel(k, pt.ops())
+				if p2 := diff(to, k, env); len(p2.ops()) != 0 {
+					ops := p2.ops()
 					t.Fatalf("not converged, still: %v", opStrings(ops))
 				}
 			})
@@ -380,7 +383,7 @@ func TestValidatePeers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			specs, rejected := validatePeers([]Peer{good(3), good(2), tt.peer}, own, local)
+			specs, rejected, _ := validatePeers([]Peer{good(3), good(2), tt.peer}, own, local)
 			if d := cmp.Diff([]peerSpec{tSpec(2), tSpec(3)}, specs, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
 				t.Errorf("specs (-want +got):\n%s", d)
 			}
@@ -479,5 +482,61 @@ func TestWriteErrorUnwraps(t *testing.T) {
 	err := error(&WriteError{Failed: 1, Total: 3, First: fmt.Errorf("route-set x: %w", syscall.EBUSY)})
 	if !errors.Is(err, syscall.EBUSY) || !strings.Contains(err.Error(), "1 of 3 kernel writes failed") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+func TestSpecDelta(t *testing.T) {
+	s2, s3, s4 := tSpec(2), tSpec(3), tSpec(4)
+	s3b := s3
+	s3b.MAC = tMAC(0x33)
+	for _, tt := range []struct {
+		name             string
+		old, new         []peerSpec
+		wantGone, wantIn []peerSpec
+	}{
+		{"same", []peerSpec{s2, s3}, []peerSpec{s2, s3}, nil, nil},
+		{"from nothing", nil, []peerSpec{s2, s3}, nil, []peerSpec{s2, s3}},
+		{"to nothing", []peerSpec{s2, s3}, nil, []peerSpec{s2, s3}, nil},
+		{"one leaves, one comes, one changes", []peerSpec{s2, s3}, []peerSpec{s3b, s4}, []peerSpec{s2, s3}, []peerSpec{s3b, s4}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			gone, come := specDelta(tt.old, tt.new)
+			if d := cmp.Diff(tt.wantGone, gone, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+				t.Errorf("gone (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tt.wantIn, come, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+				t.Errorf("come (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// The notification filter: a deleted entry wakes a pass only if a desired
+// peer needs it, or if the notification does not say which entry it was.
+func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
+	p := tSpec(2)
+	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.MAC.HardwareAddr()}}, netip.Prefix{}, netip.Addr{})
+	b := &Backend{}
+	if b.wants(Event{Kind: EventRouteDel, Dst: p.Subnet}) {
+		t.Errorf("no peers desired yet, but a deletion wants a pass")
+	}
+	b.wanted.Store(&idx)
+	other := tSpec(9)
+	for _, tt := range []struct {
+		e    Event
+		want bool
+	}{
+		{Event{Kind: EventRouteDel, Dst: p.Subnet}, true},
+		{Event{Kind: EventRouteDel, Dst: other.Subnet}, false},
+		{Event{Kind: EventNeighDel, IP: p.Subnet.Addr()}, true},
+		{Event{Kind: EventNeighDel, IP: other.Subnet.Addr()}, false},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: p.MAC}, true},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: other.MAC}, false},
+		{Event{Kind: EventRouteDel}, true},            // which route: unknown
+		{Event{Kind: EventNeighDel, FDB: true}, true}, // which MAC: unknown
+	} {
+		if got := b.wants(tt.e); got != tt.want {
+			t.Errorf("wants(%+v) = %v, want %v", tt.e, got, tt.want)
+		}
 	}
 }

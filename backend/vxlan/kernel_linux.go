@@ -1,36 +1,31 @@
 package vxlan
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
-	"sync"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
 // KernelNetlink implements Netlink with rtnetlink sockets bound to one
 // network namespace, opened once and reused for every request: a
-// netlink.Handle for everything but FDB listings, and a socket with
-// NETLINK_GET_STRICT_CHK set for those. Only a strict request makes the
-// kernel filter an AF_BRIDGE dump by device; without it every bridge port's
-// entries on the host (each pod veth's unicast and multicast addresses) are
-// dumped and filtered here. The request is built by hand: the netlink
-// package serialises its Ndmsg straight from a Go struct, padding bytes
-// included, and a strict kernel rejects non-zero padding with EINVAL.
+// netlink.Handle for links and addresses, which are few and rare, and an
+// rtnlConn of our own for routes, neighbours and FDB entries, which come
+// by the thousand: batched writes and lean, kernel-filtered listings (see
+// rtnlConn). Notifications come through a socket of their own that a BPF
+// filter limits to what the reconciler acts on (see notifyFilter).
 //
 // A KernelNetlink is not safe for concurrent use; the Backend serialises its
 // calls.
 type KernelNetlink struct {
-	ns  netns.NsHandle // owned; the namespace the sockets live in
-	h   *netlink.Handle
-	fdb map[int]*nl.SocketHandle
+	ns netns.NsHandle // owned; the namespace the sockets live in
+	h  *netlink.Handle
+	rt *rtnlConn
 }
 
 var _ Netlink = (*KernelNetlink)(nil)
@@ -60,16 +55,13 @@ func OpenNetlink(ns netns.NsHandle) (*KernelNetlink, error) {
 		own.Close()
 		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
 	}
-	fdb, err := nl.GetNetlinkSocketAt(own, netns.None(), unix.NETLINK_ROUTE)
+	rt, err := openRTNL(own)
 	if err != nil {
 		h.Close()
 		own.Close()
-		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
+		return nil, err
 	}
-	// Kernels before 4.20 lack strict checking; the FDB listing then
-	// filters by device in user space, which is only slower.
-	_ = unix.SetsockoptInt(fdb.GetFd(), unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
-	return &KernelNetlink{ns: own, h: h, fdb: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: fdb}}}, nil
+	return &KernelNetlink{ns: own, h: h, rt: rt}, nil
 }
 
 // Close releases the sockets and the namespace handle. Safe to call twice.
@@ -78,9 +70,9 @@ func (k *KernelNetlink) Close() error {
 		k.h.Close()
 		k.h = nil
 	}
-	if k.fdb != nil {
-		k.fdb[unix.NETLINK_ROUTE].Close()
-		k.fdb = nil
+	if k.rt != nil {
+		k.rt.Close()
+		k.rt = nil
 	}
 	if k.ns.IsOpen() {
 		k.ns.Close()
@@ -242,196 +234,80 @@ func (k *KernelNetlink) AddrDel(index int, addr netip.Prefix) error {
 }
 
 // RouteList implements Netlink.
-func (k *KernelNetlink) RouteList() ([]Route, error) {
-	var out []Route
-	err := k.h.RouteListFilteredIter(netlink.FAMILY_V4, &netlink.Route{}, 0, func(r netlink.Route) bool {
-		out = append(out, Route{
-			Dst:       prefixOf(r.Dst),
-			Gw:        addrOf(r.Gw),
-			LinkIndex: r.LinkIndex,
-			OnLink:    r.Flags&int(netlink.FLAG_ONLINK) != 0,
-			Protocol:  int(r.Protocol),
-			Scope:     int(r.Scope),
-			Priority:  r.Priority,
-		})
-		return true
-	})
-	return out, err
-}
+func (k *KernelNetlink) RouteList() ([]Route, error) { return k.rt.routeList() }
 
-func nlRoute(r Route) *netlink.Route {
-	nr := &netlink.Route{
-		Dst:       ipNetOf(r.Dst),
-		Gw:        ipOf(r.Gw),
-		LinkIndex: r.LinkIndex,
-		Protocol:  netlink.RouteProtocol(r.Protocol),
-		Scope:     netlink.Scope(r.Scope),
-		Priority:  r.Priority,
-		Table:     unix.RT_TABLE_MAIN,
-	}
-	if r.OnLink {
-		nr.Flags = int(netlink.FLAG_ONLINK)
-	}
-	return nr
-}
+// write runs one write as a batch of one.
+func (k *KernelNetlink) write(o op) error { return k.rt.writeBatch([]op{o})[0] }
+
+// writeBatch implements batchWriter.
+func (k *KernelNetlink) writeBatch(ops []op) []error { return k.rt.writeBatch(ops) }
 
 // RouteReplace implements Netlink.
-func (k *KernelNetlink) RouteReplace(r Route) error { return k.h.RouteReplace(nlRoute(r)) }
+func (k *KernelNetlink) RouteReplace(r Route) error { return k.write(op{kind: opRouteSet, route: r}) }
 
 // RouteDel implements Netlink.
-func (k *KernelNetlink) RouteDel(r Route) error { return k.h.RouteDel(nlRoute(r)) }
+func (k *KernelNetlink) RouteDel(r Route) error { return k.write(op{kind: opRouteDel, route: r}) }
 
 // NeighList implements Netlink.
-func (k *KernelNetlink) NeighList(index int) ([]Neigh, error) {
-	ns, err := k.h.NeighList(index, netlink.FAMILY_V4)
-	out := make([]Neigh, 0, len(ns))
-	for _, n := range ns {
-		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: addrOf(n.IP), MAC: macOf(n.HardwareAddr), State: n.State})
-	}
-	return out, err
-}
+func (k *KernelNetlink) NeighList(index int) ([]Neigh, error) { return k.rt.neighList(index) }
 
 // NeighSet implements Netlink.
-func (k *KernelNetlink) NeighSet(n Neigh) error {
-	return k.h.NeighSet(&netlink.Neigh{
-		LinkIndex:    n.LinkIndex,
-		Family:       netlink.FAMILY_V4,
-		State:        n.State,
-		IP:           ipOf(n.IP),
-		HardwareAddr: n.MAC.HardwareAddr(),
-	})
-}
+func (k *KernelNetlink) NeighSet(n Neigh) error { return k.write(op{kind: opNeighSet, neigh: n}) }
 
 // NeighDel implements Netlink.
-func (k *KernelNetlink) NeighDel(n Neigh) error {
-	return k.h.NeighDel(&netlink.Neigh{LinkIndex: n.LinkIndex, Family: netlink.FAMILY_V4, IP: ipOf(n.IP)})
-}
+func (k *KernelNetlink) NeighDel(n Neigh) error { return k.write(op{kind: opNeighDel, neigh: n}) }
 
-// ndmsg is a struct ndmsg serialised by hand, padding zeroed.
-type ndmsg [12]byte
-
-func (m *ndmsg) Len() int          { return len(m) }
-func (m *ndmsg) Serialize() []byte { return m[:] }
-
-// FDBList implements Netlink.
-func (k *KernelNetlink) FDBList(index int) ([]FDB, error) {
-	var m ndmsg
-	m[0] = unix.AF_BRIDGE
-	binary.NativeEndian.PutUint32(m[4:8], uint32(index)) // ndm_ifindex: the filter
-	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, unix.NLM_F_DUMP)
-	req.Sockets = k.fdb
-	req.AddData(&m)
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEIGH)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return nil, err
-	}
-	out := make([]FDB, 0, len(msgs))
-	for _, raw := range msgs {
-		n, derr := netlink.NeighDeserialize(raw)
-		if derr != nil || n.LinkIndex != index || n.Family != unix.AF_BRIDGE {
-			continue
-		}
-		out = append(out, FDB{LinkIndex: n.LinkIndex, MAC: macOf(n.HardwareAddr), Dst: addrOf(n.IP), State: n.State})
-	}
-	return out, err
-}
-
-func nlFDB(f FDB) *netlink.Neigh {
-	return &netlink.Neigh{
-		LinkIndex:    f.LinkIndex,
-		Family:       unix.AF_BRIDGE,
-		Flags:        netlink.NTF_SELF,
-		State:        f.State,
-		IP:           ipOf(f.Dst),
-		HardwareAddr: f.MAC.HardwareAddr(),
-	}
-}
+// FDBList implements Netlink. Only a strict request makes the kernel filter
+// an AF_BRIDGE dump by device; without it every bridge port's entries on
+// the host (each pod veth's unicast and multicast addresses) are dumped
+// and filtered here.
+func (k *KernelNetlink) FDBList(index int) ([]FDB, error) { return k.rt.fdbList(index) }
 
 // FDBSet implements Netlink.
-func (k *KernelNetlink) FDBSet(f FDB) error { return k.h.NeighSet(nlFDB(f)) }
+func (k *KernelNetlink) FDBSet(f FDB) error { return k.write(op{kind: opFDBSet, fdb: f}) }
 
 // FDBDel implements Netlink.
-func (k *KernelNetlink) FDBDel(f FDB) error { return k.h.NeighDel(nlFDB(f)) }
-
-// subscribeBuffer is the receive buffer asked for on notification sockets:
-// a burst of route or neighbour changes elsewhere on a busy host should not
-// overflow it (the kernel caps it at net.core.rmem_max).
-const subscribeBuffer = 1 << 20
+func (k *KernelNetlink) FDBDel(f FDB) error { return k.write(op{kind: opFDBDel, fdb: f}) }
 
 // Subscribe implements Netlink.
 func (k *KernelNetlink) Subscribe(done <-chan struct{}, fn func(Event)) (<-chan struct{}, error) {
+	f, err := openNotify(k.ns)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to kernel notifications: %w", err)
+	}
+	ended := make(chan struct{})
 	stop := make(chan struct{})
-	var once sync.Once
-	halt := func() { once.Do(func() { close(stop) }) }
 	go func() {
 		select {
 		case <-done:
 		case <-stop:
 		}
-		halt()
+		f.Close() // wakes the Read below
 	}()
-
-	var wg sync.WaitGroup
-	forward := func(loop func()) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer halt() // one broken subscription ends them all
-			loop()
-		}()
-	}
-	ns := k.ns
-	onErr := func(error) {} // a broken subscription shows as a closed channel
-
-	links := make(chan netlink.LinkUpdate, 64)
-	if err := netlink.LinkSubscribeWithOptions(links, stop, netlink.LinkSubscribeOptions{
-		Namespace: &ns, ErrorCallback: onErr,
-	}); err != nil {
-		halt()
-		return nil, fmt.Errorf("subscribe to link changes: %w", err)
-	}
-	forward(func() {
-		for u := range links {
-			fn(Event{Kind: EventLink, LinkIndex: int(u.Index), LinkName: u.Attrs().Name, Deleted: u.Header.Type == unix.RTM_DELLINK})
-		}
-	})
-
-	routes := make(chan netlink.RouteUpdate, 256)
-	if err := netlink.RouteSubscribeWithOptions(routes, stop, netlink.RouteSubscribeOptions{
-		Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: subscribeBuffer,
-	}); err != nil {
-		halt()
-		wg.Wait()
-		return nil, fmt.Errorf("subscribe to route changes: %w", err)
-	}
-	forward(func() {
-		for u := range routes {
-			if u.Type == unix.RTM_DELROUTE {
-				fn(Event{Kind: EventRouteDel, LinkIndex: u.LinkIndex, Protocol: int(u.Protocol)})
-			}
-		}
-	})
-
-	neighs := make(chan netlink.NeighUpdate, 256)
-	if err := netlink.NeighSubscribeWithOptions(neighs, stop, netlink.NeighSubscribeOptions{
-		Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: subscribeBuffer,
-	}); err != nil {
-		halt()
-		wg.Wait()
-		return nil, fmt.Errorf("subscribe to neighbour changes: %w", err)
-	}
-	forward(func() {
-		for u := range neighs {
-			if u.Type == unix.RTM_DELNEIGH {
-				fn(Event{Kind: EventNeighDel, LinkIndex: u.LinkIndex})
-			}
-		}
-	})
-
-	ended := make(chan struct{})
 	go func() {
-		wg.Wait()
-		close(ended)
+		defer close(ended)
+		defer close(stop)
+		buf := make([]byte, 64<<10)
+		for {
+			// One notification per datagram; a read error is a closed
+			// socket or an overflow (ENOBUFS): either ends the
+			// subscription, and the reconciler resubscribes and relists.
+			n, err := f.Read(buf)
+			if err != nil {
+				return
+			}
+			b := buf[:n]
+			for len(b) >= unix.NLMSG_HDRLEN {
+				l := int(ne.Uint32(b[0:4]))
+				if l < unix.NLMSG_HDRLEN || l > len(b) {
+					break
+				}
+				if e, ok := parseEvent(ne.Uint16(b[4:6]), b[unix.NLMSG_HDRLEN:l]); ok {
+					fn(e)
+				}
+				b = b[min(len(b), nlmAlign(l)):]
+			}
+		}
 	}()
 	return ended, nil
 }

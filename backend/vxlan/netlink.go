@@ -189,6 +189,15 @@ type Event struct {
 	LinkName  string // EventLink only
 	Deleted   bool   // EventLink: RTM_DELLINK
 	Protocol  int    // EventRouteDel only
+
+	// What was deleted, when the notification says: the route's
+	// destination (EventRouteDel); the neighbour's address, or for an FDB
+	// entry (FDB set) its MAC (EventNeighDel). A zero value means unknown:
+	// the reconciler then assumes the entry was one it wants.
+	Dst netip.Prefix
+	IP  netip.Addr
+	MAC MAC
+	FDB bool
 }
 
 // isNotFound reports whether err means the object to delete is already gone.

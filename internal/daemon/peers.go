@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"net/netip"
-	"slices"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
@@ -19,9 +18,21 @@ type peerSet struct {
 	own    netip.Prefix
 	prefix string // the registry's subnets prefix, to name keys
 
-	valid map[netip.Prefix]backend.Peer
+	// valid holds each valid peer's public IP and VTEP MAC by subnet, in
+	// 10 bytes rather than a backend.Peer (80 bytes and a MAC allocated on
+	// its own): 5,000 peers are kept for the daemon's lifetime.
+	valid map[netip.Prefix]peerAddrs
 	// bad maps each currently rejected key to the revision reported.
 	bad map[string]int64
+
+	out  []backend.Peer // peers' result, reused
+	macs []byte         // the MACs of out
+}
+
+// peerAddrs is a valid peer's underlay address and VTEP MAC.
+type peerAddrs struct {
+	publicIP [4]byte
+	mac      [6]byte
 }
 
 // rejection is a lease that will not be programmed.
@@ -31,13 +42,13 @@ type rejection struct {
 }
 
 func newPeerSet(cfg *subnet.Config, own netip.Prefix, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]backend.Peer{}, bad: map[string]int64{}}
+	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]peerAddrs{}, bad: map[string]int64{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
-	s.valid = make(map[netip.Prefix]backend.Peer, len(snap.Leases))
+	s.valid = make(map[netip.Prefix]peerAddrs, len(snap.Leases))
 	s.bad = map[string]int64{}
 	var out []rejection
 	for _, l := range snap.Leases {
@@ -61,7 +72,7 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
 			delete(s.valid, ev.Lease.Subnet)
-			delete(s.bad, s.key(ev.Lease.Subnet))
+			s.unmark(ev.Lease.Subnet)
 			continue
 		}
 		out = s.put(ev.Lease, s.bad, out)
@@ -77,15 +88,25 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]int64, out []rejection
 	case l.Subnet == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value
 		// someone wrote over it before the lease manager restored it.
-		delete(s.bad, s.key(l.Subnet))
+		s.unmark(l.Subnet)
 		return out
 	case err != nil:
 		delete(s.valid, l.Subnet)
 		return s.reject(s.key(l.Subnet), l.ModRevision, err, reported, out)
 	}
-	delete(s.bad, s.key(l.Subnet))
-	s.valid[l.Subnet] = backend.Peer{Subnet: peer.Subnet, PublicIP: peer.PublicIP, VtepMAC: peer.VtepMAC}
+	s.unmark(l.Subnet)
+	// Config.Peer has checked both: an IPv4 address and a 6-byte MAC.
+	s.valid[l.Subnet] = peerAddrs{publicIP: peer.PublicIP.As4(), mac: [6]byte(peer.VtepMAC)}
 	return out
+}
+
+// unmark forgets that p's key was rejected. (Most sets have no rejected
+// key at all: then the key is not even spelled out, which at a cold start
+// with thousands of leases saves as many strings.)
+func (s *peerSet) unmark(p netip.Prefix) {
+	if len(s.bad) > 0 {
+		delete(s.bad, s.key(p))
+	}
 }
 
 func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]int64, out []rejection) []rejection {
@@ -106,13 +127,22 @@ func (s *peerSet) reject(key string, rev int64, err error, reported map[string]i
 	return out
 }
 
-// peers returns the valid peers sorted by subnet.
+// peers returns the valid peers, in no particular order (the backend sorts
+// and checks them), in a slice and MACs reused by the next call: the
+// backend copies what it keeps, and with thousands of peers a fresh copy
+// at every lease event was most of the daemon's garbage.
 func (s *peerSet) peers() []backend.Peer {
-	out := make([]backend.Peer, 0, len(s.valid))
-	for _, p := range s.valid {
-		out = append(out, p)
+	if cap(s.out) < len(s.valid) {
+		s.out = make([]backend.Peer, 0, len(s.valid)+len(s.valid)/8)
+		s.macs = make([]byte, 6*cap(s.out)) // one allocation for every MAC
 	}
-	slices.SortFunc(out, func(a, b backend.Peer) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
+	out, macs := s.out[:0], s.macs
+	for subnet, a := range s.valid {
+		mac := macs[:6:6]
+		macs = macs[6:]
+		copy(mac, a.mac[:])
+		out = append(out, backend.Peer{Subnet: subnet, PublicIP: netip.AddrFrom4(a.publicIP), VtepMAC: mac})
+	}
 	return out
 }
 

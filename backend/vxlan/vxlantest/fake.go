@@ -565,7 +565,7 @@ func (v *View) RouteDel(r vxlan.Route) error {
 	}
 	have := f.routes[*victim]
 	delete(f.routes, *victim)
-	v.emit(vxlan.Event{Kind: vxlan.EventRouteDel, LinkIndex: have.LinkIndex, Protocol: have.Protocol})
+	v.emit(vxlan.Event{Kind: vxlan.EventRouteDel, LinkIndex: have.LinkIndex, Protocol: have.Protocol, Dst: have.Dst})
 	return nil
 }
 
@@ -611,7 +611,7 @@ func (v *View) NeighDel(n vxlan.Neigh) error {
 		return syscall.ENOENT
 	}
 	delete(f.neighs, k)
-	v.emit(vxlan.Event{Kind: vxlan.EventNeighDel, LinkIndex: n.LinkIndex})
+	v.emit(vxlan.Event{Kind: vxlan.EventNeighDel, LinkIndex: n.LinkIndex, IP: n.IP})
 	return nil
 }
 
@@ -688,7 +688,7 @@ func (v *View) FDBDel(e vxlan.FDB) error {
 	if len(f.fdbs) == n {
 		return syscall.ENOENT
 	}
-	v.emit(vxlan.Event{Kind: vxlan.EventNeighDel, LinkIndex: e.LinkIndex})
+	v.emit(vxlan.Event{Kind: vxlan.EventNeighDel, LinkIndex: e.LinkIndex, FDB: true, MAC: e.MAC})
 	return nil
 }
 

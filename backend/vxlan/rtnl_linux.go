@@ -1,0 +1,617 @@
+package vxlan
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// rtnlConn is a route netlink socket for the requests the reconciler makes
+// by the thousand — route, neighbour and FDB writes and listings — encoded
+// and decoded here by hand rather than through the netlink package, whose
+// per-request overhead (a getsockname, socket deadlines, a 64 KiB buffer
+// and a dozen allocations per message) cost three times the kernel's own
+// work at a cold start.
+//
+// Writes of one kind are sent in batches, many requests per sendmsg
+// (writeBatch). rtnetlink processes the requests of one sendmsg in order,
+// synchronously, and acknowledges every failed one whether asked to or not
+// (netlink_rcv_skb), so only the last request of a batch asks for an
+// acknowledgement: when it arrives, every error of the batch has arrived
+// before it. NETLINK_CAP_ACK keeps those error messages small.
+//
+// Listings use a socket with NETLINK_GET_STRICT_CHK so that the kernel
+// filters them (routes of the main table, neighbours of one device); they
+// are filtered here as well, for kernels before 4.20.
+//
+// Each request (a batch, a listing) holds a mutex: the Backend serialises
+// its calls, but a caller may list while a Backend runs (tests do).
+type rtnlConn struct {
+	mu  sync.Mutex
+	f   *os.File
+	rc  syscall.RawConn
+	pid uint32 // our port ID: replies carry it
+	seq uint32
+	// kernel is where requests go. One per connection: Sendto writes
+	// into it (its encoded form), so it cannot be shared.
+	kernel unix.SockaddrNetlink
+	wbuf   []byte
+	rbuf   []byte
+}
+
+// maxBatch bounds the requests of one sendmsg: a few KiB of requests, and
+// at most as many error messages queued on our socket.
+const maxBatch = 128
+
+// openRTNL opens a route netlink socket in ns.
+func openRTNL(ns netns.NsHandle) (*rtnlConn, error) {
+	// The netlink package knows how to open a socket in another namespace
+	// safely (a locked thread, switched and switched back); take a copy of
+	// its descriptor and drive it ourselves.
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
+	}
+	fd, err := unix.FcntlInt(uintptr(s.GetFd()), unix.F_DUPFD_CLOEXEC, 0)
+	s.Close()
+	if err != nil {
+		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
+	}
+	// Kernels before 4.20 lack strict checking; listings are then
+	// filtered here only, which is just slower.
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("rtnetlink socket address: %w", err)
+	}
+	nsa, ok := sa.(*unix.SockaddrNetlink)
+	if !ok {
+		unix.Close(fd)
+		return nil, errors.New("rtnetlink socket has no netlink address")
+	}
+	// The descriptor is non-blocking (the netlink package made it so):
+	// the runtime's poller serves it and no thread blocks on it.
+	f := os.NewFile(uintptr(fd), "rtnetlink")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &rtnlConn{f: f, rc: rc, pid: nsa.Pid, kernel: unix.SockaddrNetlink{Family: unix.AF_NETLINK}, rbuf: make([]byte, 64<<10)}, nil
+}
+
+func (c *rtnlConn) Close() error { return c.f.Close() }
+
+func (c *rtnlConn) send(b []byte) error {
+	var serr error
+	err := c.rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b, 0, &c.kernel)
+		return serr != unix.EAGAIN
+	})
+	if serr != nil {
+		return serr
+	}
+	return err
+}
+
+// recv returns the next datagram (one or more messages).
+func (c *rtnlConn) recv() ([]byte, error) {
+	var n int
+	var rerr error
+	err := c.rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), c.rbuf, 0)
+		return rerr != unix.EAGAIN
+	})
+	if rerr != nil {
+		return nil, rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.rbuf[:n], nil
+}
+
+// Message encoding: appended to c.wbuf.
+
+func (c *rtnlConn) begin(typ, flags uint16) int {
+	c.seq++
+	start := len(c.wbuf)
+	var h [unix.NLMSG_HDRLEN]byte
+	ne.PutUint16(h[4:], typ)
+	ne.PutUint16(h[6:], flags|unix.NLM_F_REQUEST)
+	ne.PutUint32(h[8:], c.seq)
+	ne.PutUint32(h[12:], c.pid)
+	c.wbuf = append(c.wbuf, h[:]...)
+	return start
+}
+
+func (c *rtnlConn) end(start int) {
+	ne.PutUint32(c.wbuf[start:], uint32(len(c.wbuf)-start))
+}
+
+func (c *rtnlConn) attr(typ uint16, val []byte) {
+	var h [4]byte
+	ne.PutUint16(h[0:], uint16(4+len(val)))
+	ne.PutUint16(h[2:], typ)
+	c.wbuf = append(c.wbuf, h[:]...)
+	c.wbuf = append(c.wbuf, val...)
+	for len(c.wbuf)%4 != 0 {
+		c.wbuf = append(c.wbuf, 0)
+	}
+}
+
+func (c *rtnlConn) attrU32(typ uint16, v uint32) {
+	var b [4]byte
+	ne.PutUint32(b[:], v)
+	c.attr(typ, b[:])
+}
+
+var ne = binary.NativeEndian
+
+// appendOp encodes one write as the netlink package would have (same
+// header fields and attributes), so the kernel sees the same requests.
+func (c *rtnlConn) appendOp(o op) error {
+	switch o.kind {
+	case opRouteSet:
+		c.appendRoute(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.RTN_UNICAST, o.route)
+	case opRouteDel, opRoutePrune:
+		c.appendRoute(unix.RTM_DELROUTE, 0, unix.RTN_UNSPEC, o.route)
+	case opNeighSet:
+		n := o.neigh
+		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_INET, n.LinkIndex, n.State, 0, n.IP, &n.MAC)
+	case opNeighDel:
+		n := o.neigh
+		c.appendNeigh(unix.RTM_DELNEIGH, 0, unix.AF_INET, n.LinkIndex, 0, 0, n.IP, nil)
+	case opFDBSet:
+		f := o.fdb
+		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
+	case opFDBDel, opFDBPrune:
+		f := o.fdb
+		c.appendNeigh(unix.RTM_DELNEIGH, 0, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
+	default:
+		return fmt.Errorf("vxlan: no netlink encoding for %v", o.kind)
+	}
+	return nil
+}
+
+func (c *rtnlConn) appendRoute(typ, flags uint16, rtype uint8, r Route) {
+	start := c.begin(typ, flags)
+	var m [unix.SizeofRtMsg]byte // struct rtmsg
+	m[0] = unix.AF_INET
+	m[1] = uint8(r.Dst.Bits())
+	m[4] = unix.RT_TABLE_MAIN
+	m[5] = uint8(r.Protocol)
+	m[6] = uint8(r.Scope)
+	m[7] = rtype
+	if r.OnLink {
+		ne.PutUint32(m[8:], unix.RTNH_F_ONLINK)
+	}
+	c.wbuf = append(c.wbuf, m[:]...)
+	dst := r.Dst.Addr().As4()
+	c.attr(unix.RTA_DST, dst[:])
+	if r.Gw.IsValid() {
+		gw := r.Gw.As4()
+		c.attr(unix.RTA_GATEWAY, gw[:])
+	}
+	if r.Priority > 0 {
+		c.attrU32(unix.RTA_PRIORITY, uint32(r.Priority))
+	}
+	c.attrU32(unix.RTA_OIF, uint32(r.LinkIndex))
+	c.end(start)
+}
+
+func (c *rtnlConn) appendNeigh(typ, flags uint16, family uint8, link, state int, ntf uint8, ip netip.Addr, mac *MAC) {
+	start := c.begin(typ, flags)
+	var m [12]byte // struct ndmsg, padding zero
+	m[0] = family
+	ne.PutUint32(m[4:], uint32(link))
+	ne.PutUint16(m[8:], uint16(state))
+	m[10] = ntf
+	c.wbuf = append(c.wbuf, m[:]...)
+	if ip.IsValid() {
+		a := ip.As4()
+		c.attr(unix.NDA_DST, a[:])
+	} else {
+		c.attr(unix.NDA_DST, nil)
+	}
+	if mac != nil {
+		c.attr(unix.NDA_LLADDR, mac[:])
+	}
+	c.end(start)
+}
+
+// writeBatch applies ops in order, maxBatch requests per sendmsg, and
+// returns each one's error (nil when it succeeded). Callers put only
+// independent writes in one call: a failed write does not stop the others.
+func (c *rtnlConn) writeBatch(ops []op) []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	errs := make([]error, len(ops))
+	for start := 0; start < len(ops); start += maxBatch {
+		chunk := ops[start:min(len(ops), start+maxBatch)]
+		c.writeChunk(chunk, errs[start:start+len(chunk)])
+	}
+	return errs
+}
+
+func (c *rtnlConn) writeChunk(ops []op, errs []error) {
+	fail := func(err error) {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	c.wbuf = c.wbuf[:0]
+	first := c.seq + 1
+	var last int
+	for _, o := range ops {
+		last = len(c.wbuf)
+		if err := c.appendOp(o); err != nil {
+			fail(err)
+			return
+		}
+	}
+	flags := ne.Uint16(c.wbuf[last+6:])
+	ne.PutUint16(c.wbuf[last+6:], flags|unix.NLM_F_ACK)
+	lastSeq := c.seq
+	if err := c.send(c.wbuf); err != nil {
+		fail(err)
+		return
+	}
+	for {
+		b, err := c.recv()
+		if err != nil {
+			// Acknowledgements lost (ENOBUFS) or the socket broke: the
+			// outcome of the writes not yet answered is unknown; call
+			// them failed, the retry pass reads the truth back.
+			fail(err)
+			return
+		}
+		for len(b) >= unix.NLMSG_HDRLEN {
+			l := int(ne.Uint32(b[0:4]))
+			if l < unix.NLMSG_HDRLEN || l > len(b) {
+				break
+			}
+			typ, seq, pid := ne.Uint16(b[4:6]), ne.Uint32(b[8:12]), ne.Uint32(b[12:16])
+			if typ == unix.NLMSG_ERROR && pid == c.pid && seq >= first && seq <= lastSeq && l >= unix.NLMSG_HDRLEN+4 {
+				if code := int32(ne.Uint32(b[unix.NLMSG_HDRLEN:])); code != 0 {
+					errs[seq-first] = syscall.Errno(-code)
+				}
+				if seq == lastSeq {
+					return
+				}
+			}
+			b = b[min(len(b), nlmAlign(l)):]
+		}
+	}
+}
+
+func nlmAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
+
+// dump sends a dump request (the message built by build) and calls each
+// for every reply message of type want, with the message's payload. A dump
+// the kernel marks interrupted (NLM_F_DUMP_INTR) is read to its end and
+// reported as netlink.ErrDumpInterrupted.
+func (c *rtnlConn) dump(typ uint16, build func(), want uint16, each func(payload []byte)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wbuf = c.wbuf[:0]
+	start := c.begin(typ, unix.NLM_F_DUMP)
+	build()
+	c.end(start)
+	seq := c.seq
+	if err := c.send(c.wbuf); err != nil {
+		return err
+	}
+	interrupted := false
+	for {
+		b, err := c.recv()
+		if err != nil {
+			return err
+		}
+		for len(b) >= unix.NLMSG_HDRLEN {
+			l := int(ne.Uint32(b[0:4]))
+			if l < unix.NLMSG_HDRLEN || l > len(b) {
+				break
+			}
+			mtyp, flags, mseq, pid := ne.Uint16(b[4:6]), ne.Uint16(b[6:8]), ne.Uint32(b[8:12]), ne.Uint32(b[12:16])
+			payload := b[unix.NLMSG_HDRLEN:l]
+			b = b[min(len(b), nlmAlign(l)):]
+			if mseq != seq || pid != c.pid {
+				continue // a stale reply to an earlier request
+			}
+			if flags&unix.NLM_F_DUMP_INTR != 0 {
+				interrupted = true
+			}
+			switch mtyp {
+			case unix.NLMSG_DONE:
+				if len(payload) >= 4 {
+					if code := int32(ne.Uint32(payload)); code < 0 {
+						return syscall.Errno(-code)
+					}
+				}
+				if interrupted {
+					return netlink.ErrDumpInterrupted
+				}
+				return nil
+			case unix.NLMSG_ERROR:
+				if len(payload) >= 4 {
+					if code := int32(ne.Uint32(payload)); code < 0 {
+						return syscall.Errno(-code)
+					}
+				}
+				return nil
+			case want:
+				each(payload)
+			}
+		}
+	}
+}
+
+// rtAttrs calls fn for each attribute in b.
+func rtAttrs(b []byte, fn func(typ uint16, val []byte)) {
+	for len(b) >= 4 {
+		l := int(ne.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			return
+		}
+		fn(ne.Uint16(b[2:4])&^unix.NLA_F_NESTED, b[4:l])
+		b = b[min(len(b), nlmAlign(l)):]
+	}
+}
+
+func addr4(b []byte) netip.Addr {
+	if len(b) != 4 {
+		return netip.Addr{}
+	}
+	return netip.AddrFrom4([4]byte(b))
+}
+
+// parseRoute decodes an IPv4 route message; ok is false for anything that
+// is not a route of the main table (or a cached clone).
+func parseRoute(p []byte) (r Route, ok bool) {
+	if len(p) < unix.SizeofRtMsg || p[0] != unix.AF_INET {
+		return r, false
+	}
+	flags := ne.Uint32(p[8:12])
+	table := uint32(p[4])
+	var dst netip.Addr
+	rtAttrs(p[unix.SizeofRtMsg:], func(typ uint16, val []byte) {
+		switch typ {
+		case unix.RTA_DST:
+			dst = addr4(val)
+		case unix.RTA_GATEWAY:
+			r.Gw = addr4(val)
+		case unix.RTA_OIF:
+			if len(val) == 4 {
+				r.LinkIndex = int(ne.Uint32(val))
+			}
+		case unix.RTA_PRIORITY:
+			if len(val) == 4 {
+				r.Priority = int(ne.Uint32(val))
+			}
+		case unix.RTA_TABLE:
+			if len(val) == 4 {
+				table = ne.Uint32(val)
+			}
+		}
+	})
+	if table != unix.RT_TABLE_MAIN || flags&unix.RTM_F_CLONED != 0 {
+		return r, false
+	}
+	if !dst.IsValid() {
+		dst = netip.IPv4Unspecified()
+	}
+	r.Dst = netip.PrefixFrom(dst, int(p[1]))
+	r.OnLink = flags&unix.RTNH_F_ONLINK != 0
+	r.Protocol = int(p[5])
+	r.Scope = int(p[6])
+	return r, true
+}
+
+// parseNeigh decodes a neighbour or FDB message.
+func parseNeigh(p []byte) (family uint8, link, state int, ip netip.Addr, mac MAC, ok bool) {
+	if len(p) < 12 {
+		return 0, 0, 0, ip, mac, false
+	}
+	family = p[0]
+	link = int(ne.Uint32(p[4:8]))
+	state = int(ne.Uint16(p[8:10]))
+	rtAttrs(p[12:], func(typ uint16, val []byte) {
+		switch typ {
+		case unix.NDA_DST:
+			ip = addr4(val)
+		case unix.NDA_LLADDR:
+			if len(val) == 6 {
+				mac = MAC(val)
+			}
+		}
+	})
+	return family, link, state, ip, mac, true
+}
+
+// routeList lists the IPv4 routes of the main table.
+func (c *rtnlConn) routeList() ([]Route, error) {
+	var out []Route
+	err := c.dump(unix.RTM_GETROUTE, func() {
+		var m [unix.SizeofRtMsg]byte
+		m[0] = unix.AF_INET
+		m[4] = unix.RT_TABLE_MAIN // a strict kernel dumps only this table
+		c.wbuf = append(c.wbuf, m[:]...)
+	}, unix.RTM_NEWROUTE, func(p []byte) {
+		if r, ok := parseRoute(p); ok {
+			out = append(out, r)
+		}
+	})
+	return out, err
+}
+
+// neighList lists the IPv4 neighbours of link index.
+func (c *rtnlConn) neighList(index int) ([]Neigh, error) {
+	var out []Neigh
+	err := c.dump(unix.RTM_GETNEIGH, func() {
+		var m [12]byte
+		m[0] = unix.AF_INET
+		c.wbuf = append(c.wbuf, m[:]...)
+		c.attrU32(unix.NDA_IFINDEX, uint32(index)) // a strict kernel filters by it
+	}, unix.RTM_NEWNEIGH, func(p []byte) {
+		if fam, link, state, ip, mac, ok := parseNeigh(p); ok && fam == unix.AF_INET && link == index && ip.IsValid() {
+			out = append(out, Neigh{LinkIndex: link, IP: ip, MAC: mac, State: state})
+		}
+	})
+	return out, err
+}
+
+// fdbList lists the FDB entries of link index, one per remote.
+func (c *rtnlConn) fdbList(index int) ([]FDB, error) {
+	var out []FDB
+	err := c.dump(unix.RTM_GETNEIGH, func() {
+		var m [12]byte
+		m[0] = unix.AF_BRIDGE
+		ne.PutUint32(m[4:], uint32(index)) // ndm_ifindex: a strict kernel filters by it
+		c.wbuf = append(c.wbuf, m[:]...)
+	}, unix.RTM_NEWNEIGH, func(p []byte) {
+		if fam, link, state, ip, mac, ok := parseNeigh(p); ok && fam == unix.AF_BRIDGE && link == index {
+			out = append(out, FDB{LinkIndex: link, MAC: mac, Dst: ip, State: state})
+		}
+	})
+	return out, err
+}
+
+// Classic BPF opcodes for the notification filter.
+const (
+	bpfLdAbsB = unix.BPF_LD | unix.BPF_B | unix.BPF_ABS
+	bpfJeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	bpfRetK   = unix.BPF_RET | unix.BPF_K
+)
+
+// notifyFilter is the socket filter of the notification socket. It keeps
+// link changes and deletions of routes and neighbours, the only
+// notifications the reconciler acts on, and drops additions in the kernel:
+// those are mostly our own writes — 15,000 at a cold start with 5,000
+// peers — which would otherwise be copied, parsed and thrown away here,
+// and could overflow the socket.
+func notifyFilter() []unix.SockFilter {
+	// nlmsg_type is a host-order u16 at offset 4; every rtnetlink type is
+	// below 256, so one byte decides.
+	lo, hi := uint32(4), uint32(5)
+	if ne.Uint16([]byte{0, 1}) == 1 { // big endian
+		lo, hi = 5, 4
+	}
+	const drop, accept = 7, 8
+	return []unix.SockFilter{
+		0:      {Code: bpfLdAbsB, K: hi},
+		1:      {Code: bpfJeqK, K: 0, Jt: 0, Jf: drop - 2},
+		2:      {Code: bpfLdAbsB, K: lo},
+		3:      {Code: bpfJeqK, K: unix.RTM_NEWLINK, Jt: accept - 4},
+		4:      {Code: bpfJeqK, K: unix.RTM_DELLINK, Jt: accept - 5},
+		5:      {Code: bpfJeqK, K: unix.RTM_DELROUTE, Jt: accept - 6},
+		6:      {Code: bpfJeqK, K: unix.RTM_DELNEIGH, Jt: accept - 7},
+		drop:   {Code: bpfRetK, K: 0},
+		accept: {Code: bpfRetK, K: 0xffffffff},
+	}
+}
+
+// subscribeBuffer is the receive buffer asked for on the notification
+// socket: a burst of deletions elsewhere on a busy host should not
+// overflow it (the kernel caps it at net.core.rmem_max).
+const subscribeBuffer = 1 << 20
+
+// openNotify opens a socket in ns that receives link, IPv4 route and
+// neighbour notifications, filtered by notifyFilter.
+func openNotify(ns netns.NsHandle) (*os.File, error) {
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.FcntlInt(uintptr(s.GetFd()), unix.F_DUPFD_CLOEXEC, 0)
+	s.Close()
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "rtnetlink-notify") // non-blocking: Close wakes a Read
+	prog := notifyFilter()
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+		&unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("attach notification filter: %w", err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, subscribeBuffer)
+	for _, g := range []int{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_NEIGH} {
+		if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, g); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("join rtnetlink group %d: %w", g, err)
+		}
+	}
+	return f, nil
+}
+
+// parseEvent turns one notification into an Event; ok is false for
+// anything else.
+func parseEvent(typ uint16, p []byte) (Event, bool) {
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		if len(p) < unix.SizeofIfInfomsg {
+			return Event{}, false
+		}
+		e := Event{Kind: EventLink, LinkIndex: int(int32(ne.Uint32(p[4:8]))), Deleted: typ == unix.RTM_DELLINK}
+		rtAttrs(p[unix.SizeofIfInfomsg:], func(t uint16, val []byte) {
+			if t == unix.IFLA_IFNAME {
+				for len(val) > 0 && val[len(val)-1] == 0 {
+					val = val[:len(val)-1]
+				}
+				e.LinkName = string(val)
+			}
+		})
+		return e, true
+	case unix.RTM_DELROUTE:
+		if len(p) < unix.SizeofRtMsg || p[0] != unix.AF_INET {
+			return Event{}, false
+		}
+		e := Event{Kind: EventRouteDel, Protocol: int(p[5])}
+		var dst netip.Addr
+		rtAttrs(p[unix.SizeofRtMsg:], func(t uint16, val []byte) {
+			switch t {
+			case unix.RTA_DST:
+				dst = addr4(val)
+			case unix.RTA_OIF:
+				if len(val) == 4 {
+					e.LinkIndex = int(ne.Uint32(val))
+				}
+			}
+		})
+		if !dst.IsValid() {
+			dst = netip.IPv4Unspecified()
+		}
+		e.Dst = netip.PrefixFrom(dst, int(p[1]))
+		return e, true
+	case unix.RTM_DELNEIGH:
+		fam, link, _, ip, mac, ok := parseNeigh(p)
+		if !ok {
+			return Event{}, false
+		}
+		e := Event{Kind: EventNeighDel, LinkIndex: link}
+		switch fam {
+		case unix.AF_INET:
+			e.IP = ip
+		case unix.AF_BRIDGE:
+			e.FDB, e.MAC = true, mac
+		default:
+			return Event{}, false
+		}
+		return e, true
+	}
+	return Event{}, false
+}

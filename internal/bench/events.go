@@ -103,29 +103,12 @@ func (b *bench) benchEvents(ctx context.Context) error {
 }
 
 func (b *bench) eventsAt(ctx context.Context, base, hostNum int) error {
-	l, err := b.newLab(ctx, fmt.Sprintf("ev%d", hostNum), benchNetwork)
+	sh, err := b.seedHost(ctx, fmt.Sprintf("ev%d", hostNum), "w1", base)
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	cli, err := l.Etcd.Client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	basePeers := synthPeers(1, base+1)
-	if _, err := putLeases(ctx, cli, basePeers); err != nil {
-		return err
-	}
-	n, err := l.AddNode("w1", 1)
-	if err != nil {
-		return err
-	}
-	w, err := watchKernel(n.NS)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+	defer sh.Close()
+	cli, n, w, basePeers := sh.cli, sh.node, sh.watch, sh.peers
 	ready := w.expect(basePeers, true)
 	if err := n.Start(); err != nil {
 		return err

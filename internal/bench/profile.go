@@ -91,29 +91,12 @@ func startInProcess(ctx context.Context, endpoint, name, dir string, h *lab.Host
 }
 
 func (b *bench) profileCold(ctx context.Context, k int) error {
-	l, err := b.newLab(ctx, "pcold", benchNetwork)
+	sh, err := b.seedHost(ctx, "pcold", "pc1", k)
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	cli, err := l.Etcd.Client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	peers := synthPeers(1, k+1)
-	if _, err := putLeases(ctx, cli, peers); err != nil {
-		return err
-	}
-	n, err := l.AddNode("pc1", 1)
-	if err != nil {
-		return err
-	}
-	w, err := watchKernel(n.NS)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+	defer sh.Close()
+	l, n, w, peers := sh.lab, sh.node, sh.watch, sh.peers
 	done := w.expect(peers, true)
 	runtime.GC()
 	stopProf, err := startProfile(b.cfg.ProfileDir, "cold")
@@ -141,29 +124,12 @@ func (b *bench) profileCold(ctx context.Context, k int) error {
 }
 
 func (b *bench) profileEvents(ctx context.Context, base int) error {
-	l, err := b.newLab(ctx, "pev", benchNetwork)
+	sh, err := b.seedHost(ctx, "pev", "pe1", base)
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	cli, err := l.Etcd.Client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	basePeers := synthPeers(1, base+1)
-	if _, err := putLeases(ctx, cli, basePeers); err != nil {
-		return err
-	}
-	n, err := l.AddNode("pe1", 1)
-	if err != nil {
-		return err
-	}
-	w, err := watchKernel(n.NS)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+	defer sh.Close()
+	l, cli, n, w, basePeers := sh.lab, sh.cli, sh.node, sh.watch, sh.peers
 	ready := w.expect(basePeers, true)
 	d, err := startInProcess(ctx, l.Endpoint(), "pe1", l.Dir, n.Host)
 	if err != nil {

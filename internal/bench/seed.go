@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/overlaynet/overlay/internal/lab"
 	"net/netip"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -110,4 +111,55 @@ func resetLeases(ctx context.Context, cli *clientv3.Client) error {
 		return fmt.Errorf("compact etcd: %w", err)
 	}
 	return nil
+}
+
+// seededHost is a lab whose etcd holds k synthetic peers, with one host whose
+// kernel is watched; the host's daemon is not started yet. Every scenario
+// that measures convergence starts from one.
+type seededHost struct {
+	lab   *lab.Lab
+	cli   *clientv3.Client
+	node  *lab.Node
+	watch *kernelWatch
+	peers []peerEntry
+}
+
+// seedHost builds a seededHost: a lab tagged tag, k peers, host name.
+func (b *bench) seedHost(ctx context.Context, tag, name string, k int) (s *seededHost, err error) {
+	s = &seededHost{}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.lab, err = b.newLab(ctx, tag, benchNetwork); err != nil {
+		return nil, err
+	}
+	if s.cli, err = s.lab.Etcd.Client(); err != nil {
+		return nil, err
+	}
+	s.peers = synthPeers(1, k+1)
+	if _, err = putLeases(ctx, s.cli, s.peers); err != nil {
+		return nil, err
+	}
+	if s.node, err = s.lab.AddNode(name, 1); err != nil {
+		return nil, err
+	}
+	if s.watch, err = watchKernel(s.node.NS); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close releases the watcher, the client and the lab, in that order.
+func (s *seededHost) Close() {
+	if s.watch != nil {
+		s.watch.Close()
+	}
+	if s.cli != nil {
+		_ = s.cli.Close()
+	}
+	if s.lab != nil {
+		_ = s.lab.Close()
+	}
 }

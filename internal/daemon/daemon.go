@@ -397,7 +397,7 @@ func startMasq(ctx context.Context, wg *sync.WaitGroup, cfg Config, network neti
 		return nil, fmt.Errorf("--ip-masq: install the nftables table %q: %w (does the kernel have nf_tables with NAT? use --ip-masq=false to masquerade elsewhere)", masq.TableName, err)
 	}
 	if drops, err := mq.ForwardDrops(); err == nil && len(drops) > 0 {
-		log.Warn("forward chains with policy drop exist; they may drop pod traffic that overlay's own table accepts: allow the cluster network there",
+		log.Warn("forward chains with policy drop exist; they drop pod traffic unless they accept the cluster network: add that accept there",
 			"chains", drops, "network", network)
 	}
 	wg.Go(func() { _ = mq.Run(ctx, masqInterval, nil) })

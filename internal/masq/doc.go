@@ -11,11 +11,6 @@
 // holds (as Rules renders it, in `nft list` syntax):
 //
 //	table ip overlay {
-//		chain forward {
-//			type filter hook forward priority filter; policy accept;
-//			ip saddr 10.244.0.0/16 accept comment "overlay: forward from pods"
-//			ip daddr 10.244.0.0/16 accept comment "overlay: forward to pods"
-//		}
 //		chain postrouting {
 //			type nat hook postrouting priority srcnat; policy accept;
 //			ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return comment "overlay: pod to pod, no NAT"
@@ -68,21 +63,23 @@
 // pods (externalTrafficPolicy=Local, flannel #734) and does not NAT
 // DirectRouting peers, whose routes use the underlay symmetrically.
 //
-// # FORWARD acceptance, honestly
+// # No forward chain
 //
-// Chain forward accepts traffic from and to N, with policy accept. In
-// nftables an accept is final only for the base chain that issued it: every
-// base chain registered on the forward hook, in any table, still sees the
-// packet, and a drop in any of them wins. So this chain cannot override a
-// FORWARD drop policy set elsewhere — by iptables-nft (table ip filter, for
-// example Docker's FORWARD policy drop), by legacy iptables, or by an
-// administrator's nftables ruleset. What we guarantee is narrower: our table
-// never drops or rejects anything, and pod traffic is accepted by it.
-// ForwardDrops lists the other nftables base chains on the forward hook
-// whose policy is drop (legacy iptables is invisible to it), so the daemon
-// can warn loudly; letting pod traffic through such a chain takes an accept
-// rule for N inside that very chain, which is deliberately not done here
-// because we do not write into other owners' tables.
+// overlayd adds no chain on the forward hook, deliberately. In nftables an
+// accept is final only for the base chain that issued it: every base chain
+// registered on the forward hook, in any table, still sees the packet, and
+// a drop in any of them wins. So an accept of ours cannot override a drop
+// in another base chain, and a chain that only accepts, with policy accept,
+// cannot change any packet's verdict — it would only cost every forwarded
+// packet an evaluation on the data path. (Older versions installed such a
+// chain, "forward"; Ensure removes it as drift.)
+//
+// If the host drops forwarded traffic by policy — Docker's iptables-nft
+// FORWARD policy drop, an administrator's firewall — the operator must
+// accept the cluster network in that very chain; overlayd does not write
+// into other owners' tables. ForwardDrops lists the nftables base chains of
+// other tables on the forward hook whose policy is drop (legacy iptables is
+// invisible to it), so the daemon can warn at start.
 //
 // # Reconciling
 //
@@ -90,9 +87,10 @@
 // two reads of the ruleset generation, so a dump that raced another writer
 // is retried), renders it and the desired state to the same canonical text
 // and rewrites the table only if the two differ. Any drift — a rule
-// deleted, a foreign rule or set added to our table, a chain policy turned
-// to drop, the table made dormant, the table deleted — is repaired with one
-// batch. When nothing differs, Ensure sends no writes. The daemon calls
-// Ensure periodically and when the network changes (a new Masq for the new
+// deleted, a foreign rule, chain or set added to our table (the forward
+// chain of older versions included), a chain policy turned to drop, the
+// table made dormant, the table deleted — is repaired with one batch. When
+// nothing differs, Ensure sends no writes. The daemon calls Ensure
+// periodically and when the network changes (a new Masq for the new
 // network: Ensure replaces the old rules atomically), or uses Run.
 package masq

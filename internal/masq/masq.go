@@ -267,11 +267,12 @@ func (m *Masq) Rules() ([]string, error) {
 }
 
 // ForwardDrops lists the nftables base chains of other tables, in families ip
-// and inet, that hook forward with policy drop, as "family table chain". A
-// drop there wins over our accept (see the package documentation), so pod
-// traffic is forwarded only if that chain accepts it itself. A hint, not a
-// proof: a drop rule in a policy-accept chain is not reported, and legacy
-// (non-nftables) iptables is invisible here.
+// and inet, that hook forward with policy drop, as "family table chain". Our
+// table has no forward chain, and no accept of ours could override such a
+// drop anyway (see the package documentation): pod traffic is forwarded only
+// if that chain accepts it itself. A hint, not a proof: a drop rule in a
+// policy-accept chain is not reported, and legacy (non-nftables) iptables is
+// invisible here.
 func (m *Masq) ForwardDrops() ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

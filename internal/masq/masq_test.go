@@ -101,7 +101,7 @@ func TestEnsureRepairsDrift(t *testing.T) {
 			c.AddRule(&nftables.Rule{Table: table, Chain: ch, Exprs: []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}}})
 		}},
 		{"foreign rule inserted first", func(t *testing.T, c *nftables.Conn) {
-			table, ch, _ := ourRules(t, c, filterChainName)
+			table, ch, _ := ourRules(t, c, natChainName)
 			c.InsertRule(&nftables.Rule{Table: table, Chain: ch, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 		}},
 		{"rule replaced with another network", func(t *testing.T, c *nftables.Conn) {
@@ -121,8 +121,8 @@ func TestEnsureRepairsDrift(t *testing.T) {
 		{"chain policy set to drop", func(t *testing.T, c *nftables.Conn) {
 			table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
 			drop := nftables.ChainPolicyDrop
-			c.AddChain(&nftables.Chain{Name: filterChainName, Table: table, Type: nftables.ChainTypeFilter,
-				Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+			c.AddChain(&nftables.Chain{Name: natChainName, Table: table, Type: nftables.ChainTypeNAT,
+				Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &drop})
 		}},
 		{"foreign chain added", func(t *testing.T, c *nftables.Conn) {
 			c.AddChain(&nftables.Chain{Name: "foreign", Table: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}})
@@ -153,6 +153,55 @@ func TestEnsureRepairsDrift(t *testing.T) {
 				t.Errorf("Ensure after the repair wrote again (generation %d -> %d)", g, got)
 			}
 		})
+	}
+}
+
+// An upgrade from a version that installed a forward chain: Ensure removes
+// the chain, leaves the NAT chain as it was, and then writes nothing more.
+func TestEnsureRemovesLegacyForwardChain(t *testing.T) {
+	m, ns := newMasq(t)
+	c := nftConn(t, ns)
+	legacy := legacyState(clusterNet, "overlay.1")
+	c.AddTable(legacy.table)
+	for _, ch := range legacy.chains {
+		c.AddChain(ch.chain)
+		for _, r := range ch.rules {
+			c.AddRule(r)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("install the legacy table: %v", err)
+	}
+	assertRules(t, m, goldenLegacyWithDevice)
+
+	batches := m.batches
+	mustEnsure(t, m, true)
+	if m.batches != batches+1 {
+		t.Errorf("the repair sent %d batches, want 1", m.batches-batches)
+	}
+	assertRules(t, m, goldenWithDevice)
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, ch := range chains {
+		names = append(names, ch.Table.Name+" "+ch.Name)
+		if ch.Hooknum != nil && *ch.Hooknum == *nftables.ChainHookForward {
+			t.Errorf("a forward chain is left: table ip %s chain %s", ch.Table.Name, ch.Name)
+		}
+	}
+	if diff := cmp.Diff([]string{TableName + " " + natChainName}, names); diff != "" {
+		t.Errorf("chains in family ip after the repair (-want +got):\n%s", diff)
+	}
+
+	g, batches := gen(t, ns), m.batches
+	mustEnsure(t, m, false)
+	if got := gen(t, ns); got != g {
+		t.Errorf("Ensure after the repair wrote again (generation %d -> %d)", g, got)
+	}
+	if m.batches != batches {
+		t.Errorf("Ensure after the repair sent %d batches", m.batches-batches)
 	}
 }
 

@@ -15,6 +15,28 @@ import (
 
 // goldenWithDevice is the table for 10.244.0.0/16 with WithOverlayDevice("overlay.1").
 const goldenWithDevice = `table ip overlay {
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return comment "overlay: pod to pod, no NAT"
+		ip saddr 10.244.0.0/16 ip daddr 224.0.0.0/4 return comment "overlay: multicast, no NAT"
+		ip saddr 10.244.0.0/16 masquerade fully-random comment "overlay: pod to outside"
+		ip saddr != 10.244.0.0/16 ip daddr 10.244.0.0/16 oifname "overlay.1" masquerade fully-random comment "overlay: outside to remote pod"
+	}
+}`
+
+// goldenNoDevice is the table for 10.244.0.0/16 without an overlay device.
+const goldenNoDevice = `table ip overlay {
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return comment "overlay: pod to pod, no NAT"
+		ip saddr 10.244.0.0/16 ip daddr 224.0.0.0/4 return comment "overlay: multicast, no NAT"
+		ip saddr 10.244.0.0/16 masquerade fully-random comment "overlay: pod to outside"
+	}
+}`
+
+// goldenLegacyWithDevice is goldenWithDevice as older versions installed it,
+// with a forward chain that could not change any packet's verdict.
+const goldenLegacyWithDevice = `table ip overlay {
 	chain forward {
 		type filter hook forward priority filter; policy accept;
 		ip saddr 10.244.0.0/16 accept comment "overlay: forward from pods"
@@ -29,20 +51,47 @@ const goldenWithDevice = `table ip overlay {
 	}
 }`
 
-// goldenNoDevice is the table for 10.244.0.0/16 without an overlay device.
-const goldenNoDevice = `table ip overlay {
-	chain forward {
-		type filter hook forward priority filter; policy accept;
-		ip saddr 10.244.0.0/16 accept comment "overlay: forward from pods"
-		ip daddr 10.244.0.0/16 accept comment "overlay: forward to pods"
+// legacyForwardChain returns the forward chain older versions put in table,
+// for network, with its two rules.
+func legacyForwardChain(table *nftables.Table, network netip.Prefix) chainState {
+	accept := nftables.ChainPolicyAccept
+	ch := &nftables.Chain{
+		Name:     "forward",
+		Table:    table,
+		Type:     nftables.ChainTypeFilter,
+		Hooknum:  nftables.ChainHookForward,
+		Priority: nftables.ChainPriorityFilter,
+		Policy:   &accept,
 	}
-	chain postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return comment "overlay: pod to pod, no NAT"
-		ip saddr 10.244.0.0/16 ip daddr 224.0.0.0/4 return comment "overlay: multicast, no NAT"
-		ip saddr 10.244.0.0/16 masquerade fully-random comment "overlay: pod to outside"
+	rule := func(comment string, offset uint32) *nftables.Rule {
+		return &nftables.Rule{
+			Table:    table,
+			Chain:    ch,
+			Exprs:    append(matchPrefix(offset, expr.CmpOpEq, network), &expr.Verdict{Kind: expr.VerdictAccept}),
+			UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
+		}
 	}
-}`
+	return chainState{chain: ch, rules: []*nftables.Rule{
+		rule("overlay: forward from pods", ipv4SaddrOffset),
+		rule("overlay: forward to pods", ipv4DaddrOffset),
+	}}
+}
+
+// legacyState is the table older versions installed: the desired state plus
+// the forward chain, listed first as they added it.
+func legacyState(network netip.Prefix, device string) *state {
+	st := desiredState(network, device)
+	st.table.Use++
+	st.chains = append([]chainState{legacyForwardChain(st.table, network)}, st.chains...)
+	return st
+}
+
+func TestRenderLegacy(t *testing.T) {
+	got := strings.Join(render(legacyState(netip.MustParsePrefix("10.244.0.0/16"), "overlay.1")), "\n")
+	if diff := cmp.Diff(goldenLegacyWithDevice, got); diff != "" {
+		t.Errorf("rendering of the legacy table (-want +got):\n%s", diff)
+	}
+}
 
 func TestRenderDesired(t *testing.T) {
 	for _, tc := range []struct {
@@ -165,20 +214,21 @@ func TestRenderNoticesDrift(t *testing.T) {
 		tamper func(*state)
 	}{
 		{"table dormant", func(s *state) { s.table.Flags = 1 }},
-		{"a foreign set in the table", func(s *state) { s.table.Use = 3 }},
+		{"a foreign set in the table", func(s *state) { s.table.Use = 2 }},
 		{"chain policy drop", func(s *state) { d := nftables.ChainPolicyDrop; s.chains[0].chain.Policy = &d }},
-		{"chain priority", func(s *state) { s.chains[1].chain.Priority = nftables.ChainPriorityRef(99) }},
-		{"a rule missing", func(s *state) { s.chains[1].rules = s.chains[1].rules[1:] }},
+		{"chain priority", func(s *state) { s.chains[0].chain.Priority = nftables.ChainPriorityRef(99) }},
+		{"a rule missing", func(s *state) { s.chains[0].rules = s.chains[0].rules[1:] }},
 		{"rules reordered", func(s *state) {
-			r := s.chains[1].rules
+			r := s.chains[0].rules
 			r[0], r[2] = r[2], r[0]
 		}},
-		{"fully-random lost", func(s *state) { s.chains[1].rules[2].Exprs[len(s.chains[1].rules[2].Exprs)-1] = &expr.Masq{} }},
+		{"fully-random lost", func(s *state) { s.chains[0].rules[2].Exprs[len(s.chains[0].rules[2].Exprs)-1] = &expr.Masq{} }},
 		{"comment changed", func(s *state) { s.chains[0].rules[0].UserData = nil }},
 		{"a foreign chain", func(s *state) {
 			s.table.Use++
 			s.chains = append(s.chains, chainState{chain: &nftables.Chain{Name: "x", Table: s.table}})
 		}},
+		{"the forward chain of older versions", func(s *state) { *s = *legacyState(n, "overlay.1") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := fresh()

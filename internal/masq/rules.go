@@ -12,11 +12,8 @@ import (
 // TableName is the name of our table, in family ip.
 const TableName = "overlay"
 
-// Chain names inside our table.
-const (
-	natChainName    = "postrouting"
-	filterChainName = "forward"
-)
+// natChainName is the one chain inside our table.
+const natChainName = "postrouting"
 
 // Offsets of the IPv4 source and destination addresses in the header.
 const (
@@ -47,14 +44,6 @@ type chainState struct {
 func desiredState(network netip.Prefix, device string) *state {
 	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
 	accept := nftables.ChainPolicyAccept
-	filter := &nftables.Chain{
-		Name:     filterChainName,
-		Table:    table,
-		Type:     nftables.ChainTypeFilter,
-		Hooknum:  nftables.ChainHookForward,
-		Priority: nftables.ChainPriorityFilter,
-		Policy:   &accept,
-	}
 	nat := &nftables.Chain{
 		Name:     natChainName,
 		Table:    table,
@@ -91,17 +80,13 @@ func desiredState(network netip.Prefix, device string) *state {
 			saddr(neq, network), daddr(eq, network), matchOifname(device), masquerade))
 	}
 	// The kernel reports a table's use count: its chains, sets, maps,
-	// stateful objects and flowtables. Ours holds the two chains only.
-	table.Use = 2
+	// stateful objects and flowtables. Ours holds the one chain only: no
+	// forward chain (see the package documentation), so a forward chain left
+	// by an older version is drift that Ensure removes.
+	table.Use = 1
 	return &state{
-		table: table,
-		chains: []chainState{
-			{chain: filter, rules: []*nftables.Rule{
-				rule(filter, "overlay: forward from pods", saddr(eq, network), verdict(expr.VerdictAccept)),
-				rule(filter, "overlay: forward to pods", daddr(eq, network), verdict(expr.VerdictAccept)),
-			}},
-			{chain: nat, rules: natRules},
-		},
+		table:  table,
+		chains: []chainState{{chain: nat, rules: natRules}},
 	}
 }
 

@@ -151,7 +151,7 @@ func TestTraffic(t *testing.T) {
 		check(t, []flow{{"and with it, it works", l.outside, l.pod3, pod3IP, vtepIP}})
 	})
 
-	t.Run("a foreign forward drop wins over our accept", func(t *testing.T) {
+	t.Run("a foreign forward drop is reported and drops pod traffic", func(t *testing.T) {
 		addForwardDrop(t, l.host, nftables.TableFamilyINet, "foreign")
 		drops, err := m.ForwardDrops()
 		if err != nil {

@@ -129,27 +129,44 @@ func (c Cache) Path(a Attachment) (string, error) {
 	return p, nil
 }
 
-// Write stores d for a atomically (temporary file, fsync, rename), creating
-// the directory with mode 0700; the file gets mode 0600.
+// Write stores d for a atomically and durably (Publish, then Sync).
 func (c Cache) Write(a Attachment, d Delegate) error {
-	p, err := c.Path(a)
+	pending, err := c.Publish(a, d)
 	if err != nil {
 		return err
+	}
+	if err := pending.Sync(); err != nil {
+		return fmt.Errorf("write cache entry: %w", err)
+	}
+	return nil
+}
+
+// Publish stores d for a, creating the directory with mode 0700; the file
+// gets mode 0600. When it returns, every reader finds the complete entry
+// (temporary file, rename); the returned Pending's Sync makes it survive a
+// power loss, so ADD can overlap the fsyncs with the delegate's work. An
+// entry emptied by a power loss before then is read as corrupt, and DEL
+// then re-renders the configuration instead.
+func (c Cache) Publish(a Attachment, d Delegate) (*atomicfile.Pending, error) {
+	p, err := c.Path(a)
+	if err != nil {
+		return nil, err
 	}
 	data, err := json.Marshal(cacheFile{
 		Format: CacheFormat, Network: a.Network, ContainerID: a.ContainerID, IfName: a.IfName,
 		Lease: d.Lease.String(), Config: d.Config,
 	})
 	if err != nil {
-		return fmt.Errorf("encode cache entry for %s: %w", a, err)
+		return nil, fmt.Errorf("encode cache entry for %s: %w", a, err)
 	}
 	if err := ensureDir(c.Dir); err != nil {
-		return err
+		return nil, err
 	}
-	if err := atomicfile.Write(p, data, CacheFileMode); err != nil {
-		return fmt.Errorf("write cache entry: %w", err)
+	pending, err := atomicfile.Publish(p, data, CacheFileMode)
+	if err != nil {
+		return nil, fmt.Errorf("write cache entry: %w", err)
 	}
-	return nil
+	return pending, nil
 }
 
 // ensureDir creates dir with mode 0700, or tightens an existing one.

@@ -147,8 +147,10 @@ func envNotReady(code uint, file string, err error) *types.Error {
 // Add renders the delegate configuration from the host's lease, caches it
 // (before delegating, so that a DEL after a failed or interrupted ADD can
 // still clean up), runs the delegate's ADD and prints its result in the
-// requested cniVersion. If anything fails after the cache is written, the
-// delegate's DEL runs before the error is returned.
+// requested cniVersion. The cache entry's fsyncs run while the delegate
+// does, and the result is printed only once the entry is durable. If
+// anything fails after the cache is written, the delegate's DEL runs before
+// the error is returned.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	conf, att, err := loadAttachment(args)
 	if err != nil {
@@ -166,15 +168,25 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
 	cache := Cache{Dir: conf.DataDir}
-	if err := cache.Write(att, d); err != nil {
+	cacheFailed := func(err error) *types.Error {
 		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
 	}
+	pending, err := cache.Publish(att, d)
+	if err != nil {
+		return cacheFailed(err)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- pending.Sync() }()
 
 	ctx := context.Background()
 	rt := runtimeOf(args)
 	res, err := p.invoker.Add(ctx, d.Type, d.Config, rt)
+	syncErr := <-synced
 	if err != nil {
 		return p.rollback(ctx, cache, att, d, rt, delegateError("ADD", d.Type, err))
+	}
+	if syncErr != nil {
+		return p.rollback(ctx, cache, att, d, rt, cacheFailed(syncErr))
 	}
 	out, err := res.GetAsVersion(conf.CNIVersion)
 	if err != nil {

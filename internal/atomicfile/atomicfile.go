@@ -5,6 +5,7 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,10 +15,9 @@ import (
 // directory, fsyncs it, renames it over path and fsyncs the directory so the
 // rename itself survives a power loss.
 func Write(path string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := writeTemp(path, data, perm)
 	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -25,12 +25,6 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 			_ = os.Remove(tmp.Name())
 		}
 	}()
-	if err = tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("set mode of %s: %w", tmp.Name(), err)
-	}
-	if _, err = tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
 	if err = tmp.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", tmp.Name(), err)
 	}
@@ -40,7 +34,67 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
 	}
-	return syncDir(dir)
+	return syncDir(filepath.Dir(path))
+}
+
+// Pending is a file published by Publish whose contents and name are not yet
+// known to be on stable storage.
+type Pending struct {
+	f    *os.File
+	path string
+}
+
+// Publish is Write in two steps, for a caller that can overlap the slow
+// part (the fsyncs, about a millisecond on an ordinary disk) with other
+// work. When it returns, path holds data as one complete file for every
+// process that opens it, exactly as after Write. Only after Sync returns
+// nil does it also survive a power loss; a power loss before that may leave
+// path missing or empty, so the caller must not report the file as saved
+// until then, and its readers must treat an empty file as unusable.
+func Publish(path string, data []byte, perm os.FileMode) (*Pending, error) {
+	tmp, err := writeTemp(path, data, perm)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = tmp.Close()
+		_ = os.Remove(tmp.Name())
+		return nil, fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+	}
+	return &Pending{f: tmp, path: path}, nil
+}
+
+// Sync makes the published file durable: it fsyncs the file's data and its
+// directory. It must be called exactly once.
+func (p *Pending) Sync() error {
+	serr := p.f.Sync()
+	cerr := p.f.Close()
+	if err := errors.Join(serr, cerr); err != nil {
+		return fmt.Errorf("sync %s: %w", p.path, err)
+	}
+	return syncDir(filepath.Dir(p.path))
+}
+
+// writeTemp writes data with mode perm to a new temporary file next to path
+// and returns it open.
+func writeTemp(path string, data []byte, perm os.FileMode) (_ *os.File, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("create temporary file for %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if err = tmp.Chmod(perm); err != nil {
+		return nil, fmt.Errorf("set mode of %s: %w", tmp.Name(), err)
+	}
+	if _, err = tmp.Write(data); err != nil {
+		return nil, fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	return tmp, nil
 }
 
 func syncDir(dir string) error {

@@ -47,3 +47,58 @@ func TestWriteMissingDirectoryFailsAndNamesPath(t *testing.T) {
 		t.Errorf("error %v does not wrap a not-exist error", err)
 	}
 }
+
+func TestPublishIsVisibleAtOnceAndSyncCompletesIt(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := os.WriteFile(path, []byte("old contents that are longer"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Publish(path, []byte("new"), 0o600)
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	// Before Sync, every reader already sees the whole new file.
+	if got, err := os.ReadFile(path); err != nil || string(got) != "new" {
+		t.Errorf("after Publish, contents = %q, %v; want %q", got, err, "new")
+	}
+	if err := p.Sync(); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode = %v, want 0600", st.Mode().Perm())
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the file (temporary file left behind?)", len(entries))
+	}
+}
+
+func TestPublishIntoMissingDirectoryFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "f")
+	if _, err := Publish(path, []byte("x"), 0o644); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Publish into a missing directory: %v, want a not-exist error", err)
+	}
+}
+
+func TestPublishOverADirectoryFailsAndLeavesNoTemporaryFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "d")
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(path, "x"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Publish(path, []byte("x"), 0o644); err == nil {
+		t.Fatal("Publish over a non-empty directory succeeded")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the directory (temporary file left behind?)", len(entries))
+	}
+}

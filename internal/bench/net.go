@@ -90,7 +90,7 @@ func (b *bench) benchNet(ctx context.Context) error {
 		return err
 	}
 	defer t.l.Close()
-	var pod, host, ratio []float64
+	var pod, host, ratio, podCPU, hostCPU, cpuRatio []float64
 	for run := range b.cfg.Runs {
 		h, err := tcpStream(t.h1.NS, t.h2.NS, t.h2.IP, b.cfg.Stream)
 		if err != nil {
@@ -100,12 +100,18 @@ func (b *bench) benchNet(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("pod stream: %w", err)
 		}
-		b.logf("TCP stream run %d: host→host %.2f Gbit/s, pod→pod %.2f Gbit/s, ratio %.3f", run+1, h/1e9, p/1e9, p/h)
-		host, pod, ratio = append(host, h/1e9), append(pod, p/1e9), append(ratio, p/h)
+		b.logf("TCP stream run %d: host→host %.2f Gbit/s (%.0f ms CPU/GB), pod→pod %.2f Gbit/s (%.0f ms CPU/GB), ratio %.3f",
+			run+1, h.bps/1e9, h.cpuPerGB, p.bps/1e9, p.cpuPerGB, p.bps/h.bps)
+		host, pod, ratio = append(host, h.bps/1e9), append(pod, p.bps/1e9), append(ratio, p.bps/h.bps)
+		hostCPU, podCPU = append(hostCPU, h.cpuPerGB), append(podCPU, p.cpuPerGB)
+		cpuRatio = append(cpuRatio, h.cpuPerGB/p.cpuPerGB)
 	}
 	b.add(result{Measure: "tcp_stream", Metric: "host_to_host", Unit: "Gbit/s"}, host)
 	b.add(result{Measure: "tcp_stream", Metric: "pod_to_pod", Unit: "Gbit/s"}, pod)
 	b.add(result{Measure: "tcp_stream", Metric: "pod_over_host", Unit: "ratio"}, ratio)
+	b.add(result{Measure: "tcp_stream", Metric: "host_to_host_cpu_per_gb", Unit: "ms"}, hostCPU)
+	b.add(result{Measure: "tcp_stream", Metric: "pod_to_pod_cpu_per_gb", Unit: "ms"}, podCPU)
+	b.add(result{Measure: "tcp_stream", Metric: "cpu_per_gb_host_over_pod", Unit: "ratio"}, cpuRatio)
 
 	var podRTT, hostRTT []float64
 	for range b.cfg.Pings {
@@ -125,15 +131,24 @@ func (b *bench) benchNet(ctx context.Context) error {
 	return nil
 }
 
+// stream is what one TCP stream measured.
+type stream struct {
+	bps      float64 // goodput at the receiver, bit/s
+	cpuPerGB float64 // CPU time of the whole machine per GB received, ms
+}
+
 // tcpStream sends one TCP stream from namespace src to dst (in namespace
 // dstNS) for d and returns the goodput seen by the receiver, in bit/s: the
 // bytes received over the time from the first to the last byte. Sender and
 // receiver are goroutines of this process, so both paths measured pay the
-// same user-space copies.
-func tcpStream(src, dstNS netns.NsHandle, dst netip.Addr, d time.Duration) (float64, error) {
+// same user-space copies. It also returns the CPU time all CPUs spent
+// meanwhile (user, system and softirq, from /proc/stat) per GB received:
+// both simulated hosts share this machine's CPUs, so that is the whole
+// cost of moving the bytes, sender, receiver and every hop between.
+func tcpStream(src, dstNS netns.NsHandle, dst netip.Addr, d time.Duration) (stream, error) {
 	ln, err := lab.ListenTCP(dstNS, netip.AddrPortFrom(dst, streamPort))
 	if err != nil {
-		return 0, err
+		return stream{}, err
 	}
 	defer ln.Close()
 	type got struct {
@@ -173,7 +188,12 @@ func tcpStream(src, dstNS netns.NsHandle, dst netip.Addr, d time.Duration) (floa
 	}()
 	conn, err := lab.DialTCP(src, netip.AddrPortFrom(dst, streamPort), 2*time.Second)
 	if err != nil {
-		return 0, err
+		return stream{}, err
+	}
+	cpu0, err := busyCPU()
+	if err != nil {
+		conn.Close()
+		return stream{}, err
 	}
 	buf := make([]byte, 128<<10)
 	_ = conn.SetWriteDeadline(time.Now().Add(d))
@@ -181,7 +201,7 @@ func tcpStream(src, dstNS netns.NsHandle, dst netip.Addr, d time.Duration) (floa
 		if _, err := conn.Write(buf); err != nil {
 			if !errors.Is(err, os.ErrDeadlineExceeded) {
 				conn.Close()
-				return 0, err
+				return stream{}, err
 			}
 			break
 		}
@@ -189,11 +209,18 @@ func tcpStream(src, dstNS netns.NsHandle, dst netip.Addr, d time.Duration) (floa
 	conn.Close()
 	g := <-res
 	if g.err != nil {
-		return 0, g.err
+		return stream{}, g.err
+	}
+	cpu1, err := busyCPU()
+	if err != nil {
+		return stream{}, err
 	}
 	span := g.last.Sub(g.first)
 	if span <= 0 || g.n == 0 {
-		return 0, errors.New("nothing received")
+		return stream{}, errors.New("nothing received")
 	}
-	return float64(g.n) * 8 / span.Seconds(), nil
+	return stream{
+		bps:      float64(g.n) * 8 / span.Seconds(),
+		cpuPerGB: ms(cpu1-cpu0) / (float64(g.n) / 1e9),
+	}, nil
 }

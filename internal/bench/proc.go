@@ -128,3 +128,30 @@ func cpuModel() string {
 	}
 	return "unknown"
 }
+
+// busyCPU returns the time all of the machine's CPUs have spent so far in
+// user, system, interrupt and softirq context (the first line of
+// /proc/stat; idle, I/O wait and time stolen by the hypervisor excluded).
+// Its unit is the kernel's USER_HZ, 10 ms on Linux.
+func busyCPU() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	// cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		ticks += v
+	}
+	const userHZ = 100
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}

@@ -122,14 +122,27 @@ func (m *metrics) eventArrived(subnet netip.Prefix, at time.Time) {
 func (m *metrics) eventGone(subnet netip.Prefix) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.forget(subnet)
+}
+
+// forget deletes subnet's pending event; m.mu is held. Go maps never give
+// back the buckets they grew, so once nothing is pending the map is
+// replaced: a cold start's burst of thousands of events does not stay
+// resident for the daemon's lifetime.
+func (m *metrics) forget(subnet netip.Prefix) {
 	delete(m.pending, subnet)
+	if len(m.pending) == 0 {
+		m.pending = map[netip.Prefix]time.Time{}
+	}
 }
 
 // programmed is the backend's OnPeerProgrammed hook.
 func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 	m.mu.Lock()
 	arrived, ok := m.pending[peer.Subnet]
-	delete(m.pending, peer.Subnet)
+	if ok {
+		m.forget(peer.Subnet)
+	}
 	m.mu.Unlock()
 	if ok {
 		m.eventLatency.Observe(at.Sub(arrived).Seconds())

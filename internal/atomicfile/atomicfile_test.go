@@ -8,33 +8,44 @@ import (
 	"testing"
 )
 
-func TestWriteReplacesWholeFileWithMode(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "f")
+// existingFile returns the path of a file holding older, longer contents in
+// a fresh directory.
+func existingFile(t *testing.T) (dir, path string) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "f")
 	if err := os.WriteFile(path, []byte("old contents that are longer"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := Write(path, []byte("new"), 0o600); err != nil {
-		t.Fatalf("Write: %v", err)
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != "new" {
-		t.Errorf("contents = %q, want %q", got, "new")
+	return dir, path
+}
+
+// checkOnlyFile fails t unless path holds want with mode perm and is the only
+// entry of dir (no temporary file left behind).
+func checkOnlyFile(t *testing.T, dir, path, want string, perm os.FileMode) {
+	t.Helper()
+	if got, err := os.ReadFile(path); err != nil || string(got) != want {
+		t.Errorf("contents = %q, %v; want %q", got, err, want)
 	}
 	st, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Mode().Perm() != 0o600 {
-		t.Errorf("mode = %v, want 0600", st.Mode().Perm())
+	if st.Mode().Perm() != perm {
+		t.Errorf("mode = %v, want %v", st.Mode().Perm(), perm)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
 		t.Errorf("directory holds %d entries, want only the file (temporary file left behind?)", len(entries))
 	}
+}
+
+func TestWriteReplacesWholeFileWithMode(t *testing.T) {
+	dir, path := existingFile(t)
+	if err := Write(path, []byte("new"), 0o600); err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	checkOnlyFile(t, dir, path, "new", 0o600)
 }
 
 func TestWriteMissingDirectoryFailsAndNamesPath(t *testing.T) {
@@ -49,33 +60,17 @@ func TestWriteMissingDirectoryFailsAndNamesPath(t *testing.T) {
 }
 
 func TestPublishIsVisibleAtOnceAndSyncCompletesIt(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "f")
-	if err := os.WriteFile(path, []byte("old contents that are longer"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, path := existingFile(t)
 	p, err := Publish(path, []byte("new"), 0o600)
 	if err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	// Before Sync, every reader already sees the whole new file.
-	if got, err := os.ReadFile(path); err != nil || string(got) != "new" {
-		t.Errorf("after Publish, contents = %q, %v; want %q", got, err, "new")
-	}
+	checkOnlyFile(t, dir, path, "new", 0o600)
 	if err := p.Sync(); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode().Perm() != 0o600 {
-		t.Errorf("mode = %v, want 0600", st.Mode().Perm())
-	}
-	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 {
-		t.Errorf("directory holds %d entries, want only the file (temporary file left behind?)", len(entries))
-	}
+	checkOnlyFile(t, dir, path, "new", 0o600)
 }
 
 func TestPublishIntoMissingDirectoryFails(t *testing.T) {

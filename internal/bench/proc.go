@@ -132,7 +132,7 @@ func cpuModel() string {
 // busyCPU returns the time all of the machine's CPUs have spent so far in
 // user, system, interrupt and softirq context (the first line of
 // /proc/stat; idle, I/O wait and time stolen by the hypervisor excluded).
-// Its unit is the kernel's USER_HZ, 10 ms on Linux.
+// Its resolution is the kernel's USER_HZ tick, 10 ms on Linux.
 func busyCPU() (time.Duration, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {

@@ -32,9 +32,10 @@ type GRPCProxy struct {
 	srv  *grpc.Server
 	up   *grpc.ClientConn
 
-	mu      sync.Mutex
-	streams map[*proxiedStream]bool
-	stalled int // watch streams stalled so far
+	mu       sync.Mutex
+	streams  map[*proxiedStream]bool
+	stalled  int  // watch streams stalled so far
+	stallAll bool // stall every watch stream from its first message on
 }
 
 type proxiedStream struct {
@@ -113,6 +114,14 @@ func (p *GRPCProxy) StallWatches() int {
 	return n
 }
 
+// StallNewWatches makes every watch stream opened from now on stall at once,
+// before etcd can even confirm its watches (on) or be served again (off).
+func (p *GRPCProxy) StallNewWatches(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stallAll = on
+}
+
 // Watches is the number of watch streams open and not stalled.
 func (p *GRPCProxy) Watches() int {
 	p.mu.Lock()
@@ -153,6 +162,11 @@ func (p *GRPCProxy) handle(_ any, ss grpc.ServerStream) error {
 		stall = s.stall
 		p.mu.Lock()
 		p.streams[s] = true
+		if p.stallAll {
+			s.stop()
+			delete(p.streams, s)
+			p.stalled++
+		}
 		p.mu.Unlock()
 		defer func() {
 			p.mu.Lock()

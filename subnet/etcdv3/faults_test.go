@@ -21,6 +21,7 @@ import (
 
 	"github.com/overlaynet/overlay/internal/etcdtest"
 	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -65,7 +66,7 @@ func startServer(t *testing.T) (*etcdtest.Server, *clientv3.Client, *etcdv3.Regi
 }
 
 func tctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), testenv.Deadline(60*time.Second))
 	t.Cleanup(cancel)
 	return c
 }
@@ -122,20 +123,6 @@ func (c *collector) missing(p netip.Prefix) bool {
 	return !ok
 }
 
-// within polls cond every 20 ms for up to timeout and returns how long it
-// took, failing t otherwise.
-func within(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // A watch stream that stays open but delivers nothing (stalled in a proxy,
 // the connection healthy) is noticed by the progress check within
 // ProgressInterval+StallTimeout; the lease set is re-listed, so the add,
@@ -173,8 +160,8 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 5*time.Second, "a live add", func() bool { return c.has(peerSubnet(4), "") })
-	within(t, 5*time.Second, "the watch stream to reach the proxy", func() bool { return proxy.Watches() > 0 })
+	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+	testenv.WaitFor(t, testenv.Slack, "the watch stream to reach the proxy", func() bool { return proxy.Watches() > 0 })
 
 	t.Logf("stalled %d watch stream(s)", proxy.StallWatches())
 	// Meanwhile: an add, a delete and a change (a new VTEP MAC).
@@ -193,8 +180,8 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, _ := changed.VXLAN()
-	bound := 2*(progress+stallTimeout) + 2*time.Second
-	took := within(t, bound, "the add, delete and change made during the stall", func() bool {
+	bound := 2*(progress+stallTimeout) + testenv.Slack
+	took := testenv.WaitFor(t, bound, "the add, delete and change made during the stall", func() bool {
 		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
 	})
 	t.Logf("stall detected and every change applied %s after the stall (bound %s)", took.Round(time.Millisecond), bound)
@@ -209,7 +196,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	if _, err := dreg.Create(tctx(t), peerSubnet(6), peerAttrs(6), 0); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 5*time.Second, "a live add after the stall", func() bool { return c.has(peerSubnet(6), "") })
+	testenv.WaitFor(t, testenv.Slack, "a live add after the stall", func() bool { return c.has(peerSubnet(6), "") })
 }
 
 // The manager's watch of its own lease key can stall the same way; a
@@ -224,7 +211,8 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 	t.Cleanup(proxy.Close)
 	reg := proxiedRegistry(t, proxy.Endpoint())
 	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
-	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: 500 * time.Millisecond, StallTimeout: time.Second})
+	const progress, stallTimeout = 500 * time.Millisecond, time.Second
+	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout})
 	l, err := m.Acquire(tctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -233,16 +221,76 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- m.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
-	within(t, 5*time.Second, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
+	testenv.WaitFor(t, testenv.Slack, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
 	proxy.StallWatches()
 	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
 		t.Fatal(err)
 	}
-	took := within(t, 10*time.Second, "the same subnet to be re-claimed", func() bool {
+	took := testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
 		cur, err := dreg.Get(tctx(t), l.Subnet)
 		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 	})
 	t.Logf("deletion during a stalled watch noticed and %s re-claimed after %s", l.Subnet, took.Round(time.Millisecond))
+}
+
+// A watch stream can stall before etcd has even confirmed the watch, which
+// the etcd client waits for before it returns the watch's channel: the
+// stall check must cover that wait too, or a revoke goes unnoticed for good.
+func TestManagerNoticesRevokeWhenWatchesStallAtCreation(t *testing.T) {
+	srv, _, dreg, cfg := startServer(t)
+	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+	const progress, stallTimeout = 500 * time.Millisecond, time.Second
+	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond})
+	l, err := m.Acquire(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.StallNewWatches(true) // before Run opens its watch
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+		t.Fatal(err)
+	}
+	// Every watch the manager opens stalls; each stall is noticed within
+	// progress+stallTimeout and followed by a re-claim, which reads the key.
+	testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
+		cur, err := dreg.Get(tctx(t), l.Subnet)
+		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+	})
+}
+
+// The lease watcher's watch can stall before etcd confirms it, too: the
+// stall is noticed and the lease set re-listed, so a lease added meanwhile
+// still arrives.
+func TestWatchStallAtCreationIsDetected(t *testing.T) {
+	srv, _, dreg, _ := startServer(t)
+	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	snap, err := reg.List(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.StallNewWatches(true)
+	const progress, stallTimeout = 500 * time.Millisecond, time.Second
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond}))
+	if _, err := dreg.Create(tctx(t), peerSubnet(1), peerAttrs(1), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "a lease added while every watch stalls", func() bool { return c.has(peerSubnet(1), "") })
 }
 
 // countingHandler counts log records whose message contains a string.
@@ -302,7 +350,8 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	proxy.Set(lab.ProxyUp)
 	// Give the manager a few retry intervals to go wrong, by waiting for the
 	// lease to be renewed through the proxy twice.
-	within(t, 10*time.Second, "the manager to be back", func() bool { return proxy.Conns() > 0 })
+	// The client reconnects within its backoff (a few seconds at most).
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "the manager to be back", func() bool { return proxy.Conns() > 0 })
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) && interrupted.Load() < 100 {
 		time.Sleep(50 * time.Millisecond)
@@ -318,7 +367,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 10*time.Second, "the same subnet to be re-claimed", func() bool {
+	testenv.WaitFor(t, 100*time.Millisecond+testenv.Slack, "the same subnet to be re-claimed", func() bool {
 		cur, err := dreg.Get(tctx(t), l.Subnet)
 		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 	})

@@ -345,7 +345,10 @@ func (m *Manager) holdLease(ctx context.Context) error {
 	}
 	key := m.reg.LeaseKey(l.Subnet)
 	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
-	wch := m.reg.cli.Watch(wctx, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
+	wch, err := openWatch(wctx, m.reg.cli, m.opts.ProgressInterval+m.opts.StallTimeout, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
+	if err != nil {
+		return fmt.Errorf("watch of %s: %w", key, err)
+	}
 	stall := newStallCheck(m.reg.cli, wctx, m.opts.ProgressInterval, m.opts.StallTimeout)
 	defer stall.stop()
 	for {

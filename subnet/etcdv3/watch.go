@@ -141,8 +141,11 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
-	wch := w.reg.cli.Watch(wctx, w.reg.SubnetsPrefix(),
+	wch, err := openWatch(wctx, w.reg.cli, w.opts.ProgressInterval+w.opts.StallTimeout, w.reg.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
+	if err != nil {
+		return err.Error()
+	}
 	stall := newStallCheck(w.reg.cli, wctx, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
 	for {
@@ -266,6 +269,25 @@ var streamSeq atomic.Uint64
 // for every watch on it. A unique metadata value per attempt avoids both.
 func ownStream(ctx context.Context, what string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "overlay-watch", what+"-"+strconv.FormatUint(streamSeq.Add(1), 10))
+}
+
+// openWatch opens a watch whose stream may stall before it is even set up.
+// The etcd client returns a watch's channel only once the server has
+// confirmed the watch, so a stream stuck in between would block the caller
+// for good, before any stall check could start. openWatch gives the
+// confirmation the same bound a stall check gives an open watch; on a stall
+// the caller must cancel ctx, which also ends the abandoned call.
+func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, key string, opts ...clientv3.OpOption) (clientv3.WatchChan, error) {
+	opened := make(chan clientv3.WatchChan, 1)
+	go func() { opened <- cli.Watch(ctx, key, opts...) }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case wch := <-opened:
+		return wch, nil
+	case <-t.C:
+		return nil, fmt.Errorf("watch stalled: etcd did not confirm the watch within %s", bound)
+	}
 }
 
 // stallCheck notices a watch that stopped delivering anything without

@@ -11,21 +11,33 @@ import (
 
 	"github.com/overlaynet/overlay/internal/lab"
 	"github.com/overlaynet/overlay/internal/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
-// probeTimeout bounds one TCP probe or ping. Generous: 2 cores and -race.
-const probeTimeout = 2 * time.Second
+// Deadlines (each scaled by testenv.Deadline). A deadline bounds "this never
+// happens"; none of them measures speed.
+var (
+	// probeTimeout bounds one TCP probe or ping. A probe between namespaces
+	// answers in microseconds; the bound only has to outlast a SYN
+	// retransmission (1 s) and a busy scheduler.
+	probeTimeout = testenv.Deadline(5 * time.Second)
+	// settle bounds a change that waits for no timer: a lease event
+	// reaching every host's kernel, a route repaired on the kernel's
+	// notification. Only scheduling stands between cause and effect.
+	settle = testenv.Slack
+)
 
-// Continuous traffic: 20 probes a second; a probe is lost if its echo is
-// not back within streamTimeout. That is below TCP's 1 s SYN retransmission
-// on purpose: UDP has none, so any packet dropped is a lost probe.
-const (
+// Continuous traffic: 20 UDP probes a second. UDP has no retransmission, so
+// a dropped packet is a probe never answered; one not answered within
+// streamTimeout never will be (nothing in the path holds a packet that
+// long), and counts as lost.
+var (
 	streamInterval = 50 * time.Millisecond
-	streamTimeout  = 900 * time.Millisecond
+	streamTimeout  = testenv.Deadline(5 * time.Second)
 )
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(d))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -143,7 +155,7 @@ func checkStream(t *testing.T, what string, st lab.StreamStats) {
 // warmUp waits until s has had n probes answered.
 func warmUp(t *testing.T, s *lab.Stream, n int) {
 	t.Helper()
-	labtest.Eventually(t, 10*time.Second, "probe stream to start", func() error {
+	labtest.Eventually(t, time.Duration(n)*streamInterval+settle, "probe stream to start", func() error {
 		st := s.Stats()
 		if len(st.Lost) > 0 {
 			t.Fatalf("probe stream lost probes before anything happened: %s", st)

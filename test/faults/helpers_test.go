@@ -21,18 +21,19 @@ import (
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
 	"github.com/overlaynet/overlay/internal/lab"
 	"github.com/overlaynet/overlay/internal/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // Continuous traffic: 20 probes a second over UDP, which never
 // retransmits, so a probe whose echo does not come back was dropped. The
-// timeout is generous (test/e2e uses 900 ms) because the echoes are read
-// by this test process, which under -race on 2 cores with three labs
-// running can stall for most of a second: a late echo is not a drop.
-const (
+// timeout is generous because the echoes are read by this test process,
+// which under -race on a busy 2-core machine can stall for seconds: a late
+// echo is not a drop.
+var (
 	streamInterval = 50 * time.Millisecond
-	streamTimeout  = 3 * time.Second
+	streamTimeout  = testenv.Deadline(5 * time.Second)
 )
 
 // seed returns the seed for a test: OVERLAY_FAULT_SEED if set (to replay a
@@ -50,7 +51,7 @@ func seed(t *testing.T) uint64 {
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(d))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -116,7 +117,7 @@ func (f *fleet) del(ctx context.Context, p netip.Prefix) error {
 func retryWrite(ctx context.Context, op func(context.Context) error) error {
 	var err error
 	for range 20 {
-		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, testenv.Deadline(3*time.Second))
 		err = op(rctx)
 		cancel()
 		if err == nil || ctx.Err() != nil {
@@ -443,7 +444,9 @@ func watchReadiness(nodes []*lab.Node) *readiness {
 		defer tick.Stop()
 		for {
 			for _, n := range nodes {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				// overlayd answers in microseconds; only a stalled
+				// test process (-race, a busy machine) takes seconds.
+				ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(5*time.Second))
 				ok, body, err := n.Readyz(ctx)
 				cancel()
 				if err != nil {
@@ -520,7 +523,7 @@ func startStreams(t *testing.T, pods []*lab.Pod) *streams {
 		ss.names = append(ss.names, fmt.Sprintf("%s -> %s", from, to))
 		ss.s = append(ss.s, s)
 	}
-	labtest.Eventually(t, 10*time.Second, "probe streams to start", func() error {
+	labtest.Eventually(t, 5*streamInterval+testenv.Slack, "probe streams to start", func() error {
 		for i, s := range ss.s {
 			if st := s.Stats(); st.Received < 5 {
 				return fmt.Errorf("%s: %s", ss.names[i], st)

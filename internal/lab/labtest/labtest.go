@@ -38,7 +38,7 @@ func New(t testing.TB, cfg lab.Config) *lab.Lab {
 	if os.Getenv("OVERLAY_LAB_KEEP") != "" {
 		cfg.KeepDir = true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(time.Minute))
 	defer cancel()
 	l, err := lab.New(ctx, cfg)
 	if err != nil {
@@ -86,10 +86,12 @@ func StartHost(t testing.TB, l *lab.Lab, name string, n int) *lab.Node {
 	return node
 }
 
-// WaitReady waits up to 30 s for node's /readyz.
+// WaitReady waits for node's /readyz. Start-up waits for no timer (the
+// lease, the device, the first reconcile), but a cold, busy machine may take
+// seconds to schedule a fresh process and fsync its first etcd writes.
 func WaitReady(t testing.TB, node *lab.Node) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(30*time.Second))
 	defer cancel()
 	if err := node.WaitReady(ctx); err != nil {
 		t.Fatal(err)
@@ -111,7 +113,7 @@ func Pods(t testing.TB, nodes []*lab.Node, n int) []*lab.Pod {
 // AddPod adds one pod to node.
 func AddPod(t testing.TB, node *lab.Node, name string) *lab.Pod {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(30*time.Second))
 	defer cancel()
 	p, err := node.AddPod(ctx, name)
 	if err != nil {
@@ -120,20 +122,8 @@ func AddPod(t testing.TB, node *lab.Node, name string) *lab.Pod {
 	return p
 }
 
-// Eventually polls cond every 50 ms until it returns nil, failing t with
-// cond's last error after timeout. It returns how long it took.
+// Eventually is testenv.Eventually, here because every lab test uses it.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
-	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return testenv.Eventually(t, timeout, what, cond)
 }

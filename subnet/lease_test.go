@@ -283,7 +283,7 @@ func TestUnclaimedReservation(t *testing.T) {
 		{Lease{Reserved: true}, true},
 		{Lease{Reserved: true, Attrs: LeaseAttrs{BackendData: []byte("null")}}, true},
 		{Lease{Reserved: true, Attrs: LeaseAttrs{BackendData: data}}, false}, // adopted
-		{Lease{EtcdLease: 7}, false},                                        // a lease, even without data
+		{Lease{EtcdLease: 7}, false}, // a lease, even without data
 	} {
 		if got := tt.l.Unclaimed(); got != tt.want {
 			t.Errorf("%+v.Unclaimed() = %v, want %v", tt.l, got, tt.want)
@@ -293,7 +293,7 @@ func TestUnclaimedReservation(t *testing.T) {
 
 func TestDecodeAttrsErrorsSpeakJSON(t *testing.T) {
 	for value, want := range map[string]string{
-		`{"PublicIP":198}`:                        `value: "PublicIP": want a string such as "198.18.0.7", got 198`,
+		`{"PublicIP":198}`:                         `value: "PublicIP": want a string such as "198.18.0.7", got 198`,
 		`{"PublicIP":"198.18.0.1","NodeID":["a"]}`: `value: "NodeID": want a string, got ["a"]`,
 	} {
 		_, err := DecodeAttrs([]byte(value))

@@ -224,7 +224,7 @@ func (c Config) clientConfigAt(now time.Time) (clientv3.Config, error) {
 	case c.Key != "" && c.Cert == "":
 		return clientv3.Config{}, fmt.Errorf("%w: --key %s needs its certificate: set --cert", ErrConfig, c.Key)
 	case c.Password != "" && c.Username == "":
-		return clientv3.Config{}, fmt.Errorf("%w: a password needs a user name (--user name:password)", ErrConfig)
+		return clientv3.Config{}, fmt.Errorf("%w: --password needs a user name: set --user NAME (or --user NAME:PASSWORD without --password)", ErrConfig)
 	case c.Username != "" && c.Password == "":
 		// The etcd client would silently skip authentication.
 		return clientv3.Config{}, fmt.Errorf("%w: user %q has no password: use --user %s:PASSWORD or --password", ErrConfig, c.Username, c.Username)

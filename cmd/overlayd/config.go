@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -202,6 +203,7 @@ func (s strandedLease) String() string {
 // each other.
 func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []strandedLease {
 	var out []strandedLease
+	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
 	for _, l := range leases {
 		if prev != nil && prev.Orphaned(l) != nil {
 			continue // already orphaned: nothing changes for it

@@ -377,8 +377,11 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix, attrs su
 	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
 		err = cfg.CheckClaim(l)
 	}
-	if err != nil {
-		return refusef("cannot reserve %s: daemons would skip it: %w", p, err)
+	switch {
+	case errors.Is(err, subnet.ErrOrphaned):
+		return refusef("cannot reserve %s: daemons would skip it: %w: pick a /%d inside %s", p, err, cfg.SubnetLen, cfg.Network)
+	case err != nil:
+		return refusef("cannot reserve %s: daemons would skip it: %w: pass the host's underlay address as --public-ip", p, err)
 	}
 	for _, other := range snap.Leases {
 		var same string

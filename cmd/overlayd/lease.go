@@ -406,6 +406,9 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix, attrs su
 }
 
 func describeOwner(ip, node string) string {
+	if ip == "" && node == "" {
+		return "unknown: the value names no host"
+	}
 	if node != "" {
 		return fmt.Sprintf("node %s (%s)", node, ip)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -246,5 +247,17 @@ func TestUnknownEnvironmentVariablesAreWarnedAboutOnce(t *testing.T) {
 	if strings.Count(r.err, "OVERLAY_ENDPONTS") != 1 || !strings.Contains(r.err, "OVERLAY_FORCE: --force is taken only from the command line") ||
 		strings.Contains(r.err, "OVERLAY_SUBNET") || strings.Contains(r.err, "OVERLAY_NODE_NAME") {
 		t.Errorf("stderr = %q, want exactly:\n%s", r.err, want)
+	}
+}
+
+// --node-name and lease reserve's node names are checked by
+// subnet.CheckNodeID; the daemon's NodeID must accept exactly the same
+// names, or the CLI would accept what the daemon rejects.
+func TestNodeNameRuleIsTheDaemons(t *testing.T) {
+	for _, name := range []string{"h1", "worker-7.example_com", "bad/name", "a b", "é", "x:y", strings.Repeat("a", 253), strings.Repeat("a", 254)} {
+		_, derr := daemon.NodeID(name, "/nonexistent/machine-id")
+		if cerr := nodeName(name); (derr == nil) != (cerr == nil) {
+			t.Errorf("node name %q: daemon says %v, CLI says %v", name, derr, cerr)
+		}
 	}
 }

@@ -440,7 +440,8 @@ orphaned lease whose host already holds a lease that fits the network config.
 			}
 			defer done()
 			l, err := reg.Get(ctx, p)
-			garbage := errors.Is(err, subnet.ErrInvalidLease) // names no host: nobody to protect
+			// A value that names no host protects nobody's subnet.
+			garbage := errors.Is(err, subnet.ErrInvalidLease) || !l.Attrs.NamesAHost()
 			if err != nil && !garbage {
 				return g.etcdHint(err)
 			}

@@ -208,3 +208,25 @@ func TestRevokeGarbageKey(t *testing.T) {
 		t.Errorf("garbage key still there: %+v %v", snap.Invalid, err)
 	}
 }
+
+// A value that decodes but names no usable host (PublicIP 0.0.0.0, no
+// node ID) is invalid in lease list and revoked without --force.
+func TestRevokeValueNamingNoHost(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	p := netip.MustParsePrefix("10.244.70.0/24")
+	id, err := reg.Client().Grant(ctx(t), 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: "0.0.0.0"}, int64(id.ID)); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, srv.Endpoint, "", "lease", "list")
+	if !strings.Contains(r.err, "warning: 10.244.70.0/24 is invalid: invalid lease: PublicIP 0.0.0.0 is the unspecified address") {
+		t.Errorf("lease list: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", p.String()); r.code != exitOK || r.out != "revoked 10.244.70.0/24 (owner 0.0.0.0)\n" {
+		t.Errorf("revoke: %+v", r)
+	}
+}

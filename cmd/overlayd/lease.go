@@ -425,8 +425,9 @@ func newLeaseRevokeCommand(g *GlobalFlags) *cobra.Command {
 A live owner's overlayd re-claims its subnet at once (pods on that host hold
 addresses from it), so revoking a live lease is refused unless --force. Use it
 to free the subnet of a host that is gone for good. Without --force it also
-deletes a key whose value names no host (STATE invalid in 'lease list') and an
-orphaned lease whose host already holds a lease that fits the network config.
+deletes a key whose value names no host (STATE invalid in 'lease list'), and an
+orphaned lease or an unadopted reservation whose host already holds a lease
+that fits the network config.
 --dry-run shows what would be deleted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -449,7 +450,7 @@ orphaned lease whose host already holds a lease that fits the network config.
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			stale, err := replacedOrphan(ctx, reg, l)
+			stale, err := unusedByItsHost(ctx, reg, l)
 			if err != nil {
 				return g.etcdHint(err)
 			}
@@ -483,12 +484,13 @@ orphaned lease whose host already holds a lease that fits the network config.
 	return usesEtcd(c)
 }
 
-// replacedOrphan reports whether l is an orphaned lease (it does not fit
-// the network config) whose host holds another lease that does: the host
-// has moved on, so revoking l takes nothing from it even if it is alive.
-func replacedOrphan(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) (bool, error) {
+// unusedByItsHost reports whether l is unused by its host, which holds
+// another lease that fits the network config: l is orphaned (it does not
+// fit) or a reservation its host never adopted (e.g. a second one for the
+// same node). Revoking it takes nothing from the host even if it is alive.
+func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) (bool, error) {
 	cfg, _, err := reg.GetConfig(ctx)
-	if err != nil || cfg.Orphaned(l) == nil {
+	if err != nil || cfg.Orphaned(l) == nil && !l.Unclaimed() {
 		return false, nil // without a valid config nothing is known to be orphaned
 	}
 	snap, err := reg.List(ctx)

@@ -230,3 +230,21 @@ func TestRevokeValueNamingNoHost(t *testing.T) {
 		t.Errorf("revoke: %+v", r)
 	}
 }
+
+// A second reservation for a live node (written before reserve refused
+// them, issue 13 item 3) is unused: revoke removes it without --force,
+// while the lease the node uses stays protected.
+func TestRevokeUnusedSecondReservation(t *testing.T) {
+	srv, reg := cluster(t)
+	live, _ := seed(t, reg)
+	extra := netip.MustParsePrefix("10.244.80.0/24")
+	if _, err := reg.Create(ctx(t), extra, subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", extra.String()); r.code != exitOK || !strings.Contains(r.out, "revoked 10.244.80.0/24 (owner node node-1 (198.18.0.1))") {
+		t.Errorf("revoke the unused reservation: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitError || !strings.Contains(r.err, "is alive") {
+		t.Errorf("revoke the lease node-1 uses: %+v", r)
+	}
+}

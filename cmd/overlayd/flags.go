@@ -50,9 +50,17 @@ func checkFlag(fs *pflag.FlagSet, name string, check func(string) error) {
 func flagError(_ *cobra.Command, err error) error {
 	var inv *pflag.InvalidValueError
 	if errors.As(err, &inv) {
-		return usagef("--%s %q: %v", inv.GetFlag().Name, inv.GetValue(), errors.Unwrap(inv))
+		return usagef("--%s %s: %v", inv.GetFlag().Name, shown(inv.GetFlag().Name, inv.GetValue()), errors.Unwrap(inv))
 	}
 	return usageError{err}
+}
+
+// shown quotes a flag's value for an error message, except a secret's.
+func shown(flag, value string) string {
+	if flag == "user" || flag == "password" {
+		return "(value not shown)"
+	}
+	return strconv.Quote(value)
 }
 
 // The checks. Each returns what the flag wants, in the user's words.
@@ -283,7 +291,7 @@ func applyEnv(cmd *cobra.Command, environ []string, warn io.Writer) error {
 			return
 		}
 		if serr := f.Value.Set(v); serr != nil {
-			err = usagef("environment %s=%q (for --%s): %v", name, v, f.Name, serr)
+			err = usagef("environment %s=%s (for --%s): %v", name, shown(f.Name, v), f.Name, serr)
 			return
 		}
 		f.Changed = true

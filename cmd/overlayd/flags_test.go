@@ -143,6 +143,9 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 			if strings.Count(strings.TrimSpace(r.err), "\n") != 1 { // Error: ... + Run '... --help'
 				t.Errorf("want one error line and the help hint, got %q", r.err)
 			}
+			if (tc.flag == "user" || tc.flag == "password") && strings.Contains(r.err, "secret") {
+				t.Errorf("the error shows a password: %q", r.err)
+			}
 			if _, err := os.Stat(subnetFile); err == nil {
 				t.Errorf("%s was written", subnetFile)
 			}

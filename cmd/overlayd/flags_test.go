@@ -202,7 +202,10 @@ func TestEveryFlagHasABadValueCase(t *testing.T) {
 	walk(root, func(c *cobra.Command) {
 		path := strings.TrimPrefix(c.CommandPath(), "overlayd ")
 		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
-			if f.Name != "help" && !covered[path+" --"+f.Name] {
+			if _, checked := f.Value.(checkedValue); !checked {
+				t.Errorf("overlayd %s --%s has no check", path, f.Name)
+			}
+			if cobraOwn := f.Name == "help" || path == "help" || strings.HasPrefix(path, "completion"); !cobraOwn && !covered[path+" --"+f.Name] {
 				t.Errorf("overlayd %s --%s has no bad-value case in badFlags", path, f.Name)
 			}
 		})
@@ -220,7 +223,7 @@ func TestOnlyGlobalAndRunFlagsReadTheEnvironment(t *testing.T) {
 	root := newRootCommand(streams{}, nil)
 	run, _, _ := root.Find([]string{"run"})
 	runFlags := map[string]bool{}
-	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = true })
+	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = f.Name != "help" })
 	walk(root, func(c *cobra.Command) {
 		path := c.CommandPath()
 		c.PersistentFlags().VisitAll(func(f *pflag.Flag) {

@@ -141,7 +141,24 @@ are taken only from the command line.`,
 		newVersionCommand(),
 	)
 	setUsageArgs(root)
+	checkBoolFlags(root)
 	return root
+}
+
+// checkBoolFlags gives cobra's own boolean flags (--help, completion's
+// --no-descriptions) the check ours have, so a bad value says "want true
+// or false" rather than strconv's words.
+func checkBoolFlags(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	walk(root, func(c *cobra.Command) {
+		c.InitDefaultHelpFlag()
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if _, checked := f.Value.(checkedValue); !checked && f.Value.Type() == "bool" {
+				f.Value = checkedValue{f.Value, boolean}
+			}
+		})
+	})
 }
 
 // setUsageArgs makes argument-count errors usage errors, and makes command

@@ -387,20 +387,49 @@ func (h *hostFlags) checkUnderlay() error {
 		return nil
 	}
 	ip := netip.MustParseAddr(h.publicIP) // checked when set
+	ifc, err := interfaceWith(ip)
+	switch {
+	case err != nil:
+		return err
+	case ifc == "":
+		return fmt.Errorf("--public-ip %s is not an address of this host: pass this host's underlay address (see `ip -4 addr`)", ip)
+	case h.iface != "" && ifc != h.iface:
+		return fmt.Errorf("--public-ip %s is on %s, not on --iface %s: pass the interface that holds it", ip, ifc, h.iface)
+	}
+	return nil
+}
+
+// interfaceWith returns the interface that holds ip, or "".
+func interfaceWith(ip netip.Addr) (string, error) {
 	ifaces, err := net.Interfaces()
 	if err != nil {
-		return fmt.Errorf("list this host's interfaces: %w", err)
+		return "", fmt.Errorf("list this host's interfaces: %w", err)
 	}
 	for _, ifc := range ifaces {
 		addrs, _ := ifc.Addrs()
 		for _, a := range addrs {
 			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip.AsSlice()) {
-				if h.iface != "" && ifc.Name != h.iface {
-					return fmt.Errorf("--public-ip %s is on %s, not on --iface %s: pass the interface that holds it", ip, ifc.Name, h.iface)
-				}
-				return nil
+				return ifc.Name, nil
 			}
 		}
 	}
-	return fmt.Errorf("--public-ip %s is not an address of this host: pass this host's underlay address (see `ip -4 addr`)", ip)
+	return "", nil
+}
+
+// checkHealthAddr checks that run can listen on --health-addr's host: an
+// address of this host, a loopback or the unspecified address.
+func checkHealthAddr(fs *pflag.FlagSet, addr string) error {
+	host, _, _ := net.SplitHostPort(addr) // checked when set
+	ip, err := netip.ParseAddr(host)
+	if addr == "" || err != nil || ip.IsLoopback() || ip.IsUnspecified() {
+		return nil // disabled, "", or localhost
+	}
+	ifc, err := interfaceWith(ip)
+	if err != nil {
+		return err
+	}
+	if ifc == "" {
+		return usagef("--health-addr %q: %s is not an address of this host: use 127.0.0.1:9436 or one of this host's addresses%s", addr, ip, envNote(fs, "health-addr"))
+	}
+	return nil
 }

@@ -60,6 +60,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
 	{[]string{"run"}, "health-addr", "127.0.0.1:99999", "not 0..65535"},
 	{[]string{"run"}, "health-addr", "example.com:9436", "not an IP address or localhost"},
+	{[]string{"run"}, "health-addr", "192.0.2.1:9436", "192.0.2.1 is not an address of this host"},
 	{[]string{"teardown"}, "iface", "nope0", "no such interface on this host"},
 	{[]string{"teardown"}, "public-ip", "255.255.255.255", "the broadcast address"},
 	{[]string{"teardown"}, "node-name", "a b", "may hold only letters"},

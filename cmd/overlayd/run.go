@@ -91,8 +91,13 @@ reservation), creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
 entry and route for every other host's lease, and writes subnet.env for
 overlay-cni. On SIGTERM it exits leaving the data path in place, so a restart
 drops no packets; 'overlayd teardown' removes it.`,
-		Args:    cobra.NoArgs,
-		PreRunE: func(cmd *cobra.Command, _ []string) error { return h.checkHostFlags(cmd.Flags()) },
+		Args: cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := h.checkHostFlags(cmd.Flags()); err != nil {
+				return err
+			}
+			return checkHealthAddr(cmd.Flags(), healthAddr)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := h.config(g, cmd.ErrOrStderr())
 			if err != nil {

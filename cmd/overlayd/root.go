@@ -140,6 +140,9 @@ are taken only from the command line.`,
 		newConfigCommand(g),
 		newVersionCommand(),
 	)
+	// cobra's own commands now, so they get the same treatment.
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
 	setUsageArgs(root)
 	checkBoolFlags(root)
 	return root
@@ -149,8 +152,6 @@ are taken only from the command line.`,
 // --no-descriptions) the check ours have, so a bad value says "want true
 // or false" rather than strconv's words.
 func checkBoolFlags(root *cobra.Command) {
-	root.InitDefaultHelpCmd()
-	root.InitDefaultCompletionCmd()
 	walk(root, func(c *cobra.Command) {
 		c.InitDefaultHelpFlag()
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {

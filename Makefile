@@ -54,6 +54,7 @@ GOVULNDB ?= https://vuln.go.dev
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@out=$$($(GO) tool govulncheck -db $(GOVULNDB) ./... 2>&1); rc=$$?; echo "$$out"; \
 	if [ $$rc -ne 0 ] && echo "$$out" | grep -q "fetching vulnerabilities"; then \
 	  echo "govulncheck: vulnerability database $(GOVULNDB) unreachable; scan not run"; \

@@ -46,8 +46,9 @@ type BackendConfig struct {
 	MTU int
 }
 
-// rawConfig mirrors the JSON. Pointers tell "absent" from zero where flannel
-// treats them differently; unknown fields are ignored, as flannel does.
+// rawConfig holds the JSON members as given. Pointers tell "absent" from
+// zero where flannel treats them differently; unknown members are ignored,
+// as flannel does.
 type rawConfig struct {
 	Network   string
 	SubnetLen int
@@ -64,21 +65,57 @@ type rawBackend struct {
 	MTU           int
 }
 
+const (
+	wantString = "a string"
+	wantNumber = "a whole number"
+	wantBool   = "true or false"
+)
+
 // ParseConfig decodes and validates a network config and applies flannel's
-// defaults. Errors wrap ErrInvalidConfig and name the field and its value.
+// defaults. Errors wrap ErrInvalidConfig and name the field as written in
+// the JSON, with its value.
 func ParseConfig(data []byte) (*Config, error) {
 	if len(data) > MaxConfigSize {
 		return nil, fmt.Errorf("%w: %d bytes is larger than the %d-byte limit", ErrInvalidConfig, len(data), MaxConfigSize)
 	}
-	var raw rawConfig
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("%w: cannot decode JSON: %v", ErrInvalidConfig, err)
+	if err := oneValue(data); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the JSON object", ErrInvalidConfig)
+	var raw rawConfig
+	if err := decodeObject("", data, []field{
+		{"Network", &raw.Network, wantString + " such as \"10.244.0.0/16\"", nil},
+		{"SubnetLen", &raw.SubnetLen, wantNumber + " such as 24", nil},
+		{"SubnetMin", &raw.SubnetMin, wantString + " such as \"10.244.1.0\"", nil},
+		{"SubnetMax", &raw.SubnetMax, wantString + " such as \"10.244.255.0\"", nil},
+		{name: "Backend", sub: func(path string, data json.RawMessage) error {
+			b := &rawBackend{}
+			raw.Backend = b
+			return decodeObject(path, data, []field{
+				{"Type", &b.Type, wantString + " such as \"vxlan\"", nil},
+				{"VNI", &b.VNI, wantNumber + " in 1..16777215", nil},
+				{"Port", &b.Port, wantNumber + " in 1..65535", nil},
+				{"DirectRouting", &b.DirectRouting, wantBool, nil},
+				{"MTU", &b.MTU, wantNumber + " (0, or 576..65485)", nil},
+			})
+		}},
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return raw.resolve()
+}
+
+// oneValue checks data is one JSON value with nothing after it.
+func oneValue(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	if err := dec.Decode(&v); err != nil {
+		return syntaxError("", data, err)
+	}
+	if dec.More() {
+		line, col := position(data, dec.InputOffset()+1)
+		return fmt.Errorf("unexpected data after the JSON object at line %d, column %d", line, col)
+	}
+	return nil
 }
 
 func (raw rawConfig) resolve() (*Config, error) {

@@ -71,8 +71,9 @@ func TestParseConfigErrorsNameFieldAndValue(t *testing.T) {
 		json string
 		want []string // substrings the error must contain
 	}{
-		{"not JSON", `{"Network":`, []string{"cannot decode JSON"}},
-		{"trailing data", `{"Network":"10.0.0.0/16"} {}`, []string{"trailing"}},
+		{"not JSON", `{"Network":`, []string{"not valid JSON", "ends early"}},
+		{"syntax error", "{\n  \"Network\": \"10.0.0.0/16\",\n}", []string{"not valid JSON at line 3, column 1"}},
+		{"trailing data", `{"Network":"10.0.0.0/16"} {}`, []string{"unexpected data after the JSON object at line 1, column 27"}},
 		{"missing network", `{}`, []string{"Network is missing"}},
 		{"network not a prefix", `{"Network":"10.0.0.0"}`, []string{"Network", `"10.0.0.0"`}},
 		{"ipv6 network", `{"Network":"fd00::/64"}`, []string{"Network", "IPv4"}},
@@ -90,10 +91,10 @@ func TestParseConfigErrorsNameFieldAndValue(t *testing.T) {
 		{"vni too big", `{"Network":"10.0.0.0/16","Backend":{"VNI":16777216}}`, []string{"Backend.VNI 16777216"}},
 		{"port too big", `{"Network":"10.0.0.0/16","Backend":{"Port":70000}}`, []string{"Backend.Port 70000"}},
 		{"mtu too small", `{"Network":"10.0.0.0/16","Backend":{"MTU":100}}`, []string{"Backend.MTU 100"}},
-		{"wrong type", `{"Network":"10.0.0.0/16","SubnetLen":"24"}`, []string{"cannot decode JSON"}},
+		{"wrong type", `{"Network":"10.0.0.0/16","SubnetLen":"24"}`, []string{`"SubnetLen": want a whole number such as 24, got "24"`}},
 		{"huge", `{"Network":"10.0.0.0/16","x":"` + strings.Repeat("a", MaxConfigSize) + `"}`, []string{"limit"}},
 	}
-	for _, tt := range tests {
+	for _, tt := range append(tests, jsonTypeErrors...) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseConfig([]byte(tt.json))
 			if !errors.Is(err, ErrInvalidConfig) {
@@ -104,8 +105,38 @@ func TestParseConfigErrorsNameFieldAndValue(t *testing.T) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
 			}
+			for _, goWord := range []string{"Go ", "rawConfig", "rawBackend", "unmarshal", "struct", "int64", "json:"} {
+				if strings.Contains(err.Error(), goWord) {
+					t.Errorf("error %q shows Go internals (%q)", err, goWord)
+				}
+			}
 		})
 	}
+}
+
+// jsonTypeErrors: every field of the config with a value of the wrong JSON
+// type; the error names the field as written and quotes the value (issue
+// 13: "Go struct field rawConfig.SubnetLen of type int").
+var jsonTypeErrors = []struct {
+	name string
+	json string
+	want []string
+}{
+	{"top-level array", `[{"Network":"10.0.0.0/16"}]`, []string{`want a JSON object, got [{"Network":"10.0.0.0/16"}]`}},
+	{"top-level string", `"10.0.0.0/16"`, []string{`want a JSON object, got "10.0.0.0/16"`}},
+	{"empty", ``, []string{"want a JSON object, got nothing"}},
+	{"Network number", `{"Network":10}`, []string{`"Network": want a string such as "10.244.0.0/16", got 10`}},
+	{"network lower case", `{"network":["10.0.0.0/16"]}`, []string{`"network": want a string`, `got ["10.0.0.0/16"]`}},
+	{"SubnetLen fraction", `{"Network":"10.0.0.0/16","SubnetLen":24.5}`, []string{`"SubnetLen": want a whole number such as 24, got 24.5`}},
+	{"SubnetMin number", `{"Network":"10.0.0.0/16","SubnetMin":1}`, []string{`"SubnetMin": want a string`, "got 1"}},
+	{"SubnetMax bool", `{"Network":"10.0.0.0/16","SubnetMax":true}`, []string{`"SubnetMax": want a string`, "got true"}},
+	{"Backend string", `{"Network":"10.0.0.0/16","Backend":"vxlan"}`, []string{`"Backend": want a JSON object, got "vxlan"`}},
+	{"Backend.Type number", `{"Network":"10.0.0.0/16","Backend":{"Type":1}}`, []string{`"Backend.Type": want a string`}},
+	{"Backend.VNI string", `{"Network":"10.0.0.0/16","backend":{"vni":"7"}}`, []string{`"backend.vni": want a whole number in 1..16777215, got "7"`}},
+	{"Backend.Port string", `{"Network":"10.0.0.0/16","Backend":{"Port":"8472"}}`, []string{`"Backend.Port": want a whole number in 1..65535, got "8472"`}},
+	{"Backend.DirectRouting string", `{"Network":"10.0.0.0/16","Backend":{"DirectRouting":"yes"}}`, []string{`"Backend.DirectRouting": want true or false, got "yes"`}},
+	{"Backend.MTU object", `{"Network":"10.0.0.0/16","Backend":{"MTU":{}}}`, []string{`"Backend.MTU": want a whole number`, "got {}"}},
+	{"long value shortened", `{"Network":"` + strings.Repeat("9", 100) + `","SubnetLen":"` + strings.Repeat("9", 100) + `"}`, []string{`"SubnetLen"`, "..."}},
 }
 
 func TestContainsAndInRange(t *testing.T) {

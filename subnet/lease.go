@@ -96,8 +96,14 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
 		return a, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
 	}
-	if err := json.Unmarshal(value, &a); err != nil {
-		return a, fmt.Errorf("%w: value is not a JSON lease object: %v", ErrInvalidLease, err)
+	if err := decodeObject("", value, []field{
+		{"PublicIP", &a.PublicIP, wantString + " such as \"198.18.0.7\"", nil},
+		{"BackendType", &a.BackendType, wantString + " such as \"vxlan\"", nil},
+		{"BackendData", &a.BackendData, "an object", nil},
+		{"NodeID", &a.NodeID, wantString, nil},
+		{"Hostname", &a.Hostname, wantString, nil},
+	}); err != nil {
+		return a, fmt.Errorf("%w: value: %w", ErrInvalidLease, err)
 	}
 	if a.PublicIP == "" && a.NodeID == "" {
 		return a, fmt.Errorf("%w: value names no host (no PublicIP or NodeID)", ErrInvalidLease)
@@ -120,8 +126,11 @@ func (a LeaseAttrs) VXLAN() (VXLANData, error) {
 	if len(bytes.TrimSpace(a.BackendData)) == 0 || bytes.Equal(bytes.TrimSpace(a.BackendData), []byte("null")) {
 		return d, fmt.Errorf("%w: BackendData is missing", ErrInvalidLease)
 	}
-	if err := json.Unmarshal(a.BackendData, &d); err != nil {
-		return d, fmt.Errorf("%w: BackendData is not vxlan data: %v", ErrInvalidLease, err)
+	if err := decodeObject("BackendData.", a.BackendData, []field{
+		{"VNI", &d.VNI, wantNumber, nil},
+		{"VtepMAC", &d.VtepMAC, wantString + " such as \"0e:00:00:00:00:07\"", nil},
+	}); err != nil {
+		return d, fmt.Errorf("%w: %w", ErrInvalidLease, err)
 	}
 	return d, nil
 }
@@ -143,6 +152,75 @@ func (a LeaseAttrs) NamesAHost() bool {
 	return a.NodeID != "" || checkPublicIP(a.PublicAddr(), a.PublicIP) == nil
 }
 
+// Unclaimed reports whether l is a reservation no host has adopted yet: a
+// key without an etcd lease (written by `overlayd lease reserve`) and
+// without BackendData, which its host adds when it adopts it. It is a
+// state of its own, not an invalid lease: it has no VTEP to program yet.
+func (l Lease) Unclaimed() bool {
+	data := bytes.TrimSpace(l.Attrs.BackendData)
+	return l.Reserved && (len(data) == 0 || bytes.Equal(data, []byte("null")))
+}
+
+// orphanError marks a lease that does not fit the network config; it is
+// also an invalid lease.
+type orphanError struct{ msg string }
+
+func (e *orphanError) Error() string { return e.msg }
+func (e *orphanError) Unwrap() error { return ErrInvalidLease }
+
+// ErrOrphaned marks a lease that does not fit the current network config:
+// its subnet is outside Network or of another length, or its VNI is not the
+// network's (the config changed after it was written). No host can use it;
+// `overlayd lease revoke` removes it. errors.Is(err, ErrInvalidLease)
+// holds too.
+var ErrOrphaned error = &orphanError{"lease does not fit the network config"}
+
+func orphaned(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrOrphaned}, args...)...)
+}
+
+// Orphaned says why l does not fit this network config, or nil: the
+// checks of Peer that depend on the config rather than on the lease alone.
+func (c *Config) Orphaned(l Lease) error {
+	switch {
+	case !l.Subnet.IsValid() || !l.Subnet.Addr().Is4():
+		return orphaned("subnet %s is not an IPv4 subnet", l.Subnet)
+	case !c.Network.Contains(l.Subnet.Addr()):
+		return orphaned("subnet %s is outside Network %s", l.Subnet, c.Network)
+	case !c.Contains(l.Subnet):
+		return orphaned("subnet %s is not a /%d (SubnetLen %d)", l.Subnet, c.SubnetLen, c.SubnetLen)
+	}
+	if d, err := l.Attrs.VXLAN(); err == nil && d.VNI != 0 && d.VNI != c.Backend.VNI {
+		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.VNI, c.Backend.VNI)
+	}
+	return nil
+}
+
+// CheckClaim validates what every lease and reservation says about its host
+// and subnet: the subnet fits this network, PublicIP is a usable VTEP
+// address outside the network, NodeID (if any) is one overlayd accepts.
+// Peer applies it to what the daemon reads; `overlayd lease reserve`
+// applies it to what it writes, so the CLI never writes what a daemon
+// would skip.
+func (c *Config) CheckClaim(l Lease) error {
+	if err := c.Orphaned(l); err != nil {
+		return err
+	}
+	ip := l.Attrs.PublicAddr()
+	if err := checkPublicIP(ip, l.Attrs.PublicIP); err != nil {
+		return err
+	}
+	if c.Network.Contains(ip) {
+		return fmt.Errorf("%w: PublicIP %s is inside the overlay network %s", ErrInvalidLease, ip, c.Network)
+	}
+	if l.Attrs.NodeID != "" {
+		if err := CheckNodeID(l.Attrs.NodeID); err != nil {
+			return fmt.Errorf("%w: NodeID %w", ErrInvalidLease, err)
+		}
+	}
+	return nil
+}
+
 // Peer is a lease checked for programming: everything the data plane needs,
 // every value validated.
 type Peer struct {
@@ -156,15 +234,8 @@ type Peer struct {
 // lease is untrusted: anything that could misroute traffic is rejected with
 // an error naming the field.
 func (c *Config) Peer(l Lease) (Peer, error) {
-	if !c.Contains(l.Subnet) {
-		return Peer{}, fmt.Errorf("%w: subnet %s is not a /%d inside network %s", ErrInvalidLease, l.Subnet, c.SubnetLen, c.Network)
-	}
-	ip := l.Attrs.PublicAddr()
-	if err := checkPublicIP(ip, l.Attrs.PublicIP); err != nil {
+	if err := c.CheckClaim(l); err != nil {
 		return Peer{}, err
-	}
-	if c.Network.Contains(ip) {
-		return Peer{}, fmt.Errorf("%w: PublicIP %s is inside the overlay network %s", ErrInvalidLease, ip, c.Network)
 	}
 	if l.Attrs.BackendType != DefaultBackendType {
 		return Peer{}, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
@@ -173,23 +244,66 @@ func (c *Config) Peer(l Lease) (Peer, error) {
 	if err != nil {
 		return Peer{}, err
 	}
-	if data.VNI != 0 && data.VNI != c.Backend.VNI {
-		return Peer{}, fmt.Errorf("%w: VNI %d differs from the network's %d", ErrInvalidLease, data.VNI, c.Backend.VNI)
-	}
 	mac, err := ParseVtepMAC(data.VtepMAC)
 	if err != nil {
 		return Peer{}, err
 	}
-	return Peer{Subnet: l.Subnet, PublicIP: ip, VtepMAC: mac, NodeID: l.Attrs.NodeID}, nil
+	return Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), VtepMAC: mac, NodeID: l.Attrs.NodeID}, nil
 }
 
 func checkPublicIP(ip netip.Addr, raw string) error {
-	switch {
-	case !ip.IsValid() || !ip.Is4():
+	if !ip.IsValid() {
 		return fmt.Errorf("%w: PublicIP %q is not an IPv4 address", ErrInvalidLease, raw)
-	case ip.IsUnspecified(), ip.IsLoopback(), ip.IsMulticast(), ip.IsLinkLocalUnicast(),
-		ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}), ip.As4()[0] == 0, ip.As4()[0] >= 240:
-		return fmt.Errorf("%w: PublicIP %s cannot be a VTEP address (unspecified, loopback, multicast, broadcast or reserved)", ErrInvalidLease, ip)
+	}
+	if err := CheckVTEPAddr(ip); err != nil {
+		return fmt.Errorf("%w: PublicIP %w", ErrInvalidLease, err)
+	}
+	return nil
+}
+
+// CheckVTEPAddr says why ip cannot be a host's underlay (VXLAN endpoint)
+// address, or returns nil. The daemon applies it to every lease it reads
+// and the CLI to every --public-ip.
+func CheckVTEPAddr(ip netip.Addr) error {
+	var what string
+	switch {
+	case !ip.Is4():
+		return fmt.Errorf("%s is not an IPv4 address", ip)
+	case ip.IsUnspecified():
+		what = "the unspecified address"
+	case ip.IsLoopback():
+		what = "a loopback address"
+	case ip.IsMulticast():
+		what = "a multicast address"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		what = "the broadcast address"
+	case ip.IsLinkLocalUnicast():
+		what = "a link-local address"
+	case ip.As4()[0] == 0 || ip.As4()[0] >= 240:
+		what = "a reserved address"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s is %s and cannot be a host's VXLAN endpoint: use the host's unicast address on the underlay", ip, what)
+}
+
+// MaxNodeIDLen bounds a node ID: it becomes an etcd key segment.
+const MaxNodeIDLen = 253
+
+// CheckNodeID says why id cannot be a node ID, or returns nil: letters,
+// digits, '-', '_' and '.', at most MaxNodeIDLen. It must stay the rule of
+// overlayd run's --node-name (internal/daemon).
+func CheckNodeID(id string) error {
+	if id == "" {
+		return errors.New("is empty")
+	}
+	if len(id) > MaxNodeIDLen {
+		return fmt.Errorf("%q is longer than %d characters", id[:32]+"...", MaxNodeIDLen)
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("%q may hold only letters, digits, '-', '_' and '.'", id)
+		}
 	}
 	return nil
 }

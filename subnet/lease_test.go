@@ -222,3 +222,100 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 		}
 	})
 }
+
+func TestCheckClaimIsPeerWithoutTheBackend(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"VNI":7}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := netip.MustParsePrefix("10.244.5.0/24")
+	tests := []struct {
+		name   string
+		subnet netip.Prefix
+		attrs  LeaseAttrs
+		want   string // "" = valid claim
+		orphan bool
+	}{
+		{"reservation", sub, LeaseAttrs{PublicIP: "198.18.0.5", NodeID: "h5"}, "", false},
+		{"unspecified", sub, LeaseAttrs{PublicIP: "0.0.0.0"}, "0.0.0.0 is the unspecified address", false},
+		{"multicast", sub, LeaseAttrs{PublicIP: "224.0.0.1"}, "224.0.0.1 is a multicast address", false},
+		{"broadcast", sub, LeaseAttrs{PublicIP: "255.255.255.255"}, "the broadcast address", false},
+		{"loopback", sub, LeaseAttrs{PublicIP: "127.0.0.1"}, "a loopback address", false},
+		{"link-local", sub, LeaseAttrs{PublicIP: "169.254.1.1"}, "a link-local address", false},
+		{"reserved", sub, LeaseAttrs{PublicIP: "240.0.0.1"}, "a reserved address", false},
+		{"ipv6", sub, LeaseAttrs{PublicIP: "2001:db8::1"}, "not an IPv4 address", false},
+		{"inside network", sub, LeaseAttrs{PublicIP: "10.244.9.9"}, "inside the overlay network", false},
+		{"bad node", sub, LeaseAttrs{PublicIP: "198.18.0.5", NodeID: "bad/name"}, "NodeID \"bad/name\" may hold only", false},
+		{"outside network", netip.MustParsePrefix("10.99.1.0/24"), LeaseAttrs{PublicIP: "198.18.0.5"}, "subnet 10.99.1.0/24 is outside Network 10.244.0.0/16", true},
+		{"wrong length", netip.MustParsePrefix("10.244.5.0/25"), LeaseAttrs{PublicIP: "198.18.0.5"}, "is not a /24", true},
+		{"other VNI", sub, LeaseAttrs{PublicIP: "198.18.0.5", BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:05"}`)}, "VNI 1 is not the network's Backend.VNI 7", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := Lease{Subnet: tt.subnet, Attrs: tt.attrs, Reserved: true}
+			err := cfg.CheckClaim(l)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("CheckClaim = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidLease) {
+				t.Fatalf("CheckClaim = %v, want an invalid lease error with %q", err, tt.want)
+			}
+			if got := errors.Is(err, ErrOrphaned); got != tt.orphan {
+				t.Errorf("errors.Is(%v, ErrOrphaned) = %v, want %v", err, got, tt.orphan)
+			}
+			// The daemon's read path refuses it the same way.
+			if _, perr := cfg.Peer(l); perr == nil || perr.Error() != err.Error() {
+				t.Errorf("Peer = %v, want the CheckClaim error %v", perr, err)
+			}
+		})
+	}
+}
+
+func TestUnclaimedReservation(t *testing.T) {
+	data := []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:05"}`)
+	for _, tt := range []struct {
+		l    Lease
+		want bool
+	}{
+		{Lease{Reserved: true}, true},
+		{Lease{Reserved: true, Attrs: LeaseAttrs{BackendData: []byte("null")}}, true},
+		{Lease{Reserved: true, Attrs: LeaseAttrs{BackendData: data}}, false}, // adopted
+		{Lease{EtcdLease: 7}, false}, // a lease, even without data
+	} {
+		if got := tt.l.Unclaimed(); got != tt.want {
+			t.Errorf("%+v.Unclaimed() = %v, want %v", tt.l, got, tt.want)
+		}
+	}
+}
+
+func TestDecodeAttrsErrorsSpeakJSON(t *testing.T) {
+	for value, want := range map[string]string{
+		`{"PublicIP":198}`:                         `value: "PublicIP": want a string such as "198.18.0.7", got 198`,
+		`{"PublicIP":"198.18.0.1","NodeID":["a"]}`: `value: "NodeID": want a string, got ["a"]`,
+	} {
+		_, err := DecodeAttrs([]byte(value))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "Go ") {
+			t.Errorf("DecodeAttrs(%s) = %v, want %q", value, err, want)
+		}
+	}
+	a := LeaseAttrs{PublicIP: "198.18.0.1", BackendData: []byte(`{"VNI":"1"}`)}
+	if _, err := a.VXLAN(); err == nil || !strings.Contains(err.Error(), `"BackendData.VNI": want a whole number, got "1"`) {
+		t.Errorf("VXLAN() = %v", err)
+	}
+}
+
+func TestCheckNodeID(t *testing.T) {
+	for _, ok := range []string{"h1", "worker-7.example_com", strings.Repeat("a", MaxNodeIDLen)} {
+		if err := CheckNodeID(ok); err != nil {
+			t.Errorf("CheckNodeID(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "bad/name", "a b", "é", "x\n", strings.Repeat("a", MaxNodeIDLen+1)} {
+		if err := CheckNodeID(bad); err == nil {
+			t.Errorf("CheckNodeID(%q) = nil, want an error", bad)
+		}
+	}
+}

@@ -230,7 +230,7 @@ func TestLeaseGetReserveRevoke(t *testing.T) {
 	if r := run(t, srv.Endpoint, "", "lease", "reserve", live[0].String(), "--public-ip", "198.18.0.51"); r.code != exitError || !strings.Contains(r.err, "already leased") {
 		t.Errorf("reserve taken: %+v", r)
 	}
-	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.99.0.0/24", "--public-ip", "198.18.0.51"); r.code != exitError || !strings.Contains(r.err, "not a /24 inside the network 10.244.0.0/16") {
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.99.0.0/24", "--public-ip", "198.18.0.51"); r.code != exitError || !strings.Contains(r.err, "subnet 10.99.0.0/24 is outside Network 10.244.0.0/16") {
 		t.Errorf("reserve outside: %+v", r)
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.51.0/24"); r.code != exitUsage {

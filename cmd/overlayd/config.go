@@ -1,13 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
 	"github.com/spf13/cobra"
 )
 
@@ -73,19 +77,20 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&raw, "raw", false, "print the stored JSON unchanged (even if invalid)")
-	return c
+	checkFlag(c.Flags(), "raw", boolean)
+	return usesEtcd(c)
 }
 
 // readConfigFile reads -f FILE, or standard input for "-".
 func readConfigFile(cmd *cobra.Command, file string) ([]byte, error) {
 	if file == "" {
-		return nil, usagef("-f FILE is required (use - for standard input)")
+		return nil, usagef("--file (-f) FILE is required (use - for standard input)")
 	}
 	var r io.Reader = cmd.InOrStdin()
 	if file != "-" {
 		f, err := os.Open(file)
 		if err != nil {
-			return nil, fmt.Errorf("read config file: %w", err)
+			return nil, usagef("--file (-f) %s: cannot read it: %v", file, errors.Unwrap(err))
 		}
 		defer f.Close()
 		r = f
@@ -111,17 +116,25 @@ func loadConfigFile(cmd *cobra.Command, file string) ([]byte, *subnet.Config, er
 }
 
 func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
-	var file string
+	var (
+		file  string
+		force bool
+	)
 	c := &cobra.Command{
-		Use:   "put -f FILE",
-		Short: "Validate a network config and store it (unknown fields are kept)",
-		Args:  cobra.NoArgs,
+		Use:   "put -f FILE [--force]",
+		Short: "Validate a network config and store it (unknown fields are kept); refuses to strand leases unless --force",
+		Long: `Validate a network config and store it; unknown fields are kept.
+
+A change of Network, SubnetLen, Backend.VNI or Backend.Port strands the
+leases that no longer fit: their hosts lose their subnet or can no longer
+reach the others. It is refused, naming those leases, unless --force.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format, err := g.format()
 			if err != nil {
 				return err
 			}
-			data, _, err := loadConfigFile(cmd, file)
+			data, next, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return fmt.Errorf("%w; nothing was stored", err)
 			}
@@ -130,18 +143,98 @@ func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
 				return err
 			}
 			defer done()
-			cfg, err := reg.PutConfig(ctx, data)
+			snap, err := reg.List(ctx)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			prev, _, err := reg.GetConfig(ctx)
+			switch {
+			case errors.Is(err, etcdv3.ErrNoConfig), errors.Is(err, subnet.ErrInvalidConfig):
+				prev = nil // nothing valid to compare with
+			case err != nil:
+				return g.etcdHint(err)
+			}
+			stranded := strandedLeases(prev, next, snap.Leases)
+			for _, s := range stranded {
+				fmt.Fprintf(cmd.ErrOrStderr(), "stranded: %s\n", s)
+			}
+			if len(stranded) > 0 && !force {
+				return fmt.Errorf("refusing to store the config: it would strand %d %s held by %s (listed above); keep the old values, or stop overlayd on those hosts, run `overlayd config put --force`, revoke the stranded leases (`overlayd lease list` shows them as orphaned) and start overlayd again",
+					len(stranded), plural(len(stranded), "lease", "leases"), strandedHosts(stranded))
+			}
+			cfg, err := reg.PutConfigIfUnchanged(ctx, data, snap.Revision)
+			if errors.Is(err, etcdv3.ErrConflict) {
+				return fmt.Errorf("%w; nothing was stored: run the command again", err)
+			}
 			if err != nil {
 				return g.etcdHint(err)
 			}
 			if format == printer.Table {
 				fmt.Fprintf(cmd.OutOrStdout(), "stored %s\n", reg.ConfigKey())
 			}
+			if len(stranded) > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: stored with --force: %d %s stranded; revoke them with `overlayd lease revoke SUBNET` once their hosts run with the new config\n",
+					len(stranded), plural(len(stranded), "lease", "leases"))
+			}
 			return printer.Write(cmd.OutOrStdout(), format, configOutput(cfg))
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (JSON), - for standard input")
-	return c
+	c.Flags().BoolVar(&force, "force", false, "store even if leases would be stranded (never from the environment)")
+	checkFlag(c.Flags(), "file", inputFile)
+	checkFlag(c.Flags(), "force", boolean)
+	return usesEtcd(c)
+}
+
+// strandedLease is a lease that fits the stored config but not the new one.
+type strandedLease struct {
+	lease  subnet.Lease
+	reason string
+}
+
+func (s strandedLease) String() string {
+	return fmt.Sprintf("%s of %s: %s", s.lease.Subnet, describeOwner(s.lease.Attrs.PublicIP, s.lease.Attrs.NodeID), s.reason)
+}
+
+// strandedLeases returns the leases the change from prev (nil: none
+// stored) to next would strand: those next's Orphaned refuses, the same
+// check every daemon makes, and — when Backend.Port changes — every
+// lease a host has claimed, as hosts on different ports cannot reach
+// each other.
+func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []strandedLease {
+	var out []strandedLease
+	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
+	for _, l := range leases {
+		if prev != nil && prev.Orphaned(l) != nil {
+			continue // already orphaned: nothing changes for it
+		}
+		if err := next.Orphaned(l); err != nil {
+			out = append(out, strandedLease{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
+			continue
+		}
+		if prev != nil && prev.Backend.Port != next.Backend.Port && !l.Unclaimed() {
+			out = append(out, strandedLease{l, fmt.Sprintf("its host sends VXLAN to port %d, Backend.Port %d would be used by restarted hosts", prev.Backend.Port, next.Backend.Port)})
+		}
+	}
+	return out
+}
+
+func strandedHosts(ss []strandedLease) string {
+	var hosts []string
+	for _, s := range ss {
+		hosts = append(hosts, describeOwner(s.lease.Attrs.PublicIP, s.lease.Attrs.NodeID))
+	}
+	if len(hosts) > 5 {
+		hosts = append(hosts[:5], fmt.Sprintf("%d more", len(hosts)-5))
+	}
+	return strings.Join(hosts, ", ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func newConfigValidateCommand(g *GlobalFlags) *cobra.Command {
@@ -163,5 +256,6 @@ func newConfigValidateCommand(g *GlobalFlags) *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (JSON), - for standard input")
+	checkFlag(c.Flags(), "file", inputFile)
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -37,6 +38,41 @@ type leaseRow struct {
 	Alive      string `json:"alive"`      // yes, no, or unknown (a lease without NodeID)
 	EtcdLease  string `json:"etcdLease,omitempty"`
 	Revision   int64  `json:"modRevision"`
+	// State is what the daemons make of the key (see leaseState).
+	State   string `json:"state"`
+	Problem string `json:"problem,omitempty"` // why it is orphaned or invalid
+}
+
+// Lease states, as `lease list` shows them.
+const (
+	stateLeased   = "leased"   // a host's lease, with a TTL
+	stateReserved = "reserved" // a reservation, adopted or waiting for its host
+	stateOrphaned = "orphaned" // does not fit the network config: no host can use it
+	stateInvalid  = "invalid"  // daemons skip it (bad address, MAC, ...)
+	stateUnknown  = "unknown"  // no valid network config to judge it by
+)
+
+// leaseState judges l as every daemon does (Config.Peer, or CheckClaim for
+// a reservation no host has adopted yet). cfg nil: no valid config.
+func leaseState(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
+	if cfg == nil {
+		return stateUnknown, ""
+	}
+	var err error
+	if l.Unclaimed() {
+		err = cfg.CheckClaim(l)
+	} else {
+		_, err = cfg.Peer(l)
+	}
+	switch {
+	case errors.Is(err, subnet.ErrOrphaned):
+		return stateOrphaned, err.Error()
+	case err != nil:
+		return stateInvalid, err.Error()
+	case l.Reserved:
+		return stateReserved, ""
+	}
+	return stateLeased, ""
 }
 
 type invalidRow struct {
@@ -44,7 +80,7 @@ type invalidRow struct {
 	Error string `json:"error"`
 }
 
-var leaseHeader = []string{"SUBNET", "PUBLIC IP", "VTEP MAC", "NODE", "TTL", "ALIVE"}
+var leaseHeader = []string{"SUBNET", "PUBLIC IP", "VTEP MAC", "NODE", "TTL", "ALIVE", "STATE"}
 
 func (r leaseRow) cells() []string {
 	ttl := "reserved"
@@ -54,7 +90,7 @@ func (r leaseRow) cells() []string {
 			ttl = "expired"
 		}
 	}
-	return []string{r.Subnet, r.PublicIP, orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive}
+	return []string{r.Subnet, orDash(r.PublicIP), orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive, r.State}
 }
 
 func orDash(s string) string {
@@ -65,8 +101,9 @@ func orDash(s string) string {
 }
 
 // leaseRows builds rows for leases, looking up TTLs (with bounded
-// parallelism: one etcd request per distinct etcd lease) and liveness.
-func leaseRows(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease) ([]leaseRow, error) {
+// parallelism: one etcd request per distinct etcd lease) and liveness, and
+// judging each by cfg (nil: no valid config).
+func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, leases []subnet.Lease) ([]leaseRow, error) {
 	alive, err := reg.AliveNodes(ctx)
 	if err != nil {
 		return nil, err
@@ -94,6 +131,7 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease)
 		if l.Attrs.NodeID != "" {
 			row.Alive = yesNo(alive[l.Attrs.NodeID])
 		}
+		row.State, row.Problem = leaseState(cfg, l)
 		rows = append(rows, row)
 	}
 	return rows, nil
@@ -139,9 +177,9 @@ func yesNo(b bool) string {
 }
 
 func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
-	return &cobra.Command{
+	return usesEtcd(&cobra.Command{
 		Use:   "list",
-		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive",
+		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive, state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format, err := g.format()
@@ -157,9 +195,20 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			rows, err := leaseRows(ctx, reg, snap.Leases)
+			cfg, err := networkConfig(ctx, g, reg, cmd.ErrOrStderr(), format)
+			if err != nil {
+				return err
+			}
+			rows, err := leaseRows(ctx, reg, cfg, snap.Leases)
 			if err != nil {
 				return g.etcdHint(err)
+			}
+			if format != printer.JSON {
+				for _, r := range rows {
+					if r.Problem != "" {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s is %s: %s: daemons skip it; remove it with `overlayd lease revoke %s`\n", r.Subnet, r.State, r.Problem, r.Subnet)
+					}
+				}
 			}
 			invalid := make([]invalidRow, 0, len(snap.Invalid))
 			for _, inv := range snap.Invalid {
@@ -178,7 +227,23 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			}
 			return printer.Write(cmd.OutOrStdout(), format, out)
 		},
+	})
+}
+
+// networkConfig reads the config leases are judged by; without a valid one
+// it warns (unless format is JSON) and returns nil.
+func networkConfig(ctx context.Context, g *GlobalFlags, reg *etcdv3.Registry, warn io.Writer, format printer.Format) (*subnet.Config, error) {
+	cfg, _, err := reg.GetConfig(ctx)
+	switch {
+	case errors.Is(err, etcdv3.ErrNoConfig), errors.Is(err, subnet.ErrInvalidConfig):
+		if format != printer.JSON {
+			fmt.Fprintf(warn, "warning: cannot judge leases (STATE unknown): %v\n", err)
+		}
+		return nil, nil
+	case err != nil:
+		return nil, g.etcdHint(err)
 	}
+	return cfg, nil
 }
 
 // parseSubnetArg accepts 10.244.7.0/24 or the key form 10.244.7.0-24.
@@ -197,7 +262,7 @@ func parseSubnetArg(s string) (netip.Prefix, error) {
 }
 
 func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
-	return &cobra.Command{
+	return usesEtcd(&cobra.Command{
 		Use:   "get SUBNET",
 		Short: "Show one lease (SUBNET as 10.244.7.0/24 or 10.244.7.0-24)",
 		Args:  cobra.ExactArgs(1),
@@ -222,13 +287,17 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			rows, err := leaseRows(ctx, reg, []subnet.Lease{l})
+			cfg, err := networkConfig(ctx, g, reg, cmd.ErrOrStderr(), format)
+			if err != nil {
+				return err
+			}
+			rows, err := leaseRows(ctx, reg, cfg, []subnet.Lease{l})
 			if err != nil {
 				return g.etcdHint(err)
 			}
 			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Header: leaseHeader, Rows: [][]string{rows[0].cells()}, JSON: rows[0]})
 		},
-	}
+	})
 }
 
 func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
@@ -236,7 +305,14 @@ func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "reserve SUBNET --public-ip IP [--node-name NAME]",
 		Short: "Reserve a subnet for a host: a lease that never expires, adopted by the host with that public IP (or node name)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Reserve a subnet for a host: a key without TTL that the host with that
+node name (or, without --node-name, that public IP) adopts when it starts.
+
+The reservation is checked as every daemon checks what it reads: the subnet
+must be a subnet of the network, the public IP a unicast address outside it,
+the node name one overlayd accepts; and a host has one subnet, so a node or
+public IP that already holds a lease or reservation is refused.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := parseSubnetArg(args[0])
 			if err != nil {
@@ -245,39 +321,94 @@ func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
 			if publicIP == "" {
 				return usagef("--public-ip is required: the address of the host the subnet is for")
 			}
-			ip, err := netip.ParseAddr(publicIP)
-			if err != nil || !ip.Is4() {
-				return usagef("--public-ip %q: want the host's IPv4 address", publicIP)
-			}
 			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			cfg, _, err := reg.GetConfig(ctx)
-			if err != nil {
+			attrs := subnet.LeaseAttrs{PublicIP: publicIP, BackendType: subnet.DefaultBackendType, NodeID: node}
+			for attempt := 0; ; attempt++ {
+				err = reserve(ctx, reg, p, attrs)
+				if !errors.Is(err, etcdv3.ErrConflict) || attempt == 2 {
+					break
+				}
+			}
+			var refused refusal
+			switch {
+			case errors.As(err, &refused):
+				return refused.error
+			case err != nil:
 				return g.etcdHint(err)
 			}
-			if !cfg.Contains(p) {
-				return fmt.Errorf("cannot reserve %s: it is not a /%d inside the network %s", p, cfg.SubnetLen, cfg.Network)
-			}
-			_, err = reg.Create(ctx, p, subnet.LeaseAttrs{PublicIP: ip.String(), BackendType: subnet.DefaultBackendType, NodeID: node}, 0)
-			if errors.Is(err, etcdv3.ErrTaken) {
-				return fmt.Errorf("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", p, p)
-			}
-			if err != nil {
-				return g.etcdHint(err)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", p, describeOwner(ip.String(), node))
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", p, describeOwner(publicIP, node))
 			return err
 		},
 	}
 	c.Flags().StringVar(&publicIP, "public-ip", "", "public IP of the host the subnet is reserved for (required)")
 	c.Flags().StringVar(&node, "node-name", "", "node ID of the host (matches before the public IP)")
-	return c
+	checkFlag(c.Flags(), "public-ip", hostIPv4)
+	checkFlag(c.Flags(), "node-name", nodeName)
+	return usesEtcd(c)
+}
+
+// refusal is a reservation refused for what it is, not for an etcd failure.
+type refusal struct{ error }
+
+func refusef(format string, args ...any) error { return refusal{fmt.Errorf(format, args...)} }
+
+// reserve writes a reservation after checking it exactly as a daemon
+// checks what it reads — the value is encoded, decoded and judged by
+// Config.CheckClaim — and that no lease or reservation already names the
+// host. The write succeeds only if no lease changed since the check.
+func reserve(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix, attrs subnet.LeaseAttrs) error {
+	snap, err := reg.List(ctx)
+	if err != nil {
+		return err
+	}
+	cfg, _, err := reg.GetConfig(ctx)
+	if err != nil {
+		return err
+	}
+	value, err := attrs.Marshal()
+	if err != nil {
+		return err
+	}
+	l := subnet.Lease{Subnet: p, Reserved: true}
+	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
+		err = cfg.CheckClaim(l)
+	}
+	switch {
+	case errors.Is(err, subnet.ErrOrphaned):
+		return refusef("cannot reserve %s: daemons would skip it: %w: pick a /%d inside %s", p, err, cfg.SubnetLen, cfg.Network)
+	case err != nil:
+		return refusef("cannot reserve %s: daemons would skip it: %w: pass the host's underlay address as --public-ip", p, err)
+	}
+	for _, other := range snap.Leases {
+		var same string
+		switch {
+		case other.Subnet == p:
+			continue // reported as taken by the write
+		case attrs.NodeID != "" && other.Attrs.NodeID == attrs.NodeID:
+			same = "node " + attrs.NodeID
+		case other.Attrs.PublicAddr() == l.Attrs.PublicAddr():
+			same = "public IP " + attrs.PublicIP
+		default:
+			continue
+		}
+		return refusef("cannot reserve %s: %s already has %s (key %s): a host uses one subnet; revoke that one first (`overlayd lease revoke %s`)",
+			p, same, other.Subnet, reg.LeaseKey(other.Subnet), other.Subnet)
+	}
+	_, err = reg.Reserve(ctx, p, attrs, snap.Revision)
+	if errors.Is(err, etcdv3.ErrTaken) {
+		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", p, p)
+	}
+	return err
 }
 
 func describeOwner(ip, node string) string {
+	if ip == "" && node == "" {
+		return "unknown: the value names no host"
+	}
 	if node != "" {
 		return fmt.Sprintf("node %s (%s)", node, ip)
 	}
@@ -293,8 +424,11 @@ func newLeaseRevokeCommand(g *GlobalFlags) *cobra.Command {
 
 A live owner's overlayd re-claims its subnet at once (pods on that host hold
 addresses from it), so revoking a live lease is refused unless --force. Use it
-to free the subnet of a host that is gone for good. --dry-run shows what would
-be deleted.`,
+to free the subnet of a host that is gone for good. Without --force it also
+deletes a key whose value names no host (STATE invalid in 'lease list'), and an
+orphaned lease or an unadopted reservation whose host already holds a lease
+that fits the network config.
+--dry-run shows what would be deleted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := parseSubnetArg(args[0])
@@ -307,16 +441,22 @@ be deleted.`,
 			}
 			defer done()
 			l, err := reg.Get(ctx, p)
-			if err != nil {
+			// A value that names no host protects nobody's subnet.
+			garbage := errors.Is(err, subnet.ErrInvalidLease) || !l.Attrs.NamesAHost()
+			if err != nil && !garbage {
 				return g.etcdHint(err)
 			}
 			alive, err := reg.AliveNodes(ctx)
 			if err != nil {
 				return g.etcdHint(err)
 			}
+			stale, err := unusedByItsHost(ctx, reg, l)
+			if err != nil {
+				return g.etcdHint(err)
+			}
 			owner := describeOwner(l.Attrs.PublicIP, l.Attrs.NodeID)
 			switch {
-			case force:
+			case force, garbage, stale:
 			case l.Attrs.NodeID == "" && !l.Reserved:
 				return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", p, owner)
 			case alive[l.Attrs.NodeID]:
@@ -339,5 +479,28 @@ be deleted.`,
 	}
 	c.Flags().BoolVar(&force, "force", false, "revoke even if the owner is alive or its liveness is unknown")
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be revoked without deleting anything")
-	return c
+	checkFlag(c.Flags(), "force", boolean)
+	checkFlag(c.Flags(), "dry-run", boolean)
+	return usesEtcd(c)
+}
+
+// unusedByItsHost reports whether l is unused by its host, which holds
+// another lease that fits the network config: l is orphaned (it does not
+// fit) or a reservation its host never adopted (e.g. a second one for the
+// same node). Revoking it takes nothing from the host even if it is alive.
+func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) (bool, error) {
+	cfg, _, err := reg.GetConfig(ctx)
+	if err != nil || cfg.Orphaned(l) == nil && !l.Unclaimed() {
+		return false, nil // without a valid config nothing is known to be orphaned
+	}
+	snap, err := reg.List(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, other := range snap.Leases {
+		if other.Subnet != l.Subnet && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr()) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -51,15 +51,14 @@ type GlobalFlags struct {
 	WriteOut    string
 }
 
-// env is the environment variable that mirrors a flag: --dial-timeout is
-// OVERLAY_DIAL_TIMEOUT.
-func env(flag string) string {
-	return "OVERLAY_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
-
 // execute runs the CLI and returns the process exit code.
 func execute(args []string, in io.Reader, out, errOut io.Writer) int {
-	root := newRootCommand(streams{in: in, out: out, err: errOut})
+	return executeEnv(args, os.Environ(), in, out, errOut)
+}
+
+// executeEnv is execute with the environment given.
+func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
+	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {
@@ -81,7 +80,7 @@ func commandPath(root *cobra.Command, args []string) string {
 	return root.Name()
 }
 
-func newRootCommand(s streams) *cobra.Command {
+func newRootCommand(s streams, environ []string) *cobra.Command {
 	g := &GlobalFlags{}
 	root := &cobra.Command{
 		Use:   "overlayd",
@@ -91,19 +90,34 @@ subnet of the cluster network from etcd, programs a VXLAN device with a route,
 neighbour and FDB entry for every other host, and writes subnet.env for the
 overlay-cni plugin. The other commands manage leases and config like etcdctl.
 
-Every flag can also be set through the environment: --endpoints is
-OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
-		SilenceErrors:     true,
-		SilenceUsage:      true,
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) },
+The global flags and the flags of 'overlayd run' can also be set through the
+environment: --endpoints is OVERLAY_ENDPOINTS, --node-name is
+OVERLAY_NODE_NAME, and so on (teardown and status read the same variables for
+the flags they share with run). Other flags, such as --force and --dry-run,
+are taken only from the command line.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd, environ, cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			if _, err := g.format(); err != nil {
+				return err
+			}
+			if cmd.Annotations[usesEtcdAnnotation] != "" {
+				return g.validateEtcdFlags(cmd.Flags())
+			}
+			return nil
+		},
 	}
 	root.SetIn(s.in)
 	root.SetOut(s.out)
 	root.SetErr(s.err)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(flagError)
 
 	pf := root.PersistentFlags()
-	pf.StringSliceVar(&g.Endpoints, "endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints, comma-separated")
+	g.Endpoints = []string{"http://127.0.0.1:2379"}
+	pf.Var(&endpointsValue{eps: &g.Endpoints}, "endpoints", "etcd endpoints, comma-separated (http://, https://, unix://)")
 	pf.StringVar(&g.Prefix, "prefix", etcdv3.DefaultPrefix, "etcd key prefix of the network (flannel's default)")
 	pf.StringVar(&g.CACert, "cacert", "", "verify etcd's server certificate with this CA bundle (PEM)")
 	pf.StringVar(&g.Cert, "cert", "", "client certificate for etcd mutual TLS (PEM)")
@@ -112,6 +126,11 @@ OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
 	pf.StringVar(&g.Password, "password", "", "etcd password (instead of name:password in --user; prefer OVERLAY_PASSWORD)")
 	pf.DurationVar(&g.DialTimeout, "dial-timeout", 5*time.Second, "how long to wait for etcd on each request")
 	pf.StringVarP(&g.WriteOut, "write-out", "w", "table", "output format: table, json or simple")
+	checkFlag(pf, "prefix", keyPrefix)
+	checkFlag(pf, "user", userName)
+	checkFlag(pf, "dial-timeout", durationAtLeast(time.Millisecond))
+	checkFlag(pf, "write-out", oneOf("table", "json", "simple"))
+	pf.VisitAll(func(f *pflag.Flag) { fromEnv(pf, f.Name) })
 
 	root.AddCommand(
 		newRunCommand(g),
@@ -121,8 +140,26 @@ OVERLAY_ENDPOINTS, --dial-timeout is OVERLAY_DIAL_TIMEOUT, and so on.`,
 		newConfigCommand(g),
 		newVersionCommand(),
 	)
+	// cobra's own commands now, so they get the same treatment.
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
 	setUsageArgs(root)
+	checkBoolFlags(root)
 	return root
+}
+
+// checkBoolFlags gives cobra's own boolean flags (--help, completion's
+// --no-descriptions) the check ours have, so a bad value says "want true
+// or false" rather than strconv's words.
+func checkBoolFlags(root *cobra.Command) {
+	walk(root, func(c *cobra.Command) {
+		c.InitDefaultHelpFlag()
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if _, checked := f.Value.(checkedValue); !checked && f.Value.Type() == "bool" {
+				f.Value = checkedValue{f.Value, boolean}
+			}
+		})
+	})
 }
 
 // setUsageArgs makes argument-count errors usage errors, and makes command
@@ -164,23 +201,6 @@ func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 		}
 		return nil
 	}
-}
-
-// applyEnv sets every flag not given on the command line from its
-// OVERLAY_* environment variable.
-func applyEnv(cmd *cobra.Command) error {
-	var err error
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed {
-			return
-		}
-		if v, ok := os.LookupEnv(env(f.Name)); ok {
-			if serr := cmd.Flags().Set(f.Name, v); serr != nil {
-				err = usagef("environment %s=%q for --%s: %v", env(f.Name), v, f.Name, serr)
-			}
-		}
-	})
-	return err
 }
 
 func (g *GlobalFlags) format() (printer.Format, error) {

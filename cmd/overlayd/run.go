@@ -31,6 +31,14 @@ func (h *hostFlags) register(c *cobra.Command) {
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	checkFlag(f, "iface", ifaceName)
+	checkFlag(f, "public-ip", hostIPv4)
+	checkFlag(f, "node-name", nodeName)
+	checkFlag(f, "subnet-file", absFile)
+	checkFlag(f, "log-format", oneOf("text", "json"))
+	checkFlag(f, "log-level", oneOf("debug", "info", "warn", "error"))
+	// The same host as run's: the same environment (see fromEnv).
+	fromEnv(f, "iface", "public-ip", "node-name", "subnet-file", "log-format", "log-level")
 }
 
 func (h *hostFlags) config(g *GlobalFlags, errOut io.Writer) (daemon.Config, error) {
@@ -84,6 +92,12 @@ entry and route for every other host's lease, and writes subnet.env for
 overlay-cni. On SIGTERM it exits leaving the data path in place, so a restart
 drops no packets; 'overlayd teardown' removes it.`,
 		Args: cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := h.checkHostFlags(cmd.Flags()); err != nil {
+				return err
+			}
+			return checkHealthAddr(cmd.Flags(), healthAddr)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := h.config(g, cmd.ErrOrStderr())
 			if err != nil {
@@ -91,9 +105,6 @@ drops no packets; 'overlayd teardown' removes it.`,
 			}
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr = ipMasq, healthAddr
-			if leaseTTL < 10*time.Second {
-				return usagef("--lease-ttl %s is too short: use 10s or more (default 24h)", leaseTTL)
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			if err := daemon.Run(ctx, cfg); err != nil {
@@ -108,7 +119,13 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().DurationVar(&leaseResync, "lease-resync", 5*time.Minute, "how often to re-list all leases from etcd in case a watch stalled")
 	c.Flags().BoolVar(&ipMasq, "ip-masq", true, "masquerade pod traffic leaving the cluster network (nftables table \"overlay\"); pod-to-pod traffic is never NATed")
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
-	return c
+	checkFlag(c.Flags(), "lease-ttl", durationAtLeast(10*time.Second))
+	checkFlag(c.Flags(), "kernel-resync", durationAtLeast(time.Second))
+	checkFlag(c.Flags(), "lease-resync", durationAtLeast(time.Second))
+	checkFlag(c.Flags(), "ip-masq", boolean)
+	checkFlag(c.Flags(), "health-addr", listenAddr(true))
+	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr")
+	return usesEtcd(c)
 }
 
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {
@@ -124,7 +141,8 @@ func newTeardownCommand(g *GlobalFlags) *cobra.Command {
 The lease key is deleted (a reservation is kept: an operator made it) and its
 etcd lease revoked. If etcd cannot be reached, the data path is still removed
 (using --vni) and the lease expires with its TTL.`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error { return h.checkHostFlags(cmd.Flags()) },
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := h.config(g, cmd.ErrOrStderr())
 			if err != nil {
@@ -150,5 +168,6 @@ etcd lease revoked. If etcd cannot be reached, the data path is still removed
 	}
 	h.register(c)
 	c.Flags().IntVar(&vni, "vni", 1, "VNI of the device to remove when etcd cannot be reached")
-	return c
+	checkFlag(c.Flags(), "vni", intIn(1, 1<<24-1))
+	return usesEtcd(c)
 }

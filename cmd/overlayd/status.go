@@ -45,6 +45,8 @@ ready or cannot be reached.`,
 		},
 	}
 	c.Flags().StringVar(&addr, "health-addr", daemon.DefaultHealthAddr, "the local overlayd's --health-addr")
+	checkFlag(c.Flags(), "health-addr", listenAddr(false))
+	fromEnv(c.Flags(), "health-addr") // the local daemon's, as run reads it
 	return c
 }
 

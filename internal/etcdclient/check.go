@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -168,21 +169,71 @@ func isTransportErr(err error) bool {
 	return false
 }
 
-// explainServer turns etcd's refusals of the credentials into ErrAuth.
+// explained is an error in the user's words that still matches, with
+// errors.Is and errors.As, the kinds and the etcd error it explains; the
+// etcd (gRPC) text itself is not shown.
+type explained struct {
+	msg  string
+	errs []error
+}
+
+func (e *explained) Error() string   { return e.msg }
+func (e *explained) Unwrap() []error { return e.errs }
+
+// etcdRefusals maps etcd's common errors to what they mean and what to do.
+var etcdRefusals = []struct {
+	errs []error
+	what string
+}{
+	{[]error{rpctypes.ErrNoLeader, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrLeaderChanged},
+		"has no leader: a majority of its members must run and reach each other; check them with `etcdctl endpoint status`"},
+	{[]error{rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToConnectionLost, rpctypes.ErrTimeoutWaitAppliedIndex},
+		"timed out handling the request (overloaded, a slow disk, or members that cannot reach each other): retry, and check etcd's health"},
+	{[]error{rpctypes.ErrNoSpace},
+		"is out of space (NOSPACE alarm): compact and defragment etcd, then `etcdctl alarm disarm`"},
+	{[]error{rpctypes.ErrTooManyRequests},
+		"is too busy (too many requests): retry later"},
+	{[]error{rpctypes.ErrRequestTooLarge},
+		"refused the request as too large"},
+	{[]error{rpctypes.ErrNotCapable, rpctypes.ErrStopped, rpctypes.ErrCorrupt},
+		"cannot serve requests (stopping, corrupt or of an older version): check etcd's logs"},
+}
+
+// explainServer turns etcd's refusals into one line that says what to do:
+// refused credentials become ErrAuth; other etcd errors are named without
+// their gRPC text. Errors etcd did not send are returned as they are.
 func (c Config) explainServer(err error) error {
 	who := fmt.Sprintf("user %q", c.Username)
 	if c.Username == "" {
 		who = "the client"
 	}
+	at := "etcd at " + c.endpointList()
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, rpctypes.ErrAuthFailed):
-		return fmt.Errorf("%w: etcd at %s refused %s: %w: check --user and --password", ErrAuth, c.endpointList(), who, err)
+		return &explained{fmt.Sprintf("%v: %s refused %s (wrong user name or password): check --user and --password", ErrAuth, at, who), []error{ErrAuth, err}}
 	case errors.Is(err, rpctypes.ErrUserEmpty):
-		return fmt.Errorf("%w: etcd at %s requires authentication: %w: set --user name:password", ErrAuth, c.endpointList(), err)
+		return &explained{fmt.Sprintf("%v: %s requires authentication: set --user name:password", ErrAuth, at), []error{ErrAuth, err}}
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
-		return fmt.Errorf("%w: etcd at %s denied %s: %w: grant its role readwrite on overlay's key prefix", ErrAuth, c.endpointList(), who, err)
+		return &explained{fmt.Sprintf("%v: %s denied %s access: grant its role readwrite on overlay's key prefix", ErrAuth, at, who), []error{ErrAuth, err}}
+	}
+	for _, r := range etcdRefusals {
+		for _, e := range r.errs {
+			if errors.Is(err, e) {
+				return &explained{at + " " + r.what, []error{err}}
+			}
+		}
+	}
+	var grpcErr interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &grpcErr) && grpcErr.GRPCStatus().Code() != codes.OK {
+		// An etcd answer not mapped above: its message, without gRPC's
+		// "rpc error: code = ... desc =" wrapping.
+		return &explained{fmt.Sprintf("%s refused the request: %s: check etcd's logs", at, grpcErr.GRPCStatus().Message()), []error{err}}
+	}
+	var server rpctypes.EtcdError
+	if errors.As(err, &server) {
+		return &explained{fmt.Sprintf("%s refused the request: %s: check etcd's logs", at, strings.TrimPrefix(server.Error(), "etcdserver: ")), []error{err}}
 	}
 	return err
 }
@@ -190,8 +241,8 @@ func (c Config) explainServer(err error) error {
 // explainTransport explains a request that got no answer, by the probes'
 // findings when there are any.
 func (c Config) explainTransport(err error, found []*EndpointError, within string) error {
-	generic := fmt.Errorf("%w: no answer from etcd at %s%s: check --endpoints and that etcd is running and reachable: %w",
-		ErrUnreachable, c.endpointList(), within, err)
+	generic := error(&explained{fmt.Sprintf("%v: no answer from etcd at %s%s: check --endpoints and that etcd is running and reachable",
+		ErrUnreachable, c.endpointList(), within), []error{ErrUnreachable, err}})
 	errs := faults(found)
 	if len(errs) == 0 {
 		return generic
@@ -201,8 +252,8 @@ func (c Config) explainTransport(err error, found []*EndpointError, within strin
 		// them can be reached at all, the likely cause is a cluster that
 		// lost its quorum: the members left cannot serve a request.
 		if len(found) > 1 && 2*len(errs) >= len(found) {
-			generic = fmt.Errorf("%w: %d of %d endpoints unreachable and no answer from the others%s: if they are the members of one cluster, it has lost its quorum (a majority of members must run): %w",
-				ErrUnreachable, len(errs), len(found), within, err)
+			generic = &explained{fmt.Sprintf("%v: %d of %d endpoints unreachable and no answer from the others%s: if they are the members of one cluster, it has lost its quorum (a majority of members must run)",
+				ErrUnreachable, len(errs), len(found), within), []error{ErrUnreachable, err}}
 		}
 		errs = append(errs, generic)
 	}

@@ -192,7 +192,28 @@ func (c Config) wantTLS(eps []endpoint) bool {
 	return false
 }
 
-func (c Config) clientConfig() (clientv3.Config, error) {
+// Validate checks the settings without connecting: the endpoints, the
+// certificate and key pair, the user and password pair, TLS with http://
+// endpoints, and that the TLS files hold what they should. Errors wrap
+// ErrConfig and name the flag, so a CLI can report them before doing
+// anything. (Expiry is left to connecting: it depends on when.)
+func (c Config) Validate() error {
+	_, err := c.clientConfigAt(time.Time{})
+	return err
+}
+
+// CheckEndpoint says why raw cannot be an etcd endpoint (one element of
+// --endpoints), or returns nil.
+func CheckEndpoint(raw string) error {
+	_, err := parseEndpoint(raw)
+	return err
+}
+
+func (c Config) clientConfig() (clientv3.Config, error) { return c.clientConfigAt(time.Now()) }
+
+// clientConfigAt builds the client's settings, checking certificates'
+// validity at now (not at all for the zero time).
+func (c Config) clientConfigAt(now time.Time) (clientv3.Config, error) {
 	eps, err := c.endpoints()
 	if err != nil {
 		return clientv3.Config{}, err
@@ -203,7 +224,7 @@ func (c Config) clientConfig() (clientv3.Config, error) {
 	case c.Key != "" && c.Cert == "":
 		return clientv3.Config{}, fmt.Errorf("%w: --key %s needs its certificate: set --cert", ErrConfig, c.Key)
 	case c.Password != "" && c.Username == "":
-		return clientv3.Config{}, fmt.Errorf("%w: a password needs a user name (--user name:password)", ErrConfig)
+		return clientv3.Config{}, fmt.Errorf("%w: --password needs a user name: set --user NAME (or --user NAME:PASSWORD without --password)", ErrConfig)
 	case c.Username != "" && c.Password == "":
 		// The etcd client would silently skip authentication.
 		return clientv3.Config{}, fmt.Errorf("%w: user %q has no password: use --user %s:PASSWORD or --password", ErrConfig, c.Username, c.Username)
@@ -235,7 +256,7 @@ func (c Config) clientConfig() (clientv3.Config, error) {
 			return clientv3.Config{}, fmt.Errorf("%w: endpoint %s is plaintext http but TLS is configured: use https://", ErrConfig, ep.raw)
 		}
 	}
-	tlsConf, err := c.tlsConfig(time.Now())
+	tlsConf, err := c.tlsConfig(now)
 	if err != nil {
 		return clientv3.Config{}, err
 	}
@@ -339,7 +360,7 @@ func (c Config) tlsConfig(now time.Time) (*tls.Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		if leaf := pair.Leaf; leaf != nil {
+		if leaf := pair.Leaf; leaf != nil && !now.IsZero() {
 			if now.After(leaf.NotAfter) {
 				return nil, fmt.Errorf("%w: client certificate --cert %s expired at %s: renew it", ErrConfig, c.Cert, leaf.NotAfter.UTC().Format(time.RFC3339))
 			}

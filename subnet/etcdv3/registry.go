@@ -295,3 +295,58 @@ func leaseOpt(etcdLease int64) []clientv3.OpOption {
 	}
 	return []clientv3.OpOption{clientv3.WithLease(clientv3.LeaseID(etcdLease))}
 }
+
+// unchangedSince holds when no lease key was written after revision rev
+// (deletions do not count: they only free subnets).
+func (r *Registry) unchangedSince(rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.ModRevision(r.SubnetsPrefix()), "<", rev+1).WithPrefix()
+}
+
+// Reserve writes a reservation (a key without an etcd lease) for p only if
+// p is free and no lease was written after revision rev, the revision of
+// the listing the caller checked it against (no other lease for the same
+// host). It returns ErrTaken if p exists, ErrConflict if another lease was
+// written meanwhile: list again and re-check.
+func (r *Registry) Reserve(ctx context.Context, p netip.Prefix, attrs subnet.LeaseAttrs, rev int64) (int64, error) {
+	key := r.LeaseKey(p)
+	val, err := attrs.Marshal()
+	if err != nil {
+		return 0, fmt.Errorf("encode lease %s: %w", key, err)
+	}
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), r.unchangedSince(rev)).
+		Then(clientv3.OpPut(key, string(val))).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		if len(resp.Responses) > 0 && len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
+			return 0, fmt.Errorf("%w: %s", ErrTaken, key)
+		}
+		return 0, fmt.Errorf("%w: a lease under %s was written meanwhile", ErrConflict, r.SubnetsPrefix())
+	}
+	return resp.Header.Revision, nil
+}
+
+// PutConfigIfUnchanged validates raw and stores it unchanged only if
+// neither the config nor any lease was written after revision rev, the
+// revision of the listing the caller checked the change against.
+func (r *Registry) PutConfigIfUnchanged(ctx context.Context, raw []byte, rev int64) (*subnet.Config, error) {
+	cfg, err := subnet.ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(r.ConfigKey()), "<", rev+1), r.unchangedSince(rev)).
+		Then(clientv3.OpPut(r.ConfigKey(), string(raw))).
+		Commit()
+	if err != nil {
+		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("%w: the config or a lease was written while checking the change", ErrConflict)
+	}
+	return cfg, nil
+}

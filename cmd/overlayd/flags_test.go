@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// badFlag is a wrong value for one flag of one command.
+type badFlag struct {
+	cmd   []string // the command, e.g. {"lease", "reserve", "10.244.9.0/24"}
+	flag  string   // the flag's name
+	value string
+	want  string // in the error, besides the flag's name
+}
+
+// badFlags holds at least one wrong value for every flag of every command
+// (TestEveryFlagHasABadValueCase keeps it complete).
+var badFlags = []badFlag{
+	{[]string{"lease", "list"}, "endpoints", "ftp://10.0.0.1:2379", `scheme "ftp"`},
+	{[]string{"lease", "list"}, "endpoints", "", "want etcd endpoints such as http://127.0.0.1:2379"},
+	{[]string{"lease", "list"}, "endpoints", "http://a:1,,http://b:2", "stray comma"},
+	{[]string{"lease", "list"}, "endpoints", "10.0.0.1", "want host:port"},
+	{[]string{"lease", "list"}, "prefix", "coreos.com/network", "starting with '/'"},
+	{[]string{"lease", "list"}, "prefix", "/", "want an etcd key prefix"},
+	{[]string{"lease", "list"}, "cacert", "/nonexistent/ca.pem", "--cacert /nonexistent/ca.pem"},
+	{[]string{"lease", "list"}, "cert", "/nonexistent/cert.pem", "needs its private key: set --key"},
+	{[]string{"lease", "list"}, "key", "/nonexistent/key.pem", "needs its certificate: set --cert"},
+	{[]string{"lease", "list"}, "user", ":secret", "want name or name:password"},
+	{[]string{"lease", "list"}, "user", "root", `user "root" has no password`},
+	{[]string{"lease", "list"}, "password", "secret", "--password needs a user name: set --user NAME"},
+	{[]string{"lease", "list"}, "dial-timeout", "soon", "want a duration such as 5s"},
+	{[]string{"lease", "list"}, "dial-timeout", "0s", "want 1ms or more"},
+	{[]string{"lease", "list"}, "write-out", "yaml", "want one of table, json, simple"},
+	{[]string{"run"}, "iface", "bad/name", "want an interface name"},
+	{[]string{"run"}, "iface", "nope0", "no such interface on this host"},
+	{[]string{"run"}, "public-ip", "0.0.0.0", "is the unspecified address"},
+	{[]string{"run"}, "public-ip", "224.0.0.1", "is a multicast address"},
+	{[]string{"run"}, "public-ip", "fd00::1", "want the host's IPv4 address"},
+	{[]string{"run"}, "public-ip", "198.51.100.77", "is not an address of this host"},
+	{[]string{"run"}, "node-name", "bad/name", "may hold only letters"},
+	{[]string{"run"}, "subnet-file", "relative/path", "want an absolute file path"},
+	{[]string{"run"}, "subnet-file", "/", "want an absolute file path"},
+	{[]string{"run"}, "log-format", "xml", "want one of text, json"},
+	{[]string{"run"}, "log-level", "loud", "want one of debug, info, warn, error"},
+	{[]string{"run"}, "lease-ttl", "5s", "want 10s or more"},
+	{[]string{"run"}, "lease-ttl", "forever", "want a duration"},
+	{[]string{"run"}, "kernel-resync", "0", "want 1s or more"},
+	{[]string{"run"}, "lease-resync", "-5m", "want 1s or more"},
+	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
+	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
+	{[]string{"run"}, "health-addr", "127.0.0.1:99999", "not 0..65535"},
+	{[]string{"run"}, "health-addr", "example.com:9436", "not an IP address or localhost"},
+	{[]string{"run"}, "health-addr", "192.0.2.1:9436", "192.0.2.1 is not an address of this host"},
+	{[]string{"teardown"}, "iface", "nope0", "no such interface on this host"},
+	{[]string{"teardown"}, "public-ip", "255.255.255.255", "the broadcast address"},
+	{[]string{"teardown"}, "node-name", "a b", "may hold only letters"},
+	{[]string{"teardown"}, "subnet-file", "subnet.env", "want an absolute file path"},
+	{[]string{"teardown"}, "log-format", "yaml", "want one of text, json"},
+	{[]string{"teardown"}, "log-level", "trace", "want one of debug"},
+	{[]string{"teardown"}, "vni", "0", "want a whole number in 1..16777215"},
+	{[]string{"teardown"}, "vni", "one", "want a whole number in 1..16777215"},
+	{[]string{"status"}, "health-addr", "", "want host:port"},
+	{[]string{"status"}, "health-addr", "9436", "want host:port"},
+	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "0.0.0.0", "is the unspecified address"},
+	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "127.0.0.1", "is a loopback address"},
+	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "host-7", "want the host's IPv4 address"},
+	{[]string{"lease", "reserve", "10.244.9.0/24", "--public-ip", "198.18.0.9"}, "node-name", "bad/name", "may hold only letters"},
+	{[]string{"lease", "revoke", "10.244.9.0/24"}, "force", "maybe", "want true or false"},
+	{[]string{"lease", "revoke", "10.244.9.0/24"}, "dry-run", "2", "want true or false"},
+	{[]string{"config", "get"}, "raw", "yes please", "want true or false"},
+	{[]string{"config", "put"}, "file", "", "want a file name, or - for standard input"},
+	{[]string{"config", "put"}, "file", "/nonexistent/net.json", "cannot read it"},
+	{[]string{"config", "put", "-f", "-"}, "force", "x", "want true or false"},
+	{[]string{"config", "validate"}, "file", "", "want a file name"},
+}
+
+// countingListener stands in for etcd: a command that fails its flag
+// checks must not connect to it.
+func countingListener(t *testing.T) (endpoint string, accepted *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	return "http://" + ln.Addr().String(), accepted
+}
+
+// A bad value for any flag — on the command line or in its environment
+// variable — is a usage error (exit 2) naming the flag (or variable) and
+// what it accepts, before anything happens: no etcd connection, no file.
+func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
+	etcd, accepted := countingListener(t)
+	dir := t.TempDir()
+	for _, tc := range badFlags {
+		name := strings.Join(tc.cmd, " ") + " --" + tc.flag + "=" + tc.value
+		t.Run(name, func(t *testing.T) {
+			subnetFile := filepath.Join(dir, "subnet.env")
+			var base []string
+			if tc.flag != "endpoints" {
+				ep := etcd
+				if slices.Contains([]string{"cacert", "cert", "key"}, tc.flag) {
+					ep = strings.Replace(ep, "http:", "https:", 1) // TLS files with a TLS endpoint
+				}
+				base = append(base, "--endpoints", ep)
+			}
+			if tc.flag != "dial-timeout" {
+				base = append(base, "--dial-timeout", "2s")
+			}
+			args := append(append(base, tc.cmd...), "--"+tc.flag+"="+tc.value)
+			if tc.cmd[0] == "run" || tc.cmd[0] == "teardown" {
+				if tc.flag != "subnet-file" {
+					args = append(args, "--subnet-file", subnetFile)
+				}
+				if tc.flag != "iface" && tc.flag != "public-ip" {
+					args = append(args, "--iface", "lo")
+				}
+			}
+			r := runEnv(t, nil, args...)
+			if r.code != exitUsage || !strings.Contains(r.err, "--"+tc.flag) || !strings.Contains(r.err, tc.want) {
+				t.Errorf("overlayd %s: exit %d, stderr %q; want exit 2 naming --%s and %q", strings.Join(args, " "), r.code, r.err, tc.flag, tc.want)
+			}
+			if strings.Count(strings.TrimSpace(r.err), "\n") != 1 { // Error: ... + Run '... --help'
+				t.Errorf("want one error line and the help hint, got %q", r.err)
+			}
+			if (tc.flag == "user" || tc.flag == "password") && strings.Contains(r.err, "secret") {
+				t.Errorf("the error shows a password: %q", r.err)
+			}
+			if _, err := os.Stat(subnetFile); err == nil {
+				t.Errorf("%s was written", subnetFile)
+			}
+			if readsEnv(lookupFlag(t, tc.cmd, tc.flag)) {
+				// The same value from the environment fails the same way.
+				envArgs := append(append([]string{}, base...), tc.cmd...)
+				envArgs = append(envArgs, args[len(base)+len(tc.cmd)+1:]...)
+				r := runEnv(t, []string{env(tc.flag) + "=" + tc.value}, envArgs...)
+				if r.code != exitUsage || !strings.Contains(r.err, env(tc.flag)) || !strings.Contains(r.err, tc.want) {
+					t.Errorf("%s=%q overlayd %s: exit %d, stderr %q; want exit 2 naming %s and %q", env(tc.flag), tc.value, strings.Join(envArgs, " "), r.code, r.err, env(tc.flag), tc.want)
+				}
+			}
+		})
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("commands with bad flags connected to etcd %d times", n)
+	}
+}
+
+// runEnv runs the CLI in-process with exactly environ as its environment.
+func runEnv(t *testing.T, environ []string, args ...string) cliResult {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := executeEnv(args, environ, strings.NewReader(""), &out, &errOut)
+	return cliResult{out.String(), errOut.String(), code}
+}
+
+func lookupFlag(t *testing.T, cmdArgs []string, name string) *pflag.Flag {
+	t.Helper()
+	root := newRootCommand(streams{}, nil)
+	c, _, err := root.Find(cmdArgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.Flags().Lookup(name); f != nil {
+		return f
+	}
+	return c.InheritedFlags().Lookup(name)
+}
+
+// Every flag of every command has a bad-value case above, so a new flag
+// cannot skip validation unnoticed.
+func TestEveryFlagHasABadValueCase(t *testing.T) {
+	covered := map[string]bool{}
+	for _, tc := range badFlags {
+		path := tc.cmd[0]
+		if tc.cmd[0] == "lease" || tc.cmd[0] == "config" {
+			path += " " + tc.cmd[1]
+		}
+		covered[path+" --"+tc.flag] = true
+		covered["--"+tc.flag] = true // a global flag is covered once
+	}
+	root := newRootCommand(streams{}, nil)
+	walk(root, func(c *cobra.Command) {
+		path := strings.TrimPrefix(c.CommandPath(), "overlayd ")
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
+			if _, checked := f.Value.(checkedValue); !checked {
+				t.Errorf("overlayd %s --%s has no check", path, f.Name)
+			}
+			if cobraOwn := f.Name == "help" || path == "help" || strings.HasPrefix(path, "completion"); !cobraOwn && !covered[path+" --"+f.Name] {
+				t.Errorf("overlayd %s --%s has no bad-value case in badFlags", path, f.Name)
+			}
+		})
+		c.PersistentFlags().VisitAll(func(f *pflag.Flag) {
+			if !covered["--"+f.Name] {
+				t.Errorf("global flag --%s has no bad-value case in badFlags", f.Name)
+			}
+		})
+	})
+}
+
+// Only the global flags and run's flags (which teardown and status share:
+// the same host) come from the environment; safety flags never do.
+func TestOnlyGlobalAndRunFlagsReadTheEnvironment(t *testing.T) {
+	root := newRootCommand(streams{}, nil)
+	run, _, _ := root.Find([]string{"run"})
+	runFlags := map[string]bool{}
+	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = f.Name != "help" })
+	walk(root, func(c *cobra.Command) {
+		path := c.CommandPath()
+		c.PersistentFlags().VisitAll(func(f *pflag.Flag) {
+			if !readsEnv(f) {
+				t.Errorf("global flag --%s does not read %s", f.Name, env(f.Name))
+			}
+		})
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
+			switch shared := runFlags[f.Name] && slices.Contains([]string{"overlayd run", "overlayd teardown", "overlayd status"}, path); {
+			case shared && !readsEnv(f):
+				t.Errorf("%s --%s does not read %s", path, f.Name, env(f.Name))
+			case !shared && readsEnv(f):
+				t.Errorf("%s --%s reads %s: only run's flags may", path, f.Name, env(f.Name))
+			}
+		})
+	})
+}
+
+func TestUnknownEnvironmentVariablesAreWarnedAboutOnce(t *testing.T) {
+	environ := []string{"OVERLAY_ENDPONTS=http://x:2379", "OVERLAY_FORCE=1", "OVERLAY_SUBNET=10.244.7.1/24", "OVERLAY_NODE_NAME=h1", "PATH=/bin"}
+	r := runEnv(t, environ, "version")
+	if r.code != exitOK {
+		t.Fatalf("version: %+v", r)
+	}
+	want := "warning: ignoring OVERLAY_FORCE: --force is taken only from the command line\n" +
+		"warning: ignoring unknown environment variable OVERLAY_ENDPONTS (overlayd reads OVERLAY_<FLAG> only for the global flags and run's flags)\n"
+	if strings.Count(r.err, "OVERLAY_ENDPONTS") != 1 || !strings.Contains(r.err, "OVERLAY_FORCE: --force is taken only from the command line") ||
+		strings.Contains(r.err, "OVERLAY_SUBNET") || strings.Contains(r.err, "OVERLAY_NODE_NAME") {
+		t.Errorf("stderr = %q, want exactly:\n%s", r.err, want)
+	}
+}
+
+// --node-name and lease reserve's node names are checked by
+// subnet.CheckNodeID; the daemon's NodeID must accept exactly the same
+// names, or the CLI would accept what the daemon rejects.
+func TestNodeNameRuleIsTheDaemons(t *testing.T) {
+	for _, name := range []string{"h1", "worker-7.example_com", "bad/name", "a b", "é", "x:y", strings.Repeat("a", 253), strings.Repeat("a", 254)} {
+		_, derr := daemon.NodeID(name, "/nonexistent/machine-id")
+		if cerr := nodeName(name); (derr == nil) != (cerr == nil) {
+			t.Errorf("node name %q: daemon says %v, CLI says %v", name, derr, cerr)
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// The environment never sets a safety flag or another command's flag
+// (issue 13 item 6: OVERLAY_FORCE=1 bypassed revoke's liveness check;
+// OVERLAY_PUBLIC_IP from the daemon's env file leaked into lease reserve).
+func TestEnvironmentNeverSetsSafetyOrForeignFlags(t *testing.T) {
+	srv, reg := cluster(t)
+	live, _ := seed(t, reg)
+	environ := []string{"OVERLAY_ENDPOINTS=" + srv.Endpoint, "OVERLAY_FORCE=1", "OVERLAY_DRY_RUN=false", "OVERLAY_PUBLIC_IP=198.18.0.77", "OVERLAY_RAW=1"}
+
+	r := runEnv(t, environ, "lease", "revoke", live[0].String(), "--dry-run")
+	if r.code != exitError || !strings.Contains(r.err, "is alive") || strings.Contains(r.out, "would revoke") {
+		t.Errorf("OVERLAY_FORCE=1 revoke --dry-run of a live lease: %+v; want the liveness refusal", r)
+	}
+	if !strings.Contains(r.err, "warning: ignoring OVERLAY_FORCE: --force is taken only from the command line") {
+		t.Errorf("no warning about OVERLAY_FORCE: %q", r.err)
+	}
+	r = runEnv(t, environ, "lease", "reserve", "10.244.60.0/24")
+	if r.code != exitUsage || !strings.Contains(r.err, "--public-ip is required") {
+		t.Errorf("OVERLAY_PUBLIC_IP leaked into lease reserve: %+v", r)
+	}
+	if _, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.60.0/24")); err == nil {
+		t.Error("a reservation was written from the environment")
+	}
+	r = runEnv(t, environ, "lease", "revoke", live[0].String())
+	if r.code != exitError || !strings.Contains(r.err, "is alive") {
+		t.Errorf("OVERLAY_FORCE=1 revoke of a live lease: %+v", r)
+	}
+	if _, err := reg.Get(ctx(t), live[0]); err != nil {
+		t.Errorf("the live lease was revoked: %v", err)
+	}
+}
+
+// lease reserve writes only what every daemon accepts (the same check,
+// Config.CheckClaim, on the encoded value) and one lease per host
+// (issue 13 item 3).
+func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
+	srv, reg := cluster(t)
+	live, dead := seed(t, reg)
+	liveLease, err := reg.Get(ctx(t), live[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unspecified", []string{"10.244.61.0/24", "--public-ip", "0.0.0.0"}, exitUsage, "--public-ip \"0.0.0.0\": 0.0.0.0 is the unspecified address"},
+		{"multicast", []string{"10.244.61.0/24", "--public-ip", "224.0.0.1"}, exitUsage, "224.0.0.1 is a multicast address"},
+		{"broadcast", []string{"10.244.61.0/24", "--public-ip", "255.255.255.255"}, exitUsage, "the broadcast address"},
+		{"loopback", []string{"10.244.61.0/24", "--public-ip", "127.0.0.2"}, exitUsage, "a loopback address"},
+		{"inside the network", []string{"10.244.61.0/24", "--public-ip", "10.244.3.3"}, exitError, "daemons would skip it: invalid lease: PublicIP 10.244.3.3 is inside the overlay network 10.244.0.0/16"},
+		{"outside the network", []string{"10.99.0.0/24", "--public-ip", "198.18.0.61"}, exitError, "subnet 10.99.0.0/24 is outside Network 10.244.0.0/16"},
+		{"wrong length", []string{"10.244.61.0/25", "--public-ip", "198.18.0.61"}, exitError, "subnet 10.244.61.0/25 is not a /24"},
+		{"misaligned", []string{"10.244.61.7/24", "--public-ip", "198.18.0.61"}, exitUsage, "want an IPv4 network address such as 10.244.61.0/24"},
+		{"bad node name", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "bad/name"}, exitUsage, `--node-name "bad/name": "bad/name" may hold only letters`},
+		{"node holds a lease", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "node-1"},
+			exitError, "node node-1 already has " + live[0].String() + " (key /coreos.com/network/subnets/" + subnet.Key(live[0]) + ")"},
+		{"public IP holds a lease", []string{"10.244.61.0/24", "--public-ip", liveLease.Attrs.PublicIP},
+			exitError, "public IP " + liveLease.Attrs.PublicIP + " already has " + live[0].String()},
+		{"node holds a reservation", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "future"},
+			exitError, "node future already has 10.244.100.0/24"},
+		{"taken", []string{dead.String(), "--public-ip", "198.18.0.61"}, exitError, "it is already leased"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := run(t, srv.Endpoint, "", append([]string{"lease", "reserve"}, tt.args...)...)
+			if r.code != tt.code || !strings.Contains(r.err, tt.want) {
+				t.Errorf("lease reserve %v: exit %d, stderr %q; want exit %d and %q", tt.args, r.code, r.err, tt.code, tt.want)
+			}
+		})
+	}
+	snap, err := reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Leases) != 4 {
+		t.Errorf("refused reservations were written: %d leases, want the 4 seeded", len(snap.Leases))
+	}
+
+	// A good one is written and reads back as a valid, unclaimed reservation.
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "h61"); r.code != exitOK || r.out != "reserved 10.244.61.0/24 for node h61 (198.18.0.61)\n" {
+		t.Fatalf("reserve: %+v", r)
+	}
+	l, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.61.0/24"))
+	cfg, _, cerr := reg.GetConfig(ctx(t))
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
+		t.Fatalf("reservation read back: %+v, %v, %v", l, err, cerr)
+	}
+	// A second one for the same node is refused.
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.62.0/24", "--public-ip", "198.18.0.62", "--node-name", "h61"); r.code != exitError || !strings.Contains(r.err, "node h61 already has 10.244.61.0/24") {
+		t.Errorf("second reservation for one node: %+v", r)
+	}
+}
+
+func putConfig(t *testing.T, endpoint, config string, extra ...string) cliResult {
+	t.Helper()
+	return run(t, endpoint, config, append([]string{"config", "put", "-f", "-"}, extra...)...)
+}
+
+// config put refuses a change that strands leases unless --force, naming
+// them; the stranded leases show as orphaned and can be revoked (issue 13
+// item 5).
+func TestConfigPutRefusesToStrandLeases(t *testing.T) {
+	srv, reg := cluster(t)
+	live, dead := seed(t, reg)
+	const stored = `{"Network":"10.244.0.0/16"}`
+
+	for _, tc := range []struct {
+		name, config string
+		n            int
+		want         string
+	}{
+		{"new network", `{"Network":"10.50.0.0/16"}`, 4, "is outside Network 10.50.0.0/16"},
+		{"longer subnets", `{"Network":"10.244.0.0/16","SubnetLen":25}`, 4, "is not a /25"},
+		{"other VNI", `{"Network":"10.244.0.0/16","Backend":{"VNI":9}}`, 3, "its VNI 1 is not the network's Backend.VNI 9"},
+		{"other port", `{"Network":"10.244.0.0/16","Backend":{"Port":4789}}`, 3, "its host sends VXLAN to port 8472, Backend.Port 4789"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := putConfig(t, srv.Endpoint, tc.config)
+			if r.code != exitError || !strings.Contains(r.err, "refusing to store the config: it would strand") ||
+				strings.Count(r.err, "stranded: ") != tc.n || !strings.Contains(r.err, tc.want) || !strings.Contains(r.err, "node node-1 (198.18.0.1)") {
+				t.Errorf("config put %s: %+v; want %d stranded leases and %q", tc.config, r, tc.n, tc.want)
+			}
+			if r := run(t, srv.Endpoint, "", "config", "get", "--raw"); strings.TrimSpace(r.out) != stored {
+				t.Errorf("the refused config was stored: %q", r.out)
+			}
+		})
+	}
+	// Changes that strand nothing are stored as before.
+	if r := putConfig(t, srv.Endpoint, `{"Network":"10.244.0.0/16","Backend":{"MTU":1400}}`); r.code != exitOK || r.err != "" {
+		t.Errorf("harmless change: %+v", r)
+	}
+
+	// --force stores it and says what it stranded.
+	r := putConfig(t, srv.Endpoint, `{"Network":"10.50.0.0/16"}`, "--force")
+	if r.code != exitOK || !strings.Contains(r.out, "stored /coreos.com/network/config") || !strings.Contains(r.err, "warning: stored with --force: 4 leases stranded") {
+		t.Fatalf("config put --force: %+v", r)
+	}
+	// lease list shows them as orphaned.
+	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "json")
+	var doc struct{ Leases []leaseRow }
+	if err := json.Unmarshal([]byte(r.out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range doc.Leases {
+		if l.State != stateOrphaned || !strings.Contains(l.Problem, "is outside Network 10.50.0.0/16") {
+			t.Errorf("lease %s: state %q (%s), want orphaned", l.Subnet, l.State, l.Problem)
+		}
+	}
+	r = run(t, srv.Endpoint, "", "lease", "list")
+	if !strings.Contains(r.out, "STATE") || !strings.Contains(r.out, "orphaned") ||
+		!strings.Contains(r.err, "warning: "+dead.String()+" is orphaned: lease does not fit the network config: subnet "+dead.String()+" is outside Network 10.50.0.0/16: daemons skip it; remove it with `overlayd lease revoke "+dead.String()+"`") {
+		t.Errorf("lease list after --force: %+v", r)
+	}
+	// The dead host's orphan goes without --force; a live host's only
+	// lease still needs it, until that host holds a lease that fits.
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", dead.String()); r.code != exitOK {
+		t.Errorf("revoke a dead host's orphan: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitError || !strings.Contains(r.err, "is alive") {
+		t.Errorf("revoke a live host's only lease: %+v", r)
+	}
+	if _, err := reg.Create(ctx(t), netip.MustParsePrefix("10.50.7.0/24"), subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitOK || !strings.Contains(r.out, "revoked "+live[0].String()) {
+		t.Errorf("revoke a live host's replaced orphan: %+v", r)
+	}
+}
+
+// Config errors name the JSON field and the expected type, never Go's
+// types (issue 13 item 10).
+func TestConfigErrorsSpeakJSON(t *testing.T) {
+	for _, tc := range []struct{ config, want string }{
+		{`["10.244.0.0/16"]`, `invalid network config: want a JSON object, got ["10.244.0.0/16"]`},
+		{`{"Network":"10.244.0.0/16","SubnetLen":"24"}`, `invalid network config: "SubnetLen": want a whole number such as 24, got "24"`},
+		{`{"Network":"10.244.0.0/16","Backend":{"VNI":"1"}}`, `"Backend.VNI": want a whole number in 1..16777215, got "1"`},
+	} {
+		r := run(t, "", tc.config, "config", "validate", "-f", "-")
+		if r.code != exitError || !strings.Contains(r.err, tc.want) || strings.Contains(r.err, "Go ") || strings.Contains(r.err, "rawConfig") {
+			t.Errorf("config validate %s: %+v; want %q", tc.config, r, tc.want)
+		}
+	}
+}
+
+// A key whose value names no host (STATE invalid) is revoked without
+// --force: nobody owns it.
+func TestRevokeGarbageKey(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg) // 10.244.9.0-24 holds "garbage"
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", "10.244.9.0/24"); r.code != exitOK {
+		t.Errorf("revoke garbage: %+v", r)
+	}
+	snap, err := reg.List(ctx(t))
+	if err != nil || len(snap.Invalid) != 0 {
+		t.Errorf("garbage key still there: %+v %v", snap.Invalid, err)
+	}
+}
+
+// A value that decodes but names no usable host (PublicIP 0.0.0.0, no
+// node ID) is invalid in lease list and revoked without --force.
+func TestRevokeValueNamingNoHost(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	p := netip.MustParsePrefix("10.244.70.0/24")
+	id, err := reg.Client().Grant(ctx(t), 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: "0.0.0.0"}, int64(id.ID)); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, srv.Endpoint, "", "lease", "list")
+	if !strings.Contains(r.err, "warning: 10.244.70.0/24 is invalid: invalid lease: PublicIP 0.0.0.0 is the unspecified address") {
+		t.Errorf("lease list: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", p.String()); r.code != exitOK || r.out != "revoked 10.244.70.0/24 (owner 0.0.0.0)\n" {
+		t.Errorf("revoke: %+v", r)
+	}
+}
+
+// A second reservation for a live node (written before reserve refused
+// them, issue 13 item 3) is unused: revoke removes it without --force,
+// while the lease the node uses stays protected.
+func TestRevokeUnusedSecondReservation(t *testing.T) {
+	srv, reg := cluster(t)
+	live, _ := seed(t, reg)
+	extra := netip.MustParsePrefix("10.244.80.0/24")
+	if _, err := reg.Create(ctx(t), extra, subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", extra.String()); r.code != exitOK || !strings.Contains(r.out, "revoked 10.244.80.0/24 (owner node node-1 (198.18.0.1))") {
+		t.Errorf("revoke the unused reservation: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitError || !strings.Contains(r.err, "is alive") {
+		t.Errorf("revoke the lease node-1 uses: %+v", r)
+	}
+}

@@ -50,6 +50,14 @@ type VXLANData struct {
 	VtepMAC string
 }
 
+// Unclaimed reports whether l is a reservation no host has adopted yet: a
+// key with no etcd lease and no BackendData, as `overlayd lease reserve`
+// writes it. It is not a peer until its host adopts it, and not invalid.
+func (l Lease) Unclaimed() bool {
+	data := bytes.TrimSpace(l.Attrs.BackendData)
+	return l.Reserved && (len(data) == 0 || bytes.Equal(data, []byte("null")))
+}
+
 // Key returns the lease key suffix for a subnet, e.g. "10.244.7.0-24".
 func Key(p netip.Prefix) string {
 	return p.Addr().String() + "-" + strconv.Itoa(p.Bits())

@@ -465,7 +465,7 @@ func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
 
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200") // another machine, same node ID
-	_, err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).Acquire(ctx(t))
+	err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).CheckNodeID(ctx(t))
 	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("second host with the same node ID: %v, want ErrDuplicateNode with advice", err)
 	}
@@ -487,7 +487,7 @@ func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
 		t.Fatalf("restart on the same host: %v", err)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
@@ -505,7 +505,7 @@ func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nobody renews it: it expires within its TTL and the new host goes on.
-	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
 		t.Fatalf("after the dead host's key expired: %v", err)
 	}
 }

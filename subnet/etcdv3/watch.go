@@ -114,7 +114,9 @@ type watcher struct {
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 	resync := time.NewTimer(jitter(w.opts.ResyncInterval))
 	defer resync.Stop()
+	var warn repeatWarn
 	for ctx.Err() == nil {
+		started := time.Now()
 		reason := w.follow(ctx, out, resync)
 		if ctx.Err() != nil {
 			return
@@ -122,12 +124,15 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		if w.opts.OnRestart != nil {
 			w.opts.OnRestart(reason)
 		}
-		w.log.Warn("lease watch restarting", "reason", reason, "revision", w.rev)
+		if time.Since(started) > WarnEvery {
+			warn = repeatWarn{} // the watch was healthy a while: a new fault is news
+		}
+		warn.warn(w.log, "lease watch restarting", "reason", reason, "revision", w.rev)
 		for ctx.Err() == nil {
 			if err := w.relist(ctx, out); err == nil {
 				break
 			} else {
-				w.log.Warn("re-list of leases failed, will retry", "err", err)
+				warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
 			}
 			if !sleepCtx(ctx, w.opts.RetryInterval) {
 				return

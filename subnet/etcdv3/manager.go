@@ -414,7 +414,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 		case ka, ok := <-kaCh:
 			if !ok {
 				m.clearEtcdLease()
-				return keyGone("etcd lease %x of lease key %s expired or was revoked", l.EtcdLease, key)
+				return keyGone("lease expired: etcd lease %x of %s was revoked or not renewed within its TTL (etcd unreachable?)", l.EtcdLease, key)
 			}
 			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
 		case resp, ok := <-wch:

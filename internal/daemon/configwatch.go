@@ -26,21 +26,24 @@ type configWatch struct {
 // update returns the readiness reason for the stored config u ("" if it
 // fits) and logs a change of that reason once.
 func (w *configWatch) update(u etcdv3.ConfigUpdate) string {
-	reason := ""
+	problem := ""
 	if u.Err != nil {
-		reason = "network config changed while running: " + u.Err.Error()
+		problem = u.Err.Error()
 	} else if d := configDrift(w.running, u.Config, w.lease); d != "" {
-		reason = "network config at " + w.key + " changed while running: " + d
+		problem = w.key + ": " + d
 	}
 	switch {
-	case reason == w.last:
-	case reason == "":
+	case problem == w.last:
+	case problem == "":
 		w.log.Info("network config matches the running one again")
 	default:
-		w.log.Warn(reason)
+		w.log.Warn("network config changed while running", "problem", problem)
 	}
-	w.last = reason
-	return reason
+	w.last = problem
+	if problem == "" {
+		return ""
+	}
+	return "network config changed while running: " + problem
 }
 
 // configDrift says how now differs from run in what a running daemon uses,

@@ -57,6 +57,8 @@ func (k *envKeeper) problemLocked() string {
 		return k.withErr(k.path + " is missing")
 	case err != nil:
 		return k.withErr(err.Error())
+	case !fi.Mode().IsRegular():
+		return k.withErr(k.path + " is not a regular file")
 	case k.written != nil && os.SameFile(fi, k.written) && fi.Size() == k.written.Size() && fi.ModTime().Equal(k.written.ModTime()):
 		return k.withErr("")
 	}
@@ -71,15 +73,20 @@ func (k *envKeeper) problemLocked() string {
 	return k.withErr("")
 }
 
-// withErr adds the last write's failure to a reason.
+// withErr adds the last write's failure (its innermost cause: the path is
+// named already) to a reason.
 func (k *envKeeper) withErr(reason string) string {
-	switch {
-	case k.err == nil:
+	if k.err == nil {
 		return reason
-	case reason == "":
-		return "rewrite failed: " + k.err.Error()
 	}
-	return reason + "; rewrite failed: " + k.err.Error()
+	cause := k.err
+	for errors.Unwrap(cause) != nil {
+		cause = errors.Unwrap(cause)
+	}
+	if reason == "" {
+		return "cannot rewrite " + k.path + ": " + cause.Error()
+	}
+	return reason + "; cannot rewrite it: " + cause.Error()
 }
 
 // ensure rewrites the file if it is missing or differs, and reports what

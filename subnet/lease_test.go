@@ -222,3 +222,19 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 		}
 	})
 }
+
+func TestUnclaimed(t *testing.T) {
+	for _, tc := range []struct {
+		l    Lease
+		want bool
+	}{
+		{Lease{Reserved: true, Attrs: LeaseAttrs{PublicIP: "198.18.0.2", BackendType: "vxlan"}}, true},
+		{Lease{Reserved: true, Attrs: LeaseAttrs{NodeID: "n", BackendData: []byte(" null ")}}, true},
+		{Lease{Reserved: true, Attrs: LeaseAttrs{PublicIP: "198.18.0.2", BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}`)}}, false},
+		{Lease{EtcdLease: 7, Attrs: LeaseAttrs{PublicIP: "198.18.0.2"}}, false}, // a lease missing its data is invalid, not reserved
+	} {
+		if got := tc.l.Unclaimed(); got != tc.want {
+			t.Errorf("%+v.Unclaimed() = %v, want %v", tc.l, got, tc.want)
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -389,8 +390,10 @@ func (s stepper) run(ctx context.Context, what string, timeout time.Duration, fn
 			s.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
 			lastLog = time.Now()
 		}
-		if !sleepCtx(ctx, retryInterval) {
+		select {
+		case <-ctx.Done():
 			return ctx.Err()
+		case <-time.After(retryInterval):
 		}
 	}
 }
@@ -402,17 +405,6 @@ func fatalAtStart(err error) bool {
 		}
 	}
 	return false
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
@@ -488,8 +480,12 @@ func healthListener(cfg Config) (net.Listener, error) {
 		return nil, nil
 	}
 	ln, err := net.Listen("tcp", cfg.HealthAddr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		// Not another overlayd with this --subnet-file: that one holds the lock.
+		return nil, fmt.Errorf("--health-addr %s is in use by another program: set --health-addr to another address, or \"\" to disable", cfg.HealthAddr)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("--health-addr %s: %w (is another overlayd running? set --health-addr to another address, or \"\" to disable)", cfg.HealthAddr, err)
+		return nil, fmt.Errorf("--health-addr %s: %w", cfg.HealthAddr, err)
 	}
 	return ln, nil
 }

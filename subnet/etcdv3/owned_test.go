@@ -2,10 +2,12 @@ package etcdv3
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,4 +155,52 @@ func TestWatchConfigFollowsChanges(t *testing.T) {
 	if u := next(); !errors.Is(u.Err, ErrNoConfig) {
 		t.Fatalf("after a delete = %+v", u)
 	}
+}
+
+// During an etcd outage the watcher's retries do not repeat their warning
+// every few seconds: one line when the outage begins, then at most one per
+// WarnEvery (before, each failed re-list logged its own line).
+func TestWatchOutageWarnsOncePerWarnEvery(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	opts := WatchOptions{ProgressInterval: 100 * time.Millisecond, StallTimeout: 100 * time.Millisecond,
+		RequestTimeout: 200 * time.Millisecond, RetryInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	restarts := make(chan string, 100)
+	opts.OnRestart = func(r string) { restarts <- r }
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	batches := f.reg.Watch(wctx, snap, opts)
+	go func() {
+		for range batches {
+		}
+	}()
+	f.srv.Close()
+	<-restarts // the outage is noticed
+	// Long enough for a dozen failed re-lists at these intervals.
+	time.Sleep(3 * time.Second)
+	if n := strings.Count(logs.String(), "level=WARN"); n > 2 {
+		t.Fatalf("%d warnings within 3 s of an outage, want at most 2 (restart, first failed re-list):\n%s", n, logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

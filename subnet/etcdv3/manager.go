@@ -704,20 +704,23 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 				}
 				continue
 			}
-			// A broken watch is no loss by itself: look, then watch again.
+			// A broken watch (a leader change, a failover) is no loss by
+			// itself — the keepalive says whether the session holds: look
+			// whether the key is still there, then watch again.
 			if !sleepCtx(kctx, m.opts.RetryInterval) {
 				return kctx.Err()
 			}
+			rev := put.Header.Revision
 			rctx, cancel := context.WithTimeout(kctx, DefaultRequestTimeout)
 			resp, err := m.reg.cli.Get(rctx, key)
 			cancel()
-			switch {
-			case err != nil:
-				return fmt.Errorf("liveness key %s: watch broke and it cannot be read: %w", key, err)
-			case len(resp.Kvs) == 0:
-				return fmt.Errorf("liveness key %s was deleted", key)
+			if err == nil {
+				if len(resp.Kvs) == 0 {
+					return fmt.Errorf("liveness key %s was deleted", key)
+				}
+				rev = resp.Header.Revision
 			}
-			wch = watch(resp.Header.Revision)
+			wch = watch(rev)
 		}
 	}
 }

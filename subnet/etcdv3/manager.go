@@ -640,16 +640,16 @@ func deadlineOf(ctx context.Context) time.Time {
 func (m *Manager) keepLiveness(ctx context.Context) {
 	var warn repeatWarn
 	for ctx.Err() == nil {
-		held := time.Now()
 		err := m.holdLiveness(ctx)
 		m.mu.Lock()
+		held := !m.liveSince.IsZero()
 		m.liveSince, m.liveErr = time.Time{}, err
 		m.mu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(held) > WarnEvery {
-			warn = repeatWarn{}
+		if held {
+			warn = repeatWarn{} // it was back: a new loss is news
 		}
 		warn.warn(m.log, "liveness key lost, re-creating", "err", err)
 		if !sleepCtx(ctx, m.opts.RetryInterval) {

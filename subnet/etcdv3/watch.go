@@ -116,7 +116,6 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 	defer resync.Stop()
 	var warn repeatWarn
 	for ctx.Err() == nil {
-		started := time.Now()
 		reason := w.follow(ctx, out, resync)
 		if ctx.Err() != nil {
 			return
@@ -124,12 +123,12 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		if w.opts.OnRestart != nil {
 			w.opts.OnRestart(reason)
 		}
-		if time.Since(started) > WarnEvery {
-			warn = repeatWarn{} // the watch was healthy a while: a new fault is news
-		}
+		// Each fault is logged when it begins; while etcd stays away, the
+		// failed re-lists repeat the news at most every WarnEvery.
 		warn.warn(w.log, "lease watch restarting", "reason", reason, "revision", w.rev)
 		for ctx.Err() == nil {
 			if err := w.relist(ctx, out); err == nil {
+				warn.recovered(w.log, "lease watch restored", "revision", w.rev)
 				break
 			} else {
 				warn.warn(w.log, "re-list of leases failed, will retry", "err", err)

@@ -32,7 +32,7 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
-// lines returns the log lines, each decoded into its keys in order.
+// lines returns the log lines as written.
 func (b *logBuffer) lines(t *testing.T) []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

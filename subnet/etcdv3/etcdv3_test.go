@@ -260,9 +260,10 @@ func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 		if ok, err := f.reg.Delete(ctx(t), l.Subnet); err != nil || !ok {
 			t.Fatalf("round %d: delete: %v %v", round, ok, err)
 		}
+		// Readiness's view (KeyProblem) clears once it is back.
 		waitFor(t, 5*time.Second, "the lease to be re-claimed", func() bool {
 			got, err := f.reg.Get(ctx(t), l.Subnet)
-			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before
+			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before && m.KeyProblem() == nil
 		})
 	}
 	if got := m.Lease().Subnet; got != l.Subnet {

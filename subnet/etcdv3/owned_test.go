@@ -75,25 +75,6 @@ func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
 	}
 }
 
-// The lease key is the manager's too: while it is gone readiness says why,
-// and it comes back.
-func TestLeaseKeyProblemIsReportedUntilReclaimed(t *testing.T) {
-	f := newFixture(t, testNetwork)
-	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	startRun(t, m)
-	if _, err := f.cli.Delete(ctx(t), f.reg.LeaseKey(l.Subnet)); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, testenv.Slack, "the lease key re-claimed and the problem cleared", func() bool {
-		got, err := f.reg.Get(ctx(t), l.Subnet)
-		return err == nil && got.Attrs.NodeID == "node-1" && m.KeyProblem() == nil
-	})
-}
-
 func TestRepeatWarnLogsAtMostEveryWarnEvery(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))

@@ -50,6 +50,14 @@ type VXLANData struct {
 	VtepMAC string
 }
 
+// Unclaimed reports whether l is a reservation no host has adopted yet: a
+// key with no etcd lease and no BackendData, as `overlayd lease reserve`
+// writes it. It is not a peer until its host adopts it, and not invalid.
+func (l Lease) Unclaimed() bool {
+	data := bytes.TrimSpace(l.Attrs.BackendData)
+	return l.Reserved && (len(data) == 0 || bytes.Equal(data, []byte("null")))
+}
+
 // Key returns the lease key suffix for a subnet, e.g. "10.244.7.0-24".
 func Key(p netip.Prefix) string {
 	return p.Addr().String() + "-" + strconv.Itoa(p.Bits())
@@ -150,15 +158,6 @@ func (a LeaseAttrs) OwnedBy(nodeID string, publicIP netip.Addr) bool {
 // overwrite it.
 func (a LeaseAttrs) NamesAHost() bool {
 	return a.NodeID != "" || checkPublicIP(a.PublicAddr(), a.PublicIP) == nil
-}
-
-// Unclaimed reports whether l is a reservation no host has adopted yet: a
-// key without an etcd lease (written by `overlayd lease reserve`) and
-// without BackendData, which its host adds when it adopts it. It is a
-// state of its own, not an invalid lease: it has no VTEP to program yet.
-func (l Lease) Unclaimed() bool {
-	data := bytes.TrimSpace(l.Attrs.BackendData)
-	return l.Reserved && (len(data) == 0 || bytes.Equal(data, []byte("null")))
 }
 
 // orphanError marks a lease that does not fit the network config; it is

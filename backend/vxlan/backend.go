@@ -628,14 +628,12 @@ func (b *Backend) pass(onlyPeers bool) (full bool, err error) {
 		b.stats.DriftRepairs += repaired
 		b.log.Info("repaired drift in kernel state", "entries", repaired)
 	}
-	level := slog.LevelInfo
 	if len(res.removed) > logEach {
 		b.log.Info("peers removed", "removed", len(res.removed))
-		level = slog.LevelDebug
 	}
-	if b.log.Enabled(context.Background(), level) {
+	if b.log.Enabled(context.Background(), slog.LevelDebug) {
 		for _, r := range res.removed {
-			b.log.Log(context.Background(), level, "peer removed", "subnet", r.Dst, "via", r.Gw)
+			b.log.Debug("peer removed from the kernel", "peer", r.Dst, "via", r.Gw)
 		}
 	}
 	conflicts := b.conflicted
@@ -648,7 +646,7 @@ func (b *Backend) pass(onlyPeers bool) (full bool, err error) {
 		conflicts[c] = true
 		if !b.conflicted[c] {
 			b.log.Warn("another program's route holds a peer's subnet; not overwriting it, the peer is unreachable until it is removed",
-				"subnet", c)
+				"peer", c)
 		}
 	}
 	b.conflicted = conflicts
@@ -661,9 +659,9 @@ func (b *Backend) pass(onlyPeers bool) (full bool, err error) {
 	return full, b.finish(start, gen, want, werr, &res, conflicts)
 }
 
-// logEach is how many peers one pass may add, update or remove with a log
-// line each at Info; beyond it (a cold start, a large re-list) the pass
-// logs one summary line at Info and the peers at Debug.
+// logEach is how many peers one pass may add, update or remove without a
+// summary line at Info; each peer is logged at Debug only (the daemon logs
+// each lease event at Info once, so the backend does not repeat it).
 const logEach = 16
 
 // anyIn reports whether a peer of either set has its subnet in conflicted:
@@ -734,18 +732,16 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 			next = want
 		}
 		b.programmed = next
-		level := slog.LevelInfo
 		if len(added)+len(updated) > logEach {
 			b.log.Info("peers programmed", "added", len(added), "updated", len(updated))
-			level = slog.LevelDebug
 		}
-		if b.log.Enabled(context.Background(), level) {
+		if b.log.Enabled(context.Background(), slog.LevelDebug) {
 			for i, w := range updated {
-				b.log.Log(context.Background(), level, "peer updated", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
+				b.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
 					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].MAC.String())
 			}
 			for _, w := range added {
-				b.log.Log(context.Background(), level, "peer added", "subnet", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
+				b.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
 			}
 		}
 		if adopted > 0 {

@@ -130,17 +130,20 @@ drops no packets; 'overlayd teardown' removes it.`,
 
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {
 	var (
-		h   hostFlags
-		vni int
+		h     hostFlags
+		vni   int
+		force bool
 	)
 	c := &cobra.Command{
 		Use:   "teardown",
 		Short: "Remove this host's VXLAN device, routes, neighbours, FDB entries, lease and subnet.env",
-		Long: `Remove everything overlayd set up on this host. Stop 'overlayd run' first.
+		Long: `Remove everything overlayd set up on this host. Stop 'overlayd run' first:
+teardown refuses while it runs (it holds <subnet-file>.lock) unless --force.
 
 The lease key is deleted (a reservation is kept: an operator made it) and its
-etcd lease revoked. If etcd cannot be reached, the data path is still removed
-(using --vni) and the lease expires with its TTL.`,
+etcd lease revoked. If etcd cannot be reached, the data path and subnet.env
+are still removed (using --vni) and teardown exits 1: the lease stays until
+its TTL runs out. Only what was found is reported as removed.`,
 		Args:    cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) error { return h.checkHostFlags(cmd.Flags()) },
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -150,24 +153,41 @@ etcd lease revoked. If etcd cannot be reached, the data path is still removed
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
-			res, err := daemon.Teardown(ctx, cfg, vni)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "removed device %s and its routes, neighbours and FDB entries\n", res.Device)
-			if res.LeaseRemoved != "" {
-				fmt.Fprintf(out, "released lease %s\n", res.LeaseRemoved)
-			}
-			if res.LeaseKept != "" {
-				fmt.Fprintf(out, "lease kept: %s\n", res.LeaseKept)
-			}
-			fmt.Fprintf(out, "removed %s\n", cfg.SubnetFile)
-			return nil
+			res, err := daemon.Teardown(ctx, cfg, daemon.TeardownOptions{VNI: vni, Force: force})
+			printTeardown(cmd.OutOrStdout(), res)
+			return err
 		},
 	}
 	h.register(c)
 	c.Flags().IntVar(&vni, "vni", 1, "VNI of the device to remove when etcd cannot be reached")
 	checkFlag(c.Flags(), "vni", intIn(1, 1<<24-1))
+	c.Flags().BoolVar(&force, "force", false, "tear down even while overlayd runs on this host (it rebuilds what it owns)")
 	return usesEtcd(c)
+}
+
+// printTeardown says what teardown removed, and nothing it did not.
+func printTeardown(out io.Writer, res daemon.TeardownResult) {
+	if res.Device == "" {
+		return // it stopped before looking
+	}
+	var lines []string
+	if res.DeviceRemoved {
+		lines = append(lines, "removed device "+res.Device+" and its routes, neighbours and FDB entries")
+	}
+	if res.MasqRemoved {
+		lines = append(lines, "removed nftables table ip overlay")
+	}
+	if res.LeaseRemoved != "" {
+		lines = append(lines, "released lease "+res.LeaseRemoved)
+	}
+	if res.SubnetFile != "" {
+		lines = append(lines, "removed "+res.SubnetFile)
+	}
+	if len(lines) == 0 {
+		lines = append(lines, "nothing to remove on this host: no device "+res.Device+", no nftables table, no subnet file")
+	}
+	if res.LeaseKept != "" {
+		lines = append(lines, "lease kept: "+res.LeaseKept)
+	}
+	fmt.Fprintln(out, strings.Join(lines, "\n"))
 }

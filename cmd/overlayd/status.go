@@ -77,7 +77,8 @@ func statusOutput(st daemon.Status) printer.Output {
 		{"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"},
 		{"subnet", orDash(st.Subnet) + leaseNote(st)},
 		{"device", orDash(st.Device) + " mtu " + strconv.Itoa(st.MTU) + " mac " + orDash(st.VtepMAC)},
-		{"peers", fmt.Sprintf("%d programmed / %d expected, %d invalid leases skipped", st.PeersProgrammed, st.PeersExpected, st.LeasesRejected)},
+		{"peers", fmt.Sprintf("%d programmed / %d expected", st.PeersProgrammed, st.PeersExpected)},
+		{"other leases", fmt.Sprintf("%d reserved, %d orphaned, %d invalid", st.LeasesReserved, st.LeasesOrphaned, st.LeasesRejected)},
 	}
 	if st.LastReconcile != nil {
 		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})

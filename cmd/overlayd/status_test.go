@@ -28,7 +28,7 @@ func TestStatusShowsReadyDaemon(t *testing.T) {
 	addr := statusServer(t, daemon.Status{
 		Node: "h1", Iface: "eth0", PublicIP: "198.18.0.1", Subnet: "10.244.7.0/24",
 		Device: "overlay.1", MTU: 1450, VtepMAC: "0e:00:00:00:00:01",
-		PeersExpected: 2, PeersProgrammed: 2, Ready: true,
+		PeersExpected: 2, PeersProgrammed: 2, LeasesReserved: 1, LeasesOrphaned: 2, Ready: true,
 		Conditions: []daemon.Condition{{Name: "etcd", OK: true}, {Name: "lease", OK: true}, {Name: "device", OK: true}, {Name: "reconcile", OK: true}},
 	})
 	r := run(t, "", "", "status", "--health-addr", addr)
@@ -36,7 +36,7 @@ func TestStatusShowsReadyDaemon(t *testing.T) {
 		t.Fatalf("status: %+v", r)
 	}
 	flat := strings.Join(strings.Fields(r.out), " ")
-	for _, want := range []string{"subnet 10.244.7.0/24", "peers 2 programmed / 2 expected", "ready yes", "reconcile ok"} {
+	for _, want := range []string{"subnet 10.244.7.0/24", "peers 2 programmed / 2 expected", "other leases 1 reserved, 2 orphaned, 0 invalid", "ready yes", "reconcile ok"} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("status output lacks %q:\n%s", want, r.out)
 		}

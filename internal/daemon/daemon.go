@@ -19,8 +19,10 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -101,12 +103,23 @@ const retryInterval = 2 * time.Second
 const gcPercent = 50
 
 // Run runs the daemon until ctx ends (returning nil, data path left in
-// place) or the lease is lost or cannot be had (returning the error).
+// place) or the lease is lost or cannot be had (returning the error). Every
+// wait of start-up ends: in success, in a fatal error, or — when ctx ends,
+// at any phase — in a clean return of nil.
 func Run(ctx context.Context, cfg Config) error {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 	}
 	cfg.defaults()
+	err := run(ctx, cfg)
+	if ctx.Err() != nil {
+		// Whatever was in progress ended because we were told to stop.
+		return nil
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	nodeID, err := NodeID(cfg.NodeName, cfg.MachineIDFile)
 	if err != nil {
@@ -121,6 +134,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	lock, err := lockHost(cfg.SubnetFile)
+	if err != nil {
+		return fmt.Errorf("%w: stop it first, or give this one its own --subnet-file and --health-addr", err)
+	}
+	defer lock.release()
 	log = log.With("node", nodeID)
 	log.Info("starting", "iface", ul.Iface, "public_ip", ul.PublicIP, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
 
@@ -141,13 +159,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if ln, err := healthListener(cfg); err != nil {
 		return err
 	} else if ln != nil {
-		hlog := log // Run re-binds log below; the goroutine keeps its own
+		hlog := log // run re-binds log below; the goroutine keeps its own
 		wg.Go(func() { serveHTTP(ctx, ln, st, m, hlog) })
 		log.Info("serving health and metrics", "addr", ln.Addr())
 	}
+	steps := stepper{log: log, st: st}
 
 	var cli *clientv3.Client
-	if err := retry(ctx, log, "reach etcd", func(ctx context.Context) (err error) {
+	if err := steps.retry(ctx, "reach etcd at "+strings.Join(cfg.Etcd.Endpoints, ","), func(ctx context.Context) (err error) {
 		cli, err = etcdclient.Connect(ctx, cfg.Etcd)
 		return err
 	}); err != nil {
@@ -157,7 +176,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := etcdv3.NewRegistry(cli, cfg.Prefix)
 
 	var netCfg *subnet.Config
-	if err := retry(ctx, log, "read the network config", func(ctx context.Context) (err error) {
+	if err := steps.retry(ctx, "read the network config", func(ctx context.Context) (err error) {
 		netCfg, _, err = reg.GetConfig(ctx)
 		return err
 	}); err != nil {
@@ -166,20 +185,26 @@ func Run(ctx context.Context, cfg Config) error {
 
 	host := etcdv3.Host{NodeID: nodeID, PublicIP: ul.PublicIP, VtepMAC: vxlan.VtepMAC(nodeID, netCfg.Backend.VNI), Previous: previousLease(cfg.SubnetFile, netCfg, log)}
 	host.Hostname, _ = os.Hostname()
-	mgr := etcdv3.NewManager(reg, netCfg, host, etcdv3.ManagerOptions{LeaseTTL: cfg.LeaseTTL, LivenessTTL: cfg.LivenessTTL, Logger: log})
-	st.set(func(p *probe) { p.mgr = mgr })
+	mgr := etcdv3.NewManager(reg, netCfg, host, etcdv3.ManagerOptions{LeaseTTL: cfg.LeaseTTL, LivenessTTL: cfg.LivenessTTL, Logger: log, OnWait: st.setPhase})
+	// The wait for another host's liveness key is bounded by that key's
+	// TTL, not by a per-attempt timeout: it must be allowed to end.
+	if err := steps.retryUnbounded(ctx, "check that node ID "+strconv.Quote(nodeID)+" is not in use", mgr.CheckNodeID); err != nil {
+		return err
+	}
 	// Acquire lists every lease to pick a subnet; that listing also seeds
 	// the peers and the watch below (see Registry.ShareLists).
 	reg.ShareLists()
 	var lease subnet.Lease
-	if err := retry(ctx, log, "acquire a lease", func(ctx context.Context) (err error) {
+	if err := steps.retry(ctx, "acquire a lease", func(ctx context.Context) (err error) {
 		lease, err = mgr.Acquire(ctx)
 		return err
 	}); err != nil {
 		return err
 	}
+	st.set(func(p *probe) { p.mgr = mgr })
 	log = log.With("subnet", lease.Subnet)
 
+	st.setPhase("setting up the VXLAN device")
 	nl, err := vxlan.OpenNetlink(cfg.NetNS)
 	if err != nil {
 		return err
@@ -204,7 +229,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// start the first pass is most of the time to converge.
 	snap, shared := reg.TakeSharedList()
 	if !shared {
-		if err := retry(ctx, log, "list leases", func(ctx context.Context) (err error) {
+		if err := steps.retry(ctx, "list leases", func(ctx context.Context) (err error) {
 			snap, err = reg.List(ctx)
 			return err
 		}); err != nil {
@@ -218,7 +243,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	m.rejected(peers.reset(snap), log)
 	publishPeers(be, peers, st, m)
-	log.Info("initial lease set", "peers", len(peers.valid), "rejected", peers.rejected(), "revision", snap.Revision)
+	c := peers.counts()
+	log.Info("initial lease set", "peers", len(peers.valid), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", snap.Revision)
 	wg.Go(func() { _ = be.Run(ctx) })
 
 	if cfg.IPMasq {
@@ -228,8 +254,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		closers = append(closers, func() { _ = mq.Close() })
 	}
-	env := subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, cfg.IPMasq)
-	if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {
+	env := newEnvKeeper(cfg.SubnetFile, subnet.NewEnv(netCfg.Network, lease.Subnet, dev.MTU, cfg.IPMasq))
+	if _, err := env.ensure(); err != nil {
 		return err
 	}
 	log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.VtepMAC.String(), "mtu", dev.MTU, "subnet_file", cfg.SubnetFile)
@@ -242,7 +268,10 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	batches := reg.Watch(ctx, snap, etcdv3.WatchOptions{ResyncInterval: cfg.LeaseResync, Logger: log,
 		OnRestart: func(string) { m.watchRestarts.Inc() }})
-	envCheck := time.NewTicker(5 * time.Second)
+	configs := reg.WatchConfig(ctx, retryInterval)
+	drift := configWatch{running: netCfg, lease: lease.Subnet, key: reg.ConfigKey(), log: log}
+	st.set(func(p *probe) { p.env, p.phase = env, "" })
+	envCheck := time.NewTicker(envCheckInterval)
 	defer envCheck.Stop()
 	for {
 		select {
@@ -266,16 +295,17 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			m.rejected(peers.apply(b), log)
 			publishPeers(be, peers, st, m)
+		case u, ok := <-configs:
+			if ok {
+				reason := drift.update(u)
+				st.set(func(p *probe) { p.config = reason })
+			}
 		case <-envCheck.C:
 			// The device MTU follows the underlay's; pods must learn it.
-			if mtu := be.Status().MTU; mtu > 0 && mtu != env.MTU {
-				env.MTU = mtu
-				if err := subnet.WriteEnv(cfg.SubnetFile, env); err != nil {
-					log.Error("rewrite subnet.env", "err", err)
-				} else {
-					log.Info("subnet.env rewritten", "mtu", mtu)
-				}
+			if mtu := be.Status().MTU; mtu > 0 {
+				env.set(func(e *subnet.Env) { e.MTU = mtu })
 			}
+			env.keep(log)
 		}
 	}
 }
@@ -311,39 +341,70 @@ func previousLease(path string, cfg *subnet.Config, log *slog.Logger) netip.Pref
 	return env.Lease()
 }
 
+// stepper runs the steps of start-up that wait for something, keeping
+// readiness's "startup" reason true to what is being waited for.
+type stepper struct {
+	log *slog.Logger
+	st  *probe
+}
+
+// attemptTimeout bounds each attempt of a start-up step, so an unreachable
+// etcd is retried rather than waited on forever.
+const attemptTimeout = 10 * time.Second
+
 // retry runs fn until it succeeds, ctx ends, or the error is one waiting
-// cannot fix (no free subnet, lease lost). Each attempt gets its own
-// timeout, so an unreachable etcd is retried rather than waited on forever.
-func retry(ctx context.Context, log *slog.Logger, what string, fn func(context.Context) error) error {
+// cannot fix (no free subnet, lease lost, duplicate node ID, stranded
+// lease, bad client settings). Each attempt gets attemptTimeout.
+func (s stepper) retry(ctx context.Context, what string, fn func(context.Context) error) error {
+	return s.run(ctx, what, attemptTimeout, fn)
+}
+
+// retryUnbounded is retry for a step that bounds its own waits.
+func (s stepper) retryUnbounded(ctx context.Context, what string, fn func(context.Context) error) error {
+	return s.run(ctx, what, 0, fn)
+}
+
+func (s stepper) run(ctx context.Context, what string, timeout time.Duration, fn func(context.Context) error) error {
 	var lastLog time.Time
+	s.st.setPhase("trying to " + what)
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, timeout)
+		}
 		err := fn(actx)
 		cancel()
 		switch {
 		case err == nil:
 			if attempt > 1 {
-				log.Info("succeeded after retrying", "what", what, "attempts", attempt)
+				s.log.Info("succeeded after retrying", "what", what, "attempts", attempt)
 			}
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, subnet.ErrOutOfSubnets), errors.Is(err, etcdv3.ErrLeaseLost), errors.Is(err, etcdv3.ErrDuplicateNode),
-			errors.Is(err, etcdclient.ErrConfig):
+		case fatalAtStart(err):
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		if time.Since(lastLog) > 30*time.Second {
-			log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
+		s.st.setPhase("waiting to " + what + ": " + err.Error())
+		if time.Since(lastLog) >= etcdv3.WarnEvery {
+			s.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
 			lastLog = time.Now()
 		}
-		t := time.NewTimer(retryInterval)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return ctx.Err()
-		case <-t.C:
+		case <-time.After(retryInterval):
 		}
 	}
+}
+
+func fatalAtStart(err error) bool {
+	for _, fatal := range []error{subnet.ErrOutOfSubnets, etcdv3.ErrLeaseLost, etcdv3.ErrDuplicateNode, etcdv3.ErrStranded, etcdclient.ErrConfig} {
+		if errors.Is(err, fatal) {
+			return true
+		}
+	}
+	return false
 }
 
 func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
@@ -359,11 +420,15 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
 	}
 }
 
-// rejected logs and counts newly rejected leases.
+// rejected logs and counts newly skipped leases.
 func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
 	for _, r := range rs {
-		log.Warn("skipping invalid lease", "key", r.Key, "err", r.Err)
-		m.rejectionsTotal.Inc()
+		if r.Kind == orphanedLease {
+			log.Warn("skipping orphaned lease", "key", r.Key, "reason", r.Err)
+		} else {
+			log.Warn("skipping invalid lease", "key", r.Key, "err", r.Err)
+			m.rejectionsTotal.Inc()
+		}
 		if p, err := subnet.ParseKey(r.Key[strings.LastIndexByte(r.Key, '/')+1:]); err == nil {
 			m.eventGone(p)
 		}
@@ -373,10 +438,12 @@ func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
 // publishPeers hands the peer set to the backend and records its size.
 func publishPeers(be *vxlan.Backend, peers *peerSet, st *probe, m *metrics) {
 	be.SetPeers(peers.peers())
-	valid, rejected := len(peers.valid), peers.rejected()
-	st.set(func(p *probe) { p.expected, p.rejected = valid, rejected })
-	m.leasesSeen.Set(float64(valid + rejected + 1)) // + our own
-	m.leasesRejected.Set(float64(rejected))
+	valid, c := len(peers.valid), peers.counts()
+	st.set(func(p *probe) { p.peers, p.counts = valid, c })
+	m.leasesSeen.Set(float64(valid + c.invalid + c.orphaned + c.reserved + 1)) // + our own
+	m.leasesRejected.Set(float64(c.invalid))
+	m.leasesOrphaned.Set(float64(c.orphaned))
+	m.leasesReserved.Set(float64(c.reserved))
 }
 
 // masqInterval is how often the masquerade table is checked and repaired.
@@ -413,8 +480,12 @@ func healthListener(cfg Config) (net.Listener, error) {
 		return nil, nil
 	}
 	ln, err := net.Listen("tcp", cfg.HealthAddr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		// Not another overlayd with this --subnet-file: that one holds the lock.
+		return nil, fmt.Errorf("--health-addr %s is in use by another program: set --health-addr to another address, or \"\" to disable", cfg.HealthAddr)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("--health-addr %s: %w (is another overlayd running? set --health-addr to another address, or \"\" to disable)", cfg.HealthAddr, err)
+		return nil, fmt.Errorf("--health-addr %s: %w", cfg.HealthAddr, err)
 	}
 	return ln, nil
 }

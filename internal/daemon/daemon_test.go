@@ -246,7 +246,7 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 
 	// It leaves for good: stop, teardown. Its routes vanish everywhere.
 	h3.stop()
-	res, err := Teardown(context.Background(), h3.cfg, 1)
+	res, err := Teardown(context.Background(), h3.cfg, TeardownOptions{VNI: 1})
 	if err != nil || res.LeaseRemoved != e3.Lease().String() {
 		t.Fatalf("teardown h3 = %+v, %v", res, err)
 	}

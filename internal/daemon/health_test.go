@@ -44,17 +44,10 @@ func get(t *testing.T, c *http.Client, url string) (int, string) {
 func TestReadinessFollowsEachCondition(t *testing.T) {
 	c := newCluster(t)
 	h1 := c.addHost("h1", 1)
-	var ln net.Listener
-	if err := lab.Do(h1.host.NS, func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	h1.cfg.HealthListener = ln
+	h1.withHealth(t)
 	h1.cfg.LivenessTTL = 2 * time.Second
 	h1.cfg.LeaseTTL = 3 * time.Second
-	base := "http://" + ln.Addr().String()
+	base := "http://" + h1.cfg.HealthListener.Addr().String()
 	client := nsHTTPClient(h1.host.NS)
 
 	h1.start(t)

@@ -17,6 +17,8 @@ type metrics struct {
 	reg             *prometheus.Registry
 	leasesSeen      prometheus.Gauge
 	leasesRejected  prometheus.Gauge
+	leasesOrphaned  prometheus.Gauge
+	leasesReserved  prometheus.Gauge
 	rejectionsTotal prometheus.Counter
 	watchRestarts   prometheus.Counter
 	eventLatency    prometheus.Histogram
@@ -33,7 +35,11 @@ func newMetrics(p *probe) *metrics {
 		leasesSeen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases",
 			Help: "Leases in etcd as last seen, this host's included."}),
 		leasesRejected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_invalid",
-			Help: "Lease keys currently skipped because they are invalid."}),
+			Help: "Lease keys currently skipped because they are invalid (reservations and orphaned leases are counted apart)."}),
+		leasesOrphaned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_orphaned",
+			Help: "Leases outside the network config (left by a change of the config), not programmed."}),
+		leasesReserved: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_reserved",
+			Help: "Reservations no host has claimed yet."}),
 		rejectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_leases_invalid_total",
 			Help: "Invalid lease keys or values seen (each key once per revision)."}),
 		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_watch_restarts_total",
@@ -63,7 +69,7 @@ func newMetrics(p *probe) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.leasesSeen, m.leasesRejected, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
+		m.leasesSeen, m.leasesRejected, m.leasesOrphaned, m.leasesReserved, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
 		gauge("overlay_peers", "Peers in the desired set (valid leases of other hosts).",
 			func(s backend.Status) float64 { return float64(s.Peers) }),
 		gauge("overlay_peers_programmed", "Peers whose route, neighbour and FDB entry are all in the kernel.",

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"net/netip"
 
 	"github.com/overlaynet/overlay/backend"
@@ -11,8 +12,11 @@ import (
 // peerSet turns the lease set seen in etcd into the peer set handed to the
 // data plane. It is pure and incremental: each lease is validated once, when
 // it arrives (the values are untrusted), and our own subnet is left out.
-// A rejected key is reported once per revision, so a key that stays bad is
-// logged once, not at every resync.
+// Every key that is not a peer is in one named state: an unclaimed
+// reservation (waiting for its host), orphaned (a lease outside the
+// network config, left by a config change) or invalid. A skipped key is
+// reported once per revision, so a key that stays bad is logged once, not
+// at every resync.
 type peerSet struct {
 	cfg    *subnet.Config
 	own    netip.Prefix
@@ -22,8 +26,10 @@ type peerSet struct {
 	// 10 bytes rather than a backend.Peer (80 bytes and a MAC allocated on
 	// its own): 5,000 peers are kept for the daemon's lifetime.
 	valid map[netip.Prefix]peerAddrs
-	// bad maps each currently rejected key to the revision reported.
-	bad map[string]int64
+	// bad maps each currently skipped key to the revision reported.
+	bad map[string]skip
+	// reserved holds the unclaimed reservations.
+	reserved map[netip.Prefix]bool
 
 	out  []backend.Peer // peers' result, reused
 	macs []byte         // the MACs of out
@@ -35,21 +41,37 @@ type peerAddrs struct {
 	mac      [6]byte
 }
 
+// skipKind is why a key is skipped.
+type skipKind uint8
+
+const (
+	invalidLease  skipKind = iota // its key or value cannot be used
+	orphanedLease                 // a lease outside the network config
+)
+
+// skip is a skipped key's kind and the revision reported.
+type skip struct {
+	rev  int64
+	kind skipKind
+}
+
 // rejection is a lease that will not be programmed.
 type rejection struct {
-	Key string
-	Err error
+	Key  string
+	Err  error
+	Kind skipKind
 }
 
 func newPeerSet(cfg *subnet.Config, own netip.Prefix, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]peerAddrs{}, bad: map[string]int64{}}
+	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]peerAddrs{}, bad: map[string]skip{}, reserved: map[netip.Prefix]bool{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
 	s.valid = make(map[netip.Prefix]peerAddrs, len(snap.Leases))
-	s.bad = map[string]int64{}
+	s.bad = map[string]skip{}
+	s.reserved = map[netip.Prefix]bool{}
 	var out []rejection
 	for _, l := range snap.Leases {
 		out = s.put(l, old, out)
@@ -72,6 +94,7 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
 			delete(s.valid, ev.Lease.Subnet)
+			delete(s.reserved, ev.Lease.Subnet)
 			s.unmark(ev.Lease.Subnet)
 			continue
 		}
@@ -82,7 +105,19 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 
 func (s *peerSet) key(p netip.Prefix) string { return s.prefix + subnet.Key(p) }
 
-func (s *peerSet) put(l subnet.Lease, reported map[string]int64, out []rejection) []rejection {
+func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection) []rejection {
+	delete(s.reserved, l.Subnet)
+	delete(s.valid, l.Subnet)
+	if l.Unclaimed() && l.Subnet != s.own {
+		// A reservation waiting for its host: no VTEP yet, but checked
+		// like every claim (the same check `overlayd lease reserve` makes).
+		if err := s.cfg.CheckClaim(l); err != nil {
+			return s.reject(s.key(l.Subnet), l.ModRevision, err, skipKindOf(err), reported, out)
+		}
+		s.unmark(l.Subnet)
+		s.reserved[l.Subnet] = true
+		return out
+	}
 	peer, err := s.cfg.Peer(l)
 	switch {
 	case l.Subnet == s.own && err == nil:
@@ -91,13 +126,21 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]int64, out []rejection
 		s.unmark(l.Subnet)
 		return out
 	case err != nil:
-		delete(s.valid, l.Subnet)
-		return s.reject(s.key(l.Subnet), l.ModRevision, err, reported, out)
+		return s.reject(s.key(l.Subnet), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
 	s.unmark(l.Subnet)
 	// Config.Peer has checked both: an IPv4 address and a 6-byte MAC.
 	s.valid[l.Subnet] = peerAddrs{publicIP: peer.PublicIP.As4(), mac: [6]byte(peer.VtepMAC)}
 	return out
+}
+
+// skipKindOf tells a lease that no longer fits the network config (left by
+// a config change) from one that is wrong in itself.
+func skipKindOf(err error) skipKind {
+	if errors.Is(err, subnet.ErrOrphaned) {
+		return orphanedLease
+	}
+	return invalidLease
 }
 
 // unmark forgets that p's key was rejected. (Most sets have no rejected
@@ -109,21 +152,22 @@ func (s *peerSet) unmark(p netip.Prefix) {
 	}
 }
 
-func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]int64, out []rejection) []rejection {
+func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]skip, out []rejection) []rejection {
 	for _, i := range inv {
 		if p, err := subnet.ParseKey(i.Key[min(len(s.prefix), len(i.Key)):]); err == nil {
 			delete(s.valid, p) // an undecodable value replaces whatever was there
+			delete(s.reserved, p)
 		}
-		out = s.reject(i.Key, i.ModRevision, i.Err, reported, out)
+		out = s.reject(i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
 	}
 	return out
 }
 
-func (s *peerSet) reject(key string, rev int64, err error, reported map[string]int64, out []rejection) []rejection {
-	if seen, ok := reported[key]; !ok || seen != rev {
-		out = append(out, rejection{Key: key, Err: err})
+func (s *peerSet) reject(key string, rev int64, err error, kind skipKind, reported map[string]skip, out []rejection) []rejection {
+	if seen, ok := reported[key]; !ok || seen != (skip{rev, kind}) {
+		out = append(out, rejection{Key: key, Err: err, Kind: kind})
 	}
-	s.bad[key] = rev
+	s.bad[key] = skip{rev, kind}
 	return out
 }
 
@@ -146,6 +190,20 @@ func (s *peerSet) peers() []backend.Peer {
 	return out
 }
 
-// rejected is the number of keys currently not programmed because they are
-// invalid.
-func (s *peerSet) rejected() int { return len(s.bad) }
+// counts are the numbers of keys currently in each state that is not a peer.
+type counts struct{ invalid, orphaned, reserved int }
+
+func (s *peerSet) counts() counts {
+	c := counts{reserved: len(s.reserved)}
+	for _, k := range s.bad {
+		if k.kind == orphanedLease {
+			c.orphaned++
+		} else {
+			c.invalid++
+		}
+	}
+	return c
+}
+
+// rejected is the number of keys currently skipped as invalid.
+func (s *peerSet) rejected() int { return s.counts().invalid }

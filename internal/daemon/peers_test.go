@@ -88,3 +88,60 @@ func TestNodeID(t *testing.T) {
 		}
 	}
 }
+
+func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := netip.MustParsePrefix("10.244.1.0/24")
+	s := newPeerSet(cfg, own, prefix)
+	reservation := func(sub, ip, node string, rev int64) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev,
+			Attrs: subnet.LeaseAttrs{PublicIP: ip, NodeID: node, BackendType: "vxlan"}}
+	}
+	claimed := lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 5)
+	claimed.Reserved = true // an adopted reservation keeps no etcd lease
+	rej := s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{
+		reservation("10.244.2.0/24", "198.18.0.2", "", 2),
+		reservation("10.244.4.0/24", "", "later", 3),
+		reservation("10.244.6.0/24", "0.0.0.0", "", 4),               // names no host: invalid
+		lease("10.99.0.0/24", "198.18.0.9", "0e:00:00:00:00:09", 6),  // outside the network
+		lease("10.244.8.0/25", "198.18.0.8", "0e:00:00:00:00:08", 7), // old SubnetLen
+		reservation("10.98.0.0/24", "198.18.0.10", "", 8),            // reservation outside: orphaned
+		claimed,
+	}})
+	if got := s.counts(); got != (counts{invalid: 1, orphaned: 3, reserved: 2}) {
+		t.Fatalf("counts = %+v, want 1 invalid, 3 orphaned, 2 reserved", got)
+	}
+	kinds := map[skipKind]int{}
+	for _, r := range rej {
+		kinds[r.Kind]++
+	}
+	if kinds[invalidLease] != 1 || kinds[orphanedLease] != 3 {
+		t.Errorf("reported %v, want 1 invalid and 3 orphaned", rej)
+	}
+	if peers := s.peers(); len(peers) != 1 || peers[0].Subnet != claimed.Subnet {
+		t.Errorf("peers = %+v, want only the claimed reservation", peers)
+	}
+	// Its host claims 10.244.2.0/24; 10.244.4.0/24 is revoked; the orphan
+	// is cleaned up.
+	rej = s.apply(etcdv3.Batch{Events: []subnet.Event{
+		{Type: subnet.Changed, Lease: func() subnet.Lease {
+			l := lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 9)
+			l.Reserved = true
+			return l
+		}()},
+		{Type: subnet.Removed, Lease: reservation("10.244.4.0/24", "", "later", 3)},
+		{Type: subnet.Removed, Lease: lease("10.99.0.0/24", "198.18.0.9", "0e:00:00:00:00:09", 6)},
+	}})
+	if len(rej) != 0 {
+		t.Errorf("apply reported %v", rej)
+	}
+	if got := s.counts(); got != (counts{invalid: 1, orphaned: 2}) {
+		t.Errorf("counts after apply = %+v, want 1 invalid, 2 orphaned, 0 reserved", got)
+	}
+	if len(s.peers()) != 2 {
+		t.Errorf("peers after the claim = %+v, want 2", s.peers())
+	}
+}

@@ -25,7 +25,11 @@ type Status struct {
 
 	PeersExpected   int `json:"peersExpected"`
 	PeersProgrammed int `json:"peersProgrammed"`
-	LeasesRejected  int `json:"leasesRejected"`
+	// LeasesRejected counts invalid lease keys; unclaimed reservations and
+	// orphaned leases (outside the network config) are counted apart.
+	LeasesRejected int `json:"leasesRejected"`
+	LeasesReserved int `json:"leasesReserved"`
+	LeasesOrphaned int `json:"leasesOrphaned"`
 
 	LastReconcile *time.Time `json:"lastReconcile,omitempty"`
 	LastError     string     `json:"lastError,omitempty"`
@@ -48,10 +52,14 @@ type probe struct {
 	node     string
 	iface    string
 	publicIP netip.Addr
-	mgr      *etcdv3.Manager
-	be       backend.Backend
-	expected int
-	rejected int
+	// phase says what start-up is waiting for; "" once it is over.
+	phase  string
+	mgr    *etcdv3.Manager
+	be     backend.Backend
+	env    *envKeeper
+	config string // why the stored network config no longer fits, if it does not
+	counts counts
+	peers  int
 }
 
 func (p *probe) set(f func(p *probe)) {
@@ -60,68 +68,103 @@ func (p *probe) set(f func(p *probe)) {
 	f(p)
 }
 
-// status evaluates the readiness conditions at now.
+// setPhase records what start-up is doing or waiting for.
+func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reason }) }
+
+// status evaluates the readiness conditions at now. During start-up the one
+// condition is "startup", naming what it waits for; after it, each thing
+// the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, be := p.mgr, p.be
-	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.expected, LeasesRejected: p.rejected}
+	mgr, be, env, phase, config := p.mgr, p.be, p.env, p.phase, p.config
+	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
+		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned}
 	if p.publicIP.IsValid() {
 		s.PublicIP = p.publicIP.String()
 	}
 	p.mu.Unlock()
 
-	etcdOK := Condition{Name: "etcd", Reason: "no etcd session yet"}
-	leaseOK := Condition{Name: "lease", Reason: "no lease acquired yet"}
 	if mgr != nil {
-		etcdOK.OK = mgr.Alive()
-		if !etcdOK.OK {
-			etcdOK.Reason = "etcd session lost: liveness key not held (etcd unreachable?)"
-		} else {
-			etcdOK.Reason = ""
-		}
 		l := mgr.Lease()
-		s.Subnet, s.Reserved = l.Subnet.String(), l.Reserved
-		exp := mgr.Expires()
-		switch {
-		case l.Reserved:
-			leaseOK.OK, leaseOK.Reason = true, ""
-		case exp.After(now):
-			leaseOK.OK, leaseOK.Reason = true, ""
+		if l.Subnet.IsValid() {
+			s.Subnet, s.Reserved = l.Subnet.String(), l.Reserved
+		}
+		if exp := mgr.Expires(); !l.Reserved && !exp.IsZero() {
 			s.LeaseExpires = &exp
-		default:
-			leaseOK.Reason = "lease expired or not renewed"
-			if !exp.IsZero() {
-				s.LeaseExpires = &exp
-			}
 		}
 	}
-	deviceOK := Condition{Name: "device", Reason: "device not set up yet"}
-	reconcileOK := Condition{Name: "reconcile", Reason: "no reconcile pass yet"}
 	if be != nil {
 		st := be.Status()
 		s.Device, s.MTU, s.PeersProgrammed = st.Device, st.MTU, st.PeersProgrammed
 		if st.VtepMAC != nil {
 			s.VtepMAC = st.VtepMAC.String()
 		}
-		deviceOK.OK = st.DevicePresent
-		deviceOK.Reason = ""
-		if !deviceOK.OK {
-			deviceOK.Reason = st.Device + " is missing or does not match"
-		}
 		if !st.LastPass.IsZero() {
 			last := st.LastPass
 			s.LastReconcile = &last
-			reconcileOK.OK, reconcileOK.Reason = st.LastError == nil, ""
-			if st.LastError != nil {
-				s.LastError = st.LastError.Error()
-				reconcileOK.Reason = "last pass failed: " + s.LastError
-			}
+		}
+		if st.LastError != nil {
+			s.LastError = st.LastError.Error()
 		}
 	}
-	s.Conditions = []Condition{etcdOK, leaseOK, deviceOK, reconcileOK}
+	if phase != "" || mgr == nil || be == nil || env == nil {
+		if phase == "" {
+			phase = "starting"
+		}
+		s.Conditions = []Condition{{Name: "startup", Reason: phase}}
+		return s
+	}
+	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now), deviceCondition(be), reconcileCondition(be),
+		{Name: "subnet.env", Reason: env.problem()}, {Name: "config", Reason: config}}
 	s.Ready = true
-	for _, c := range s.Conditions {
+	for i := range s.Conditions {
+		c := &s.Conditions[i]
+		c.OK = c.Reason == ""
 		s.Ready = s.Ready && c.OK
 	}
 	return s
+}
+
+func etcdCondition(mgr *etcdv3.Manager) Condition {
+	c := Condition{Name: "etcd"}
+	switch alive, err := mgr.Liveness(); {
+	case alive:
+	case err == nil:
+		c.Reason = "liveness key not written yet"
+	default:
+		c.Reason = "etcd session lost: " + err.Error()
+	}
+	return c
+}
+
+func leaseCondition(mgr *etcdv3.Manager, now time.Time) Condition {
+	c := Condition{Name: "lease"}
+	l := mgr.Lease()
+	switch exp := mgr.Expires(); {
+	case mgr.KeyProblem() != nil:
+		c.Reason = mgr.KeyProblem().Error() + "; re-claiming " + l.Subnet.String()
+	case l.Reserved:
+	case !exp.After(now):
+		c.Reason = "lease expired or not renewed"
+	}
+	return c
+}
+
+func deviceCondition(be backend.Backend) Condition {
+	c := Condition{Name: "device"}
+	if st := be.Status(); !st.DevicePresent {
+		c.Reason = st.Device + " is missing or does not match"
+	}
+	return c
+}
+
+func reconcileCondition(be backend.Backend) Condition {
+	c := Condition{Name: "reconcile"}
+	switch st := be.Status(); {
+	case st.LastPass.IsZero():
+		c.Reason = "no reconcile pass yet"
+	case st.LastError != nil:
+		c.Reason = "last pass failed: " + st.LastError.Error()
+	}
+	return c
 }

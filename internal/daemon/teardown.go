@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -17,20 +18,49 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// TeardownResult says what Teardown removed.
+// TeardownResult says what Teardown found and removed: only what was
+// actually there is reported as removed.
 type TeardownResult struct {
-	Device       string
-	LeaseRemoved string // the subnet whose lease key was deleted, if any
-	LeaseKept    string // why the lease was not deleted, if it was not
+	Device        string // the VXLAN device looked for
+	DeviceRemoved bool   // it existed and was removed (with its routes, neighbours, FDB entries)
+	MasqRemoved   bool   // overlayd's nftables table existed and was removed
+	LeaseRemoved  string // the subnet whose lease key was deleted, if any
+	LeaseKept     string // why no lease was deleted, if none was
+	SubnetFile    string // subnet.env, if it existed and was removed
+}
+
+// ErrLeaseNotReleased means teardown removed what it could on this host but
+// could not reach etcd to release the lease.
+var ErrLeaseNotReleased = errors.New("lease not released")
+
+// TeardownOptions tune Teardown.
+type TeardownOptions struct {
+	// VNI names the device to remove when etcd cannot be reached.
+	VNI int
+	// Force tears down even while an overlayd runs on this host (it
+	// rebuilds everything it owns within seconds).
+	Force bool
 }
 
 // Teardown removes this host's data path (routes, neighbours, FDB entries,
 // the VXLAN device), its lease in etcd (a reservation is kept: an operator
-// made it) and subnet.env. Run it after stopping `overlayd run`. The data
-// path is removed even when etcd cannot be reached; vni is used then.
-func Teardown(ctx context.Context, cfg Config, vni int) (TeardownResult, error) {
+// made it) and subnet.env. It refuses (ErrRunning) while `overlayd run`
+// holds this host's lock, unless opts.Force. The data path and subnet.env
+// are removed even when etcd cannot be reached (the device is found by
+// opts.VNI then); the error then wraps ErrLeaseNotReleased.
+func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownResult, error) {
 	cfg.defaults()
 	var res TeardownResult
+	lock, err := lockHost(cfg.SubnetFile)
+	switch {
+	case err == nil:
+		// Held while tearing down: a daemon starting now waits for us.
+		defer lock.release()
+	case errors.Is(err, ErrRunning) && !opts.Force:
+		return res, fmt.Errorf("%w: stop it first (systemctl stop overlayd), or pass --force to tear down under it (it rebuilds what it owns within seconds)", err)
+	case !errors.Is(err, ErrRunning):
+		return res, err
+	}
 	nodeID, err := NodeID(cfg.NodeName, cfg.MachineIDFile)
 	if err != nil {
 		return res, err
@@ -49,19 +79,22 @@ func Teardown(ctx context.Context, cfg Config, vni int) (TeardownResult, error) 
 	var netCfg *subnet.Config
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	cli, err := etcdclient.Connect(cctx, cfg.Etcd)
-	if err == nil {
+	cli, etcdErr := etcdclient.Connect(cctx, cfg.Etcd)
+	if etcdErr == nil {
 		defer cli.Close()
 		reg = etcdv3.NewRegistry(cli, cfg.Prefix)
-		netCfg, _, err = reg.GetConfig(cctx)
+		netCfg, _, etcdErr = reg.GetConfig(cctx)
 	}
-	if err != nil {
-		cfg.Logger.Warn("etcd unusable: removing the data path only, the lease stays until its TTL runs out", "err", err, "vni", vni)
-		reg = nil
+	vni := opts.VNI
+	if etcdErr != nil {
+		cfg.Logger.Warn("etcd unusable: removing what is on this host; the lease stays until its TTL runs out", "err", etcdErr, "vni", vni)
 	} else {
 		vni = netCfg.Backend.VNI
 	}
 
+	res.Device = vxlan.DeviceName(vni)
+	_, err = h.LinkByName(res.Device)
+	res.DeviceRemoved = err == nil
 	nl, err := vxlan.OpenNetlink(cfg.NetNS)
 	if err != nil {
 		return res, err
@@ -72,60 +105,68 @@ func Teardown(ctx context.Context, cfg Config, vni int) (TeardownResult, error) 
 		return res, err
 	}
 	if err := be.Teardown(ctx); err != nil {
+		res.DeviceRemoved = false
 		return res, fmt.Errorf("remove the data path: %w", err)
 	}
-	res.Device = vxlan.DeviceName(vni)
-	if err := removeMasq(cfg); err != nil {
+	if res.MasqRemoved, err = removeMasq(cfg); err != nil {
 		return res, err
 	}
-
-	if reg != nil {
-		if err := releaseLease(ctx, reg, netCfg, nodeID, ul, &res); err != nil {
-			return res, err
-		}
-	}
-	if err := os.Remove(cfg.SubnetFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	switch err := os.Remove(cfg.SubnetFile); {
+	case err == nil:
+		res.SubnetFile = cfg.SubnetFile
+	case !errors.Is(err, fs.ErrNotExist):
 		return res, fmt.Errorf("remove %s: %w", cfg.SubnetFile, err)
+	}
+	if etcdErr != nil {
+		return res, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr)
+	}
+	if err := releaseLease(ctx, reg, nodeID, ul, &res); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
 	}
 	return res, nil
 }
 
 // releaseLease deletes the lease key that names this host, unless it is a
-// reservation, and revokes its etcd lease.
-func releaseLease(ctx context.Context, reg *etcdv3.Registry, netCfg *subnet.Config, nodeID string, ul Underlay, res *TeardownResult) error {
+// reservation, and revokes its etcd lease. A lease outside the network (one
+// a config change stranded) is released too: it is this host's all the same.
+func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul Underlay, res *TeardownResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	snap, err := reg.List(ctx)
 	if err != nil {
 		return fmt.Errorf("find this host's lease: %w", err)
 	}
+	var removed, kept []string
 	for _, l := range snap.Leases {
-		if !netCfg.Contains(l.Subnet) || !l.Attrs.OwnedBy(nodeID, ul.PublicIP) {
+		if !l.Attrs.OwnedBy(nodeID, ul.PublicIP) {
 			continue
 		}
 		if l.Reserved {
-			res.LeaseKept = fmt.Sprintf("%s is a reservation (remove it with `overlayd lease revoke %s`)", l.Subnet, l.Subnet)
-			return nil
+			kept = append(kept, fmt.Sprintf("%s is a reservation (remove it with `overlayd lease revoke %s`)", l.Subnet, l.Subnet))
+			continue
 		}
 		ok, err := reg.DeleteIfOwned(ctx, l.Subnet, l.ModRevision)
 		if err != nil {
 			return err
 		}
-		if ok {
-			res.LeaseRemoved = l.Subnet.String()
-			// The key is gone either way; an etcd lease left behind just expires.
-			_, _ = reg.Client().Revoke(ctx, clientv3.LeaseID(l.EtcdLease))
-		} else {
-			res.LeaseKept = fmt.Sprintf("%s changed while tearing down (another host took it?)", l.Subnet)
+		if !ok {
+			kept = append(kept, fmt.Sprintf("%s changed while tearing down (another host took it?)", l.Subnet))
+			continue
 		}
-		return nil
+		removed = append(removed, l.Subnet.String())
+		// The key is gone either way; an etcd lease left behind just expires.
+		_, _ = reg.Client().Revoke(ctx, clientv3.LeaseID(l.EtcdLease))
 	}
-	res.LeaseKept = "no lease names this host"
+	if len(removed)+len(kept) == 0 {
+		kept = append(kept, "no lease names this host")
+	}
+	res.LeaseRemoved, res.LeaseKept = strings.Join(removed, ", "), strings.Join(kept, "; ")
 	return nil
 }
 
-// removeMasq deletes overlayd's nftables table, if any.
-func removeMasq(cfg Config) error {
+// removeMasq deletes overlayd's nftables table, and reports whether there
+// was one.
+func removeMasq(cfg Config) (bool, error) {
 	var opts []masq.Option
 	if cfg.NetNS.IsOpen() {
 		opts = append(opts, masq.WithNetNS(cfg.NetNS))
@@ -133,11 +174,18 @@ func removeMasq(cfg Config) error {
 	// The network is irrelevant to removal; any valid prefix will do.
 	mq, err := masq.New(netip.MustParsePrefix("10.0.0.0/8"), opts...)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer mq.Close()
-	if err := mq.Remove(); err != nil {
-		return fmt.Errorf("remove the nftables table %q: %w", masq.TableName, err)
+	rules, err := mq.Rules()
+	if err != nil {
+		return false, fmt.Errorf("list the nftables table %q: %w", masq.TableName, err)
 	}
-	return nil
+	if rules == nil {
+		return false, nil
+	}
+	if err := mq.Remove(); err != nil {
+		return false, fmt.Errorf("remove the nftables table %q: %w", masq.TableName, err)
+	}
+	return true, nil
 }

@@ -254,9 +254,10 @@ func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 		if ok, err := f.reg.Delete(ctx(t), l.Subnet); err != nil || !ok {
 			t.Fatalf("round %d: delete: %v %v", round, ok, err)
 		}
+		// Readiness's view (KeyProblem) clears once it is back.
 		testenv.WaitFor(t, 50*time.Millisecond+testenv.Slack, "the lease to be re-claimed", func() bool {
 			got, err := f.reg.Get(ctx(t), l.Subnet)
-			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before
+			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before && m.KeyProblem() == nil
 		})
 	}
 	if got := m.Lease().Subnet; got != l.Subnet {
@@ -461,7 +462,7 @@ func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
 
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200") // another machine, same node ID
-	_, err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).Acquire(ctx(t))
+	err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).CheckNodeID(ctx(t))
 	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("second host with the same node ID: %v, want ErrDuplicateNode with advice", err)
 	}
@@ -484,7 +485,7 @@ func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
 	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), val, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
 		t.Fatalf("restart on the same host: %v", err)
 	}
 }
@@ -499,7 +500,7 @@ func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nobody renews it: it expires within its TTL and the new host goes on.
-	if _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
 		t.Fatalf("after the dead host's key expired: %v", err)
 	}
 }

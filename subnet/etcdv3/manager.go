@@ -33,6 +33,10 @@ var (
 	// ErrDuplicateNode means a live overlayd on another host uses this
 	// node ID; going on would hijack its lease.
 	ErrDuplicateNode = errors.New("node ID in use by another live host")
+	// ErrStranded means a lease naming this host lies outside the network
+	// config (the config changed under it): taking another would leave
+	// this host holding two subnets.
+	ErrStranded = errors.New("this host's lease is outside the network config")
 )
 
 // Host is this host's identity as written into its lease.
@@ -59,6 +63,8 @@ type ManagerOptions struct {
 	// would hide a deletion of the key from the re-claim.
 	ProgressInterval time.Duration
 	StallTimeout     time.Duration
+	// OnWait, if set, is told why CheckNodeID is waiting (for readiness).
+	OnWait func(reason string)
 }
 
 // Manager acquires this host's lease and keeps it: one etcd lease kept alive
@@ -81,6 +87,8 @@ type Manager struct {
 	etcdLease clientv3.LeaseID
 	expires   time.Time // when the etcd lease runs out unless renewed
 	liveSince time.Time // zero while the liveness key is not held
+	liveErr   error     // why the liveness key is not held, once it was lost
+	keyErr    error     // why the lease key is not known to be ours, while re-claiming
 }
 
 // NewManager returns a Manager for host in the network cfg.
@@ -126,9 +134,31 @@ func (m *Manager) Expires() time.Time {
 
 // Alive reports whether the liveness key is held right now.
 func (m *Manager) Alive() bool {
+	alive, _ := m.Liveness()
+	return alive
+}
+
+// Liveness reports whether the liveness key is held and, if not, why: nil
+// before it was first written, else the error that lost it.
+func (m *Manager) Liveness() (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return !m.liveSince.IsZero()
+	return !m.liveSince.IsZero(), m.liveErr
+}
+
+// KeyProblem says why the lease key is not known to hold this host's lease
+// right now (deleted, overwritten, its etcd lease gone) while the manager
+// re-claims it; nil while it is held.
+func (m *Manager) KeyProblem() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.keyErr
+}
+
+func (m *Manager) setKeyProblem(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keyErr = err
 }
 
 func (m *Manager) attrs() subnet.LeaseAttrs {
@@ -138,10 +168,9 @@ func (m *Manager) attrs() subnet.LeaseAttrs {
 // Acquire obtains a lease, in order of preference: one that already names this
 // host (adopting its etcd lease, or keeping a reservation TTL-free), the
 // subnet of the previous subnet.env if free, else a random free subnet.
+// Call CheckNodeID first: Acquire trusts that the node ID is this host's.
+// A lease naming this host outside the network is ErrStranded.
 func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
-	if err := m.checkDuplicate(ctx); err != nil {
-		return subnet.Lease{}, err
-	}
 	for range maxAcquireAttempts {
 		snap, err := m.reg.List(ctx)
 		if err != nil {
@@ -165,11 +194,19 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
 
 func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
 	taken := make(map[netip.Prefix]bool, len(snap.Leases)+len(snap.Invalid))
-	for _, l := range snap.Leases {
+	var own *subnet.Lease
+	for i, l := range snap.Leases {
 		taken[l.Subnet] = true
-		if m.cfg.Contains(l.Subnet) && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
-			return m.adopt(ctx, l)
+		switch {
+		case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+		case !m.cfg.Contains(l.Subnet):
+			return subnet.Lease{}, m.stranded(l)
+		case own == nil:
+			own = &snap.Leases[i]
 		}
+	}
+	if own != nil {
+		return m.adopt(ctx, *own)
 	}
 	for _, inv := range snap.Invalid {
 		// A key whose value is garbage still occupies its subnet.
@@ -194,6 +231,17 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 		return subnet.Lease{}, err
 	}
 	return subnet.Lease{Subnet: want, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
+}
+
+// stranded explains a lease of this host that the network config no longer
+// contains, and what to do about it.
+func (m *Manager) stranded(l subnet.Lease) error {
+	fix := "restore the previous network config (`overlayd config put -f old.json`), or release it with `overlayd teardown` on this host and start again"
+	if l.Reserved {
+		fix = "restore the previous network config, or replace the reservation: `overlayd lease revoke " + l.Subnet.String() + "` and `overlayd lease reserve` a subnet of the new network"
+	}
+	return fmt.Errorf("%w: %s (key %s) names node %q but is not a /%d inside Network %s: %s",
+		ErrStranded, l.Subnet, m.reg.LeaseKey(l.Subnet), m.host.NodeID, m.cfg.SubnetLen, m.cfg.Network, fix)
 }
 
 // adopt takes over a lease that already names this host. A reservation stays
@@ -296,6 +344,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // keepLease renews the etcd lease and watches the lease key, re-claiming the
 // same subnet whenever the key or its etcd lease disappears.
 func (m *Manager) keepLease(ctx context.Context) error {
+	var warn repeatWarn
 	for ctx.Err() == nil {
 		held := time.Now()
 		err := m.holdLease(ctx)
@@ -306,12 +355,15 @@ func (m *Manager) keepLease(ctx context.Context) error {
 			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
 			return err
 		}
+		if kg := (keyGoneError{}); errors.As(err, &kg) {
+			m.setKeyProblem(err)
+		}
 		// A hold that ends at once, again and again, must not become a
 		// busy loop of re-claims against etcd.
 		if time.Since(held) < m.opts.RetryInterval && !sleepCtx(ctx, m.opts.RetryInterval) {
 			return nil
 		}
-		m.log.Warn("lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
+		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
 		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 		err = m.reclaim(rctx)
 		cancel()
@@ -320,11 +372,14 @@ func (m *Manager) keepLease(ctx context.Context) error {
 				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
 				return err
 			}
-			m.log.Warn("re-claim failed, will retry", "subnet", m.Lease().Subnet, "err", err)
+			warn.warn(m.log, "re-claim failed, will retry", "subnet", m.Lease().Subnet, "err", err)
 			if !sleepCtx(ctx, m.opts.RetryInterval) {
 				return nil
 			}
+			continue
 		}
+		m.setKeyProblem(nil)
+		warn.recovered(m.log, "lease keeping resumed", "subnet", m.Lease().Subnet)
 	}
 	return nil
 }
@@ -362,7 +417,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 		case ka, ok := <-kaCh:
 			if !ok {
 				m.clearEtcdLease()
-				return fmt.Errorf("etcd lease %x expired or was revoked", l.EtcdLease)
+				return keyGone("lease expired: etcd lease %x of %s was revoked or not renewed within its TTL (etcd unreachable?)", l.EtcdLease, key)
 			}
 			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
 		case resp, ok := <-wch:
@@ -372,13 +427,13 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == clientv3.EventTypeDelete {
-					return fmt.Errorf("lease key %s was deleted", key)
+					return keyGone("lease key %s was deleted", key)
 				}
 				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
 				switch {
 				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !attrs.NamesAHost():
 					// Garbage is nobody's claim: reclaim restores ours.
-					return fmt.Errorf("lease key %s was overwritten with a value naming no host", key)
+					return keyGone("lease key %s was overwritten with a value naming no host", key)
 				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
 					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
 				case !subnet.SameAttrs(attrs, m.attrs()):
@@ -398,6 +453,14 @@ func (m *Manager) holdLease(ctx context.Context) error {
 		}
 	}
 }
+
+// keyGoneError is a reason holdLease stopped that means the key no longer
+// holds this host's lease: readiness says so until the re-claim succeeds.
+type keyGoneError struct{ msg string }
+
+func (e keyGoneError) Error() string { return e.msg }
+
+func keyGone(format string, args ...any) error { return keyGoneError{fmt.Sprintf(format, args...)} }
 
 func (m *Manager) clearEtcdLease() {
 	m.mu.Lock()
@@ -476,60 +539,122 @@ type livenessValue struct {
 	Since    string
 }
 
-// checkDuplicate refuses to start while another host's overlayd holds this
+// livenessSlack is how long after its TTL etcd may take to revoke an
+// expired lease (and so delete the liveness key it carries).
+const livenessSlack = 3 * time.Second
+
+// CheckNodeID refuses to start while another host's overlayd holds this
 // node ID's liveness key. A key left by this host's own previous process
 // (same public IP; a second live daemon on one host fails earlier, on its
-// health port) is not a duplicate. Another host's key may be a dead host's
-// that has not expired yet: it is given its remaining TTL to vanish.
-func (m *Manager) checkDuplicate(ctx context.Context) error {
+// lock file) is not a duplicate. Another host's key may be a dead host's
+// that has not expired yet: it is given its remaining TTL (plus slack) to
+// vanish. The wait is bounded by that TTL, not by any per-request timeout,
+// so it ends in nil, ErrDuplicateNode, ctx's error, or a request error
+// (etcd unreachable: the caller may retry).
+func (m *Manager) CheckNodeID(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
-	resp, err := m.reg.cli.Get(ctx, key)
+	for {
+		other, lease, rev, err := m.otherHolder(ctx, key)
+		if err != nil || other == nil {
+			return err
+		}
+		wait := m.opts.LivenessTTL + livenessSlack
+		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+		if ttl, err := m.reg.TTL(rctx, lease); err == nil && ttl >= 0 {
+			wait = time.Duration(ttl)*time.Second + livenessSlack
+		}
+		cancel()
+		reason := fmt.Sprintf("duplicate node ID: %q is held by a live overlayd at %s (%s); waiting up to %s for its liveness key %s to expire",
+			m.host.NodeID, other.PublicIP, other.Hostname, wait.Round(time.Second), key)
+		m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "other_public_ip", other.PublicIP, "wait", wait)
+		if m.opts.OnWait != nil {
+			m.opts.OnWait(reason)
+		}
+		deleted, err := m.waitDeleted(ctx, key, rev, wait)
+		if err != nil {
+			return err
+		}
+		if deleted {
+			continue // gone: look again, another host may have started
+		}
+		// The wait is over: one last look decides.
+		if other, _, _, err = m.otherHolder(ctx, key); err != nil || other == nil {
+			return err
+		}
+		return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
+			ErrDuplicateNode, m.host.NodeID, other.PublicIP, other.Hostname)
+	}
+}
+
+// otherHolder reads the liveness key and returns its value if another host
+// holds it (nil if nobody or this host does), with its etcd lease and the
+// revision of the read.
+func (m *Manager) otherHolder(ctx context.Context, key string) (*livenessValue, int64, int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	defer cancel()
+	resp, err := m.reg.cli.Get(rctx, key)
 	if err != nil {
-		return fmt.Errorf("read liveness key %s: %w", key, err)
+		return nil, 0, 0, fmt.Errorf("read liveness key %s: %w", key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return nil
+		return nil, 0, resp.Header.Revision, nil
 	}
 	var v livenessValue
 	if err := json.Unmarshal(resp.Kvs[0].Value, &v); err == nil && v.PublicIP == m.host.PublicIP.String() {
-		return nil
+		return nil, 0, resp.Header.Revision, nil
 	}
-	// etcd revokes expired leases a little after their TTL: allow slack.
-	const slack = 3 * time.Second
-	wait := m.opts.LivenessTTL + slack
-	if ttl, err := m.reg.TTL(ctx, resp.Kvs[0].Lease); err == nil && ttl >= 0 {
-		wait = time.Duration(ttl)*time.Second + slack
-	}
-	m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "other_public_ip", v.PublicIP, "wait", wait)
+	return &v, resp.Kvs[0].Lease, resp.Header.Revision, nil
+}
+
+// waitDeleted watches key from after rev for up to wait and reports
+// whether it was deleted. Only ctx's end is an error: a watch that breaks
+// just ends the wait early, and the caller looks again.
+func (m *Manager) waitDeleted(ctx context.Context, key string, rev int64, wait time.Duration) (bool, error) {
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	for wr := range m.reg.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+	for wr := range m.reg.cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(rev+1)) {
 		for _, ev := range wr.Events {
 			if ev.Type == clientv3.EventTypeDelete {
-				return nil
+				return true, nil
 			}
 		}
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
-	return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
-		ErrDuplicateNode, m.host.NodeID, v.PublicIP, v.Hostname)
+	if wctx.Err() == nil {
+		// The watch broke before the wait was over: wait out the rest, so
+		// a flapping watch cannot turn this into a tight loop.
+		if !sleepCtx(ctx, time.Until(deadlineOf(wctx))) {
+			return false, ctx.Err()
+		}
+	}
+	return false, nil
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // keepLiveness holds <prefix>/nodes/<node-id> on a short etcd lease so tools
 // can tell a live owner from a dead one. After an outage long enough for the
-// short lease to expire it is simply granted again.
+// short lease to expire, or if someone deletes the key, it is written again.
 func (m *Manager) keepLiveness(ctx context.Context) {
+	var warn repeatWarn
 	for ctx.Err() == nil {
 		err := m.holdLiveness(ctx)
 		m.mu.Lock()
-		m.liveSince = time.Time{}
+		held := !m.liveSince.IsZero()
+		m.liveSince, m.liveErr = time.Time{}, err
 		m.mu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}
-		m.log.Warn("liveness key lost, re-creating", "err", err)
+		if held {
+			warn = repeatWarn{} // it was back: a new loss is news
+		}
+		warn.warn(m.log, "liveness key lost, re-creating", "err", err)
 		if !sleepCtx(ctx, m.opts.RetryInterval) {
 			return
 		}
@@ -537,6 +662,7 @@ func (m *Manager) keepLiveness(ctx context.Context) {
 }
 
 func (m *Manager) holdLiveness(ctx context.Context) error {
+	key := m.reg.NodeKey(m.host.NodeID)
 	grant, err := m.reg.cli.Grant(ctx, int64(m.opts.LivenessTTL/time.Second))
 	if err != nil {
 		return fmt.Errorf("grant liveness lease: %w", err)
@@ -548,19 +674,58 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 		_, _ = m.reg.cli.Revoke(rctx, grant.ID)
 	}()
 	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
-	if _, err := m.reg.cli.Put(ctx, m.reg.NodeKey(m.host.NodeID), string(val), clientv3.WithLease(grant.ID)); err != nil {
-		return fmt.Errorf("write liveness key %s: %w", m.reg.NodeKey(m.host.NodeID), err)
+	put, err := m.reg.cli.Put(ctx, key, string(val), clientv3.WithLease(grant.ID))
+	if err != nil {
+		return fmt.Errorf("write liveness key %s: %w", key, err)
 	}
-	kaCh, err := m.reg.cli.KeepAlive(ctx, grant.ID)
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kaCh, err := m.reg.cli.KeepAlive(kctx, grant.ID)
 	if err != nil {
 		return fmt.Errorf("keep liveness lease alive: %w", err)
 	}
-	m.mu.Lock()
-	m.liveSince = time.Now()
-	m.mu.Unlock()
-	for range kaCh {
+	// The key can vanish while its lease lives on (etcdctl del): watch it.
+	watch := func(rev int64) clientv3.WatchChan {
+		return m.reg.cli.Watch(ownStream(clientv3.WithRequireLeader(kctx), "liveness"), key, clientv3.WithRev(rev+1))
 	}
-	return errors.New("liveness lease expired")
+	wch := watch(put.Header.Revision)
+	m.mu.Lock()
+	m.liveSince, m.liveErr = time.Now(), nil
+	m.mu.Unlock()
+	for {
+		select {
+		case _, ok := <-kaCh:
+			if !ok {
+				return fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
+			}
+		case wr, ok := <-wch:
+			if ok && wr.Err() == nil {
+				for _, ev := range wr.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						return fmt.Errorf("liveness key %s was deleted", key)
+					}
+				}
+				continue
+			}
+			// A broken watch (a leader change, a failover) is no loss by
+			// itself — the keepalive says whether the session holds: look
+			// whether the key is still there, then watch again.
+			if !sleepCtx(kctx, m.opts.RetryInterval) {
+				return kctx.Err()
+			}
+			rev := put.Header.Revision
+			rctx, cancel := context.WithTimeout(kctx, DefaultRequestTimeout)
+			resp, err := m.reg.cli.Get(rctx, key)
+			cancel()
+			if err == nil {
+				if len(resp.Kvs) == 0 {
+					return fmt.Errorf("liveness key %s was deleted", key)
+				}
+				rev = resp.Header.Revision
+			}
+			wch = watch(rev)
+		}
+	}
 }
 
 // Release gives the lease up for good (overlayd teardown): it deletes the

@@ -114,6 +114,7 @@ type watcher struct {
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 	resync := time.NewTimer(jitter(w.opts.ResyncInterval))
 	defer resync.Stop()
+	var warn repeatWarn
 	for ctx.Err() == nil {
 		reason := w.follow(ctx, out, resync)
 		if ctx.Err() != nil {
@@ -122,12 +123,15 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		if w.opts.OnRestart != nil {
 			w.opts.OnRestart(reason)
 		}
-		w.log.Warn("lease watch restarting", "reason", reason, "revision", w.rev)
+		// Each fault is logged when it begins; while etcd stays away, the
+		// failed re-lists repeat the news at most every WarnEvery.
+		warn.warn(w.log, "lease watch restarting", "reason", reason, "revision", w.rev)
 		for ctx.Err() == nil {
 			if err := w.relist(ctx, out); err == nil {
+				warn.recovered(w.log, "lease watch restored", "revision", w.rev)
 				break
 			} else {
-				w.log.Warn("re-list of leases failed, will retry", "err", err)
+				warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
 			}
 			if !sleepCtx(ctx, w.opts.RetryInterval) {
 				return

@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+// configWatch judges each change of <prefix>/config against the config the
+// daemon runs with: the device, subnet.env and the peers' validation all
+// follow the config read at start, so a stored config that differs in
+// what they use needs a restart, and one whose network no longer holds
+// this host's lease strands it.
+type configWatch struct {
+	running *subnet.Config
+	lease   netip.Prefix
+	key     string
+	log     *slog.Logger
+	last    string // the reason last reported, to log each change once
+}
+
+// update returns the readiness reason for the stored config u ("" if it
+// fits) and logs a change of that reason once.
+func (w *configWatch) update(u etcdv3.ConfigUpdate) string {
+	problem := ""
+	if u.Err != nil {
+		problem = u.Err.Error()
+	} else if d := configDrift(w.running, u.Config, w.lease); d != "" {
+		problem = w.key + ": " + d
+	}
+	switch {
+	case problem == w.last:
+	case problem == "":
+		w.log.Info("network config matches the running one again")
+	default:
+		w.log.Warn("network config changed while running", "problem", problem)
+	}
+	w.last = problem
+	if problem == "" {
+		return ""
+	}
+	return "network config changed while running: " + problem
+}
+
+// configDrift says how now differs from run in what a running daemon uses,
+// and what to do; "" if it does not.
+func configDrift(run, now *subnet.Config, lease netip.Prefix) string {
+	if !now.Contains(lease) {
+		return fmt.Sprintf("this host's lease %s is not a /%d inside Network %s: it is stranded. "+
+			"Restore the previous config (`overlayd config put -f old.json`), or drain this host, run `overlayd teardown` and start overlayd again to lease a subnet of the new network",
+			lease, now.SubnetLen, now.Network)
+	}
+	var diffs []string
+	diff := func(field string, a, b any) {
+		if a != b {
+			diffs = append(diffs, fmt.Sprintf("%s %v -> %v", field, a, b))
+		}
+	}
+	diff("Network", run.Network, now.Network)
+	diff("SubnetLen", run.SubnetLen, now.SubnetLen)
+	diff("Backend.VNI", run.Backend.VNI, now.Backend.VNI)
+	diff("Backend.Port", run.Backend.Port, now.Backend.Port)
+	diff("Backend.MTU", run.Backend.MTU, now.Backend.MTU)
+	diff("Backend.DirectRouting", run.Backend.DirectRouting, now.Backend.DirectRouting)
+	if len(diffs) == 0 {
+		return ""
+	}
+	return strings.Join(diffs, ", ") + ": the running device and subnet.env use the old values; restart overlayd on every host to apply the change, or restore the previous config"
+}

@@ -1,0 +1,137 @@
+package daemon
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+func mustConfig(t *testing.T, raw string) *subnet.Config {
+	t.Helper()
+	c, err := subnet.ParseConfig([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestConfigDrift(t *testing.T) {
+	run := mustConfig(t, `{"Network":"10.244.0.0/16"}`)
+	lease := netip.MustParsePrefix("10.244.7.0/24")
+	for _, tc := range []struct{ now, want string }{
+		{`{"Network":"10.244.0.0/16"}`, ""},
+		{`{"Network":"10.244.0.0/16","SubnetMin":"10.244.5.0","SubnetMax":"10.244.9.0"}`, ""}, // only new leases care
+		{`{"Network":"10.244.0.0/16","Unknown":true,"Backend":{"Type":"vxlan","GBP":true}}`, ""},
+		{`{"Network":"10.50.0.0/16"}`, "lease 10.244.7.0/24 is not a /24 inside Network 10.50.0.0/16: it is stranded"},
+		{`{"Network":"10.244.0.0/16","SubnetLen":25}`, "is not a /25 inside Network 10.244.0.0/16: it is stranded"},
+		{`{"Network":"10.0.0.0/8"}`, "Network 10.244.0.0/16 -> 10.0.0.0/8: the running device"},
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":7}}`, "Backend.VNI 1 -> 7: "},
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":4789}}`, "Backend.Port 8472 -> 4789: "},
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}`, "Backend.MTU 0 -> 1400: "},
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`, "Backend.DirectRouting false -> true: "},
+	} {
+		got := configDrift(run, mustConfig(t, tc.now), lease)
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("drift to %s = %q, want %q", tc.now, got, tc.want)
+		}
+	}
+}
+
+func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
+	logs := &logBuffer{}
+	w := configWatch{running: mustConfig(t, `{"Network":"10.244.0.0/16"}`), lease: netip.MustParsePrefix("10.244.7.0/24"), key: "/p/config",
+		log: slog.New(slog.NewJSONHandler(logs, nil))}
+	moved := etcdv3.ConfigUpdate{Config: mustConfig(t, `{"Network":"10.50.0.0/16"}`)}
+	same := etcdv3.ConfigUpdate{Config: w.running}
+	gone := etcdv3.ConfigUpdate{Err: errors.New("no network config at /p/config")}
+	for i, u := range []etcdv3.ConfigUpdate{same, moved, moved, gone, gone, same, same} {
+		reason := w.update(u)
+		if (u.Config == w.running) != (reason == "") {
+			t.Errorf("update %d: reason %q", i, reason)
+		}
+	}
+	if n := logs.count(t, "network config changed while running"); n != 2 {
+		t.Errorf("%d warnings for two changes:\n%s", n, strings.Join(logs.lines(t), "\n"))
+	}
+	if n := logs.count(t, "network config matches the running one again"); n != 1 {
+		t.Errorf("%d recoveries logged, want 1", n)
+	}
+}
+
+func TestEnvKeeperNoticesAndRepairs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "subnet.env")
+	env := subnet.NewEnv(netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.7.0/24"), 1450, true)
+	k := newEnvKeeper(path, env)
+	if p := k.problem(); !strings.Contains(p, "is missing") {
+		t.Fatalf("before the first write: problem %q", p)
+	}
+	if _, err := k.ensure(); err != nil || k.problem() != "" {
+		t.Fatalf("ensure: %v, problem %q", err, k.problem())
+	}
+	if err := os.WriteFile(path, []byte("OVERLAY_MTU=9000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p := k.problem(); !strings.Contains(p, "does not hold this host's lease") {
+		t.Errorf("altered: problem %q", p)
+	}
+	if p, err := k.ensure(); err != nil || p == "" {
+		t.Errorf("ensure after an alteration = %q, %v", p, err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != string(env.Marshal()) {
+		t.Errorf("rewritten as %q", got)
+	}
+	k.set(func(e *subnet.Env) { e.MTU = 1400 })
+	if p := k.problem(); p == "" {
+		t.Error("a new MTU is not a problem until written")
+	}
+	if _, err := k.ensure(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := subnet.ReadEnv(path); err != nil || e.MTU != 1400 {
+		t.Errorf("after a new MTU: %+v, %v", e, err)
+	}
+	// Unwritable: the reason says so, until the path is free again.
+	os.Remove(path)
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.ensure(); err == nil {
+		t.Fatal("ensure over a directory succeeded")
+	}
+	if p := k.problem(); !strings.Contains(p, "is not a regular file; cannot rewrite it: ") {
+		t.Errorf("unwritable: problem %q", p)
+	}
+	os.Remove(path)
+	if _, err := k.ensure(); err != nil || k.problem() != "" {
+		t.Errorf("after the path was freed: %v, %q", err, k.problem())
+	}
+}
+
+func TestHostLockIsExclusive(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "run", "subnet.env")
+	l, err := lockHost(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockHost(file); !errors.Is(err, ErrRunning) || !strings.Contains(err.Error(), LockFile(file)) {
+		t.Fatalf("second lock = %v, want ErrRunning naming %s", err, LockFile(file))
+	}
+	other, err := lockHost(file + ".other")
+	if err != nil {
+		t.Fatalf("a daemon with another subnet file: %v", err)
+	}
+	other.release()
+	l.release()
+	l, err = lockHost(file)
+	if err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	l.release()
+}

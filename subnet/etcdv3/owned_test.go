@@ -1,0 +1,187 @@
+package etcdv3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// A lease naming this host outside the network config is never left behind
+// for a second one: Acquire refuses, naming it and the fix.
+func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	old, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := f.reg.PutConfig(ctx(t), []byte(`{"Network":"10.50.0.0/16","Backend":{"Type":"vxlan"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewManager(f.reg, moved, host(1), ManagerOptions{}).Acquire(ctx(t))
+	if !errors.Is(err, ErrStranded) || !strings.Contains(err.Error(), old.Subnet.String()) || !strings.Contains(err.Error(), "overlayd teardown") {
+		t.Fatalf("Acquire with a stranded lease = %v, want ErrStranded naming %s and the fix", err, old.Subnet)
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Leases) != 1 {
+		t.Fatalf("leases = %+v (%v), want only the stranded one", snap.Leases, err)
+	}
+	// Another host is not concerned.
+	if _, err := NewManager(f.reg, moved, host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatalf("another host: %v", err)
+	}
+	// A stranded reservation: the fix is to move the reservation.
+	if _, err := f.reg.Create(ctx(t), netip.MustParsePrefix("10.244.9.0/24"), subnet.LeaseAttrs{PublicIP: host(3).PublicIP.String(), BackendType: "vxlan"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewManager(f.reg, moved, host(3), ManagerOptions{}).Acquire(ctx(t))
+	if !errors.Is(err, ErrStranded) || !strings.Contains(err.Error(), "overlayd lease revoke 10.244.9.0/24") {
+		t.Fatalf("Acquire with a stranded reservation = %v", err)
+	}
+}
+
+// The liveness key is the manager's: deleted, it is written again, and
+// readiness's view (Liveness) says why it was missing meanwhile.
+func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	if _, err := m.Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if alive, err := m.Liveness(); alive || err != nil {
+		t.Errorf("before Run: Liveness = %v, %v; want not yet written, no error", alive, err)
+	}
+	startRun(t, m)
+	key := f.reg.NodeKey("node-1")
+	present := func() bool {
+		resp, err := f.cli.Get(ctx(t), key)
+		return err == nil && len(resp.Kvs) == 1
+	}
+	testenv.WaitFor(t, testenv.Slack, "the liveness key", func() bool { return present() && m.Alive() })
+	for range 3 {
+		if _, err := f.cli.Delete(ctx(t), key); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, testenv.Slack, "the liveness key re-created", func() bool { return present() && m.Alive() })
+	}
+}
+
+func TestRepeatWarnLogsAtMostEveryWarnEvery(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var w repeatWarn
+	for range 100 {
+		w.warn(log, "re-list of leases failed, will retry", "err", "down")
+	}
+	if n := strings.Count(buf.String(), "re-list of leases failed"); n != 1 {
+		t.Fatalf("100 failures within %s logged %d times, want once", WarnEvery, n)
+	}
+	w.last = time.Now().Add(-WarnEvery - time.Second) // as if 31 s passed
+	w.warn(log, "re-list of leases failed, will retry", "err", "down")
+	if !strings.Contains(buf.String(), "failures=101") {
+		t.Errorf("the repeat does not count the failures:\n%s", buf.String())
+	}
+	w.recovered(log, "lease keeping resumed")
+	if !strings.Contains(buf.String(), `msg="lease keeping resumed" failures=101`) {
+		t.Errorf("recovery not logged with the count:\n%s", buf.String())
+	}
+	w.warn(log, "again", "err", "down")
+	if !strings.Contains(buf.String(), "msg=again") {
+		t.Error("a new failure after recovery is not logged at once")
+	}
+}
+
+// WatchConfig delivers the config now, then each change, deletion and
+// invalid value.
+func TestWatchConfigFollowsChanges(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	ch := f.reg.WatchConfig(ctx(t), 50*time.Millisecond)
+	next := func() ConfigUpdate {
+		t.Helper()
+		select {
+		case u := <-ch:
+			return u
+		case <-time.After(testenv.Deadline(testenv.Slack)):
+			t.Fatal("no config update")
+		}
+		return ConfigUpdate{}
+	}
+	if u := next(); u.Err != nil || u.Config.Network != netip.MustParsePrefix("10.244.0.0/16") {
+		t.Fatalf("first update = %+v", u)
+	}
+	if _, err := f.reg.PutConfig(ctx(t), []byte(`{"Network":"10.50.0.0/16"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if u := next(); u.Err != nil || u.Config.Network != netip.MustParsePrefix("10.50.0.0/16") {
+		t.Fatalf("after a put = %+v", u)
+	}
+	if _, err := f.cli.Put(ctx(t), f.reg.ConfigKey(), `{"Network":"bogus"}`); err != nil {
+		t.Fatal(err)
+	}
+	if u := next(); !errors.Is(u.Err, subnet.ErrInvalidConfig) {
+		t.Fatalf("after an invalid put = %+v", u)
+	}
+	if _, err := f.cli.Delete(ctx(t), f.reg.ConfigKey()); err != nil {
+		t.Fatal(err)
+	}
+	if u := next(); !errors.Is(u.Err, ErrNoConfig) {
+		t.Fatalf("after a delete = %+v", u)
+	}
+}
+
+// During an etcd outage the watcher's retries do not repeat their warning
+// every few seconds: one line when the outage begins, then at most one per
+// WarnEvery (before, each failed re-list logged its own line).
+func TestWatchOutageWarnsOncePerWarnEvery(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	opts := WatchOptions{ProgressInterval: 100 * time.Millisecond, StallTimeout: 100 * time.Millisecond,
+		RequestTimeout: 200 * time.Millisecond, RetryInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	restarts := make(chan string, 100)
+	opts.OnRestart = func(r string) { restarts <- r }
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	batches := f.reg.Watch(wctx, snap, opts)
+	go func() {
+		for range batches {
+		}
+	}()
+	f.srv.Close()
+	<-restarts // the outage is noticed
+	// Long enough for a dozen failed re-lists at these intervals.
+	time.Sleep(3 * time.Second)
+	if n := strings.Count(logs.String(), "level=WARN"); n > 2 {
+		t.Fatalf("%d warnings within 3 s of an outage, want at most 2 (restart, first failed re-list):\n%s", n, logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

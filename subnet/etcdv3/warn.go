@@ -1,0 +1,35 @@
+package etcdv3
+
+import (
+	"log/slog"
+	"time"
+)
+
+// WarnEvery is how often a failure that keeps repeating is logged again:
+// during an etcd outage the retry loops fail every few seconds, and one
+// line per loop every 30 s says as much (Documentation/operations.md).
+const WarnEvery = 30 * time.Second
+
+// repeatWarn logs the warnings of one retry loop: the first at once, then
+// at most one every WarnEvery, each with the number of failures so far.
+type repeatWarn struct {
+	last     time.Time
+	failures int
+}
+
+func (r *repeatWarn) warn(log *slog.Logger, msg string, args ...any) {
+	r.failures++
+	if !r.last.IsZero() && time.Since(r.last) < WarnEvery {
+		return
+	}
+	r.last = time.Now()
+	log.Warn(msg, append(args, "failures", r.failures)...)
+}
+
+// recovered ends a run of failures, saying so if more than one was seen.
+func (r *repeatWarn) recovered(log *slog.Logger, msg string, args ...any) {
+	if r.failures > 1 {
+		log.Info(msg, append(args, "failures", r.failures)...)
+	}
+	*r = repeatWarn{}
+}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"github.com/overlaynet/overlay/subnet"
 	"net"
 	"net/netip"
 	"os"
@@ -11,9 +12,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// maxNodeIDLen bounds a node ID: it becomes an etcd key segment.
-const maxNodeIDLen = 253
 
 // NodeID returns the host's identity: the flag if set, else /etc/machine-id,
 // else the hostname. Simulated hosts on one machine share the last two, so
@@ -33,22 +31,10 @@ func NodeID(flag, machineIDFile string) (string, error) {
 		}
 		id, source = h, "hostname"
 	}
-	if err := checkNodeID(id); err != nil {
+	if err := subnet.CheckNodeID(id); err != nil { // the rule every lease is read with
 		return "", fmt.Errorf("node ID from %s: %w", source, err)
 	}
 	return id, nil
-}
-
-func checkNodeID(id string) error {
-	if len(id) > maxNodeIDLen {
-		return fmt.Errorf("%q is longer than %d characters", id[:32]+"...", maxNodeIDLen)
-	}
-	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return fmt.Errorf("%q may hold only letters, digits, '-', '_' and '.'", id)
-		}
-	}
-	return nil
 }
 
 // Underlay is the interface VXLAN packets leave by and this host's address

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -659,14 +661,68 @@ func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	status := func() error {
 		return l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), list) })
 	}
+	daemon := l.fakeReadyz()
 	err = status()
 	if code := codeOf(t, err); code != types.ErrPluginNotAvailable {
 		t.Errorf("STATUS without subnet.env = %v (code %d), want 50", err, code)
 	}
 	l.writeEnv()
 	if err := status(); err != nil {
-		t.Errorf("STATUS with subnet.env: %v", err)
+		t.Errorf("STATUS with subnet.env and overlayd ready: %v", err)
 	}
+	daemon.ready.Store(false)
+	if err := status(); codeOf(t, err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), delegate.DefaultHealthAddr) {
+		t.Errorf("STATUS with overlayd not ready = %v, want 50 naming %s", err, delegate.DefaultHealthAddr)
+	}
+}
+
+// TestIntegrationStatusDaemonStopped: with subnet.env in place but no
+// overlayd answering on its health address, STATUS is 50 (an ADD would
+// work, but its pod would reach no new peer): what cni.md promises.
+func TestIntegrationStatusDaemonStopped(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	err := l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), list) })
+	if code := codeOf(t, err); code != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "overlayd") {
+		t.Errorf("STATUS with overlayd stopped = %v (code %d), want 50 naming overlayd", err, code)
+	}
+}
+
+// readyzServer stands for overlayd's health endpoint in the host namespace.
+type readyzServer struct{ ready atomic.Bool }
+
+// fakeReadyz serves /readyz on the default health address inside the host
+// namespace (its loopback is brought up), ready until told otherwise.
+func (l *lab) fakeReadyz() *readyzServer {
+	l.t.Helper()
+	rs := &readyzServer{}
+	rs.ready.Store(true)
+	var ln net.Listener
+	err := l.inHost(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		ln, err = net.Listen("tcp", delegate.DefaultHealthAddr)
+		return err
+	})
+	if err != nil {
+		l.t.Fatalf("listen on %s in the host namespace: %v", delegate.DefaultHealthAddr, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !rs.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready:\nlease: expired")
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	l.t.Cleanup(func() { _ = srv.Close() })
+	return rs
 }
 
 // TestIntegrationGC: the runtime lost its own cache (a fresh libcni cache

@@ -38,6 +38,8 @@ type Invoker interface {
 	Check(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	Status(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	GC(ctx context.Context, plugin string, conf []byte, rt Runtime) error
+	// DaemonReady asks the local overlayd whether it is ready (STATUS).
+	DaemonReady(ctx context.Context, addr string) error
 }
 
 // ExecInvoker execs delegate plugins the way the CNI spec's delegation

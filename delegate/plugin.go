@@ -382,8 +382,11 @@ func checkResultLists(raw []byte) error {
 	return nil
 }
 
-// Status reports whether ADD can work: subnet.env must be there and valid
-// (else code 50), and the delegate's STATUS must pass.
+// Status answers the runtime's question "is this node's network ready for
+// new pods?": yes when an ADD now would succeed and the pod would reach the
+// overlay, i.e. subnet.env is there and valid, overlayd answers ready on its
+// loopback health endpoint (healthAddr, unless set to ""), and the
+// delegate's STATUS passes. The first two fail with code 50.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, err := loadConf(args)
 	if err != nil {
@@ -398,7 +401,14 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
-	if err := p.invoker.Status(context.Background(), d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
+	ctx := context.Background()
+	if conf.HealthAddr != "" {
+		if err := p.invoker.DaemonReady(ctx, conf.HealthAddr); err != nil {
+			return cniError(types.ErrPluginNotAvailable, err,
+				"overlay network not ready: overlayd is not ready at %s (healthAddr); see overlayd status and its log", conf.HealthAddr)
+		}
+	}
+	if err := p.invoker.Status(ctx, d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
 		return delegateError("STATUS", d.Type, err)
 	}
 	return nil

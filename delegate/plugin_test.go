@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,8 @@ type fakeInvoker struct {
 	errs map[string]error
 	// onAdd runs inside Add, e.g. to look at the cache at that moment.
 	onAdd func()
+	// readyz are the addresses DaemonReady was asked (not in calls).
+	readyz []string
 }
 
 func (f *fakeInvoker) record(verb, plugin string, conf []byte, rt Runtime) error {
@@ -80,6 +83,14 @@ func (f *fakeInvoker) Status(_ context.Context, plugin string, conf []byte, rt R
 
 func (f *fakeInvoker) GC(_ context.Context, plugin string, conf []byte, rt Runtime) error {
 	return f.record("GC", plugin, conf, rt)
+}
+
+// DaemonReady records the address asked and answers errs["READYZ"].
+func (f *fakeInvoker) DaemonReady(_ context.Context, addr string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readyz = append(f.readyz, addr)
+	return f.errs["READYZ"]
 }
 
 func (f *fakeInvoker) verbs() []string {
@@ -496,6 +507,9 @@ func TestStatus(t *testing.T) {
 		if len(fx.inv.calls) != 1 || fx.inv.calls[0].Verb != "STATUS" || fx.inv.calls[0].RT != (Runtime{Path: "/opt/cni/bin"}) {
 			t.Errorf("delegate calls = %+v, want one STATUS", fx.inv.calls)
 		}
+		if !slices.Equal(fx.inv.readyz, []string{DefaultHealthAddr}) {
+			t.Errorf("asked overlayd at %v, want %s", fx.inv.readyz, DefaultHealthAddr)
+		}
 	})
 	t.Run("no subnet.env", func(t *testing.T) {
 		fx := newFixture(t)
@@ -511,6 +525,36 @@ func TestStatus(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantCode(t, fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0")}), types.ErrPluginNotAvailable)
+	})
+	t.Run("overlayd not ready", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.errs["READYZ"] = fmt.Errorf("%w: 127.0.0.1:9436/readyz answered 503: not ready: etcd session lost", ErrDaemonNotReady)
+		te := wantCode(t, fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0")}), types.ErrPluginNotAvailable)
+		if !strings.Contains(te.Msg, DefaultHealthAddr) || !strings.Contains(te.Details, "etcd session lost") {
+			t.Errorf("error %+v does not name the address and the daemon's reasons", te)
+		}
+		if len(fx.inv.calls) != 0 {
+			t.Errorf("delegate calls = %+v, want none", fx.inv.calls)
+		}
+	})
+	t.Run("healthAddr set", func(t *testing.T) {
+		fx := newFixture(t)
+		if err := fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0", `"healthAddr":"127.0.0.2:19436"`)}); err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if !slices.Equal(fx.inv.readyz, []string{"127.0.0.2:19436"}) {
+			t.Errorf("asked overlayd at %v, want 127.0.0.2:19436", fx.inv.readyz)
+		}
+	})
+	t.Run("healthAddr empty: overlayd not asked", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.errs["READYZ"] = ErrDaemonNotReady
+		if err := fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0", `"healthAddr":""`)}); err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if len(fx.inv.readyz) != 0 {
+			t.Errorf("asked overlayd at %v", fx.inv.readyz)
+		}
 	})
 	t.Run("delegate not available", func(t *testing.T) {
 		fx := newFixture(t)

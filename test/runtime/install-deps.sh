@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs what the runtime end-to-end suite (test/runtime) drives: podman
+# (CNI backend), runc, containerd (its CRI plugin) and a static busybox for
+# the test image. Debian/Ubuntu packages through apt; nothing is pulled from
+# a container registry. No service is started: the suite runs its own
+# podman and containerd processes inside lab namespaces.
+set -eu
+
+need=""
+for pair in podman:podman runc:runc containerd:containerd busybox-static:/bin/busybox; do
+	pkg=${pair%%:*}
+	cmd=${pair#*:}
+	if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "$cmd" ]; then
+		need="$need $pkg"
+	fi
+done
+if [ -z "$need" ]; then
+	exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "test/runtime: missing$need and no apt-get to install them; install them by hand" >&2
+	exit 1
+fi
+echo "test/runtime: installing$need"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+# --no-install-recommends: no netavark, slirp4netns or CNI plugin package;
+# the suite points podman and containerd at the project's plugins only.
+apt-get install -y --no-install-recommends $need

@@ -645,6 +645,61 @@ func TestIntegrationAddFailureRollsBack(t *testing.T) {
 	}
 }
 
+// TestIntegrationRepeatedAddKeepsPod: a second ADD of the same container
+// and interface fails (as bridge alone does) and leaves the pod as it was:
+// its eth0 and address, its host-local reservation and its cache entry
+// (regression: the rollback of the failed ADD deleted all three). A DEL
+// then frees everything.
+func TestIntegrationRepeatedAddKeepsPod(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	pod := newNS(t)
+	rt := rtOf("pod1", pod)
+	addr := podAddr(t, l.mustAdd(list, rt))
+	before := inspectPod(t, pod)
+	entry, err := os.ReadFile(l.cacheFile("pod1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = l.add(list, rt)
+	if code := codeOf(t, err); code != delegate.CodeAlreadyAttached {
+		t.Fatalf("second ADD = %v (code %d), want code %d", err, code, delegate.CodeAlreadyAttached)
+	}
+	if diff := cmp.Diff(before, inspectPod(t, pod), cmp.AllowUnexported(podView{})); diff != "" {
+		t.Errorf("pod changed by the failed ADD (-before +after):\n%s", diff)
+	}
+	if got := l.reservations()[addr.String()]; got != "pod1/eth0" {
+		t.Errorf("reservation of %s = %q after the failed ADD, want pod1/eth0", addr, got)
+	}
+	if after, err := os.ReadFile(l.cacheFile("pod1")); err != nil || string(after) != string(entry) {
+		t.Errorf("cache entry changed by the failed ADD: %v", err)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("pod unreachable after the failed ADD: %v", err)
+	}
+
+	// Without a cache entry, the interface in the namespace alone is
+	// enough to refuse.
+	if err := os.Rename(l.cacheFile("pod1"), l.cacheFile("pod1")+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.add(list, rt); codeOf(t, err) != delegate.CodeAlreadyAttached {
+		t.Errorf("ADD with eth0 in the pod = %v, want code %d", err, delegate.CodeAlreadyAttached)
+	}
+	if err := os.Rename(l.cacheFile("pod1")+".moved", l.cacheFile("pod1")); err != nil {
+		t.Fatal(err)
+	}
+
+	l.mustDel(list, rt)
+	if v := inspectPod(t, pod); v.exists {
+		t.Error("eth0 left after DEL")
+	}
+	if len(l.reservations()) != 0 || exists(l.cacheFile("pod1")) {
+		t.Errorf("DEL left reservations %v or the cache entry", l.reservations())
+	}
+}
+
 func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)

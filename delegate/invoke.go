@@ -40,6 +40,9 @@ type Invoker interface {
 	GC(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	// DaemonReady asks the local overlayd whether it is ready (STATUS).
 	DaemonReady(ctx context.Context, addr string) error
+	// InterfaceExists tells whether the container's namespace already has
+	// the interface (ADD refuses to touch an existing attachment).
+	InterfaceExists(netnsPath, ifname string) (bool, error)
 }
 
 // ExecInvoker execs delegate plugins the way the CNI spec's delegation

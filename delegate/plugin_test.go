@@ -42,6 +42,8 @@ type fakeInvoker struct {
 	onAdd func()
 	// readyz are the addresses DaemonReady was asked (not in calls).
 	readyz []string
+	// exists names the interfaces the container's namespace has.
+	exists map[string]bool
 }
 
 func (f *fakeInvoker) record(verb, plugin string, conf []byte, rt Runtime) error {
@@ -91,6 +93,13 @@ func (f *fakeInvoker) DaemonReady(_ context.Context, addr string) error {
 	defer f.mu.Unlock()
 	f.readyz = append(f.readyz, addr)
 	return f.errs["READYZ"]
+}
+
+// InterfaceExists answers exists[ifname].
+func (f *fakeInvoker) InterfaceExists(_, ifname string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.exists[ifname], nil
 }
 
 func (f *fakeInvoker) verbs() []string {
@@ -230,6 +239,44 @@ func TestAddCachesBeforeDelegatingAndAnswersInRequestedVersion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAddRefusesExisting: an ADD of an attachment that exists (its cache
+// entry, or the interface in the container's namespace) fails with code
+// 105 and touches nothing: no delegate call (so no rollback DEL), the
+// existing entry unchanged.
+func TestAddRefusesExisting(t *testing.T) {
+	t.Run("cache entry", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.add("c1")
+		before, err := os.ReadFile(fx.cacheFile("c1", "eth0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fx.inv.calls = nil
+		fx.writeEnv("10.244.9.0/24") // even a lease change must not rewrite it
+		te := wantCode(t, fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0"))), CodeAlreadyAttached)
+		if !strings.Contains(te.Msg, "DEL") {
+			t.Errorf("message %q does not say what to do", te.Msg)
+		}
+		if len(fx.inv.calls) != 0 {
+			t.Errorf("delegate calls = %+v, want none", fx.inv.calls)
+		}
+		if after, err := os.ReadFile(fx.cacheFile("c1", "eth0")); err != nil || !bytes.Equal(before, after) {
+			t.Errorf("cache entry changed by the refused ADD (%v):\nbefore %s\nafter  %s", err, before, after)
+		}
+	})
+	t.Run("interface in the namespace", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.exists = map[string]bool{"eth0": true}
+		wantCode(t, fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0"))), CodeAlreadyAttached)
+		if len(fx.inv.calls) != 0 || exists(fx.cacheFile("c1", "eth0")) {
+			t.Errorf("delegate calls %+v, cache entry %v; want neither", fx.inv.calls, exists(fx.cacheFile("c1", "eth0")))
+		}
+		if err := fx.plugin.Add(fx.args("c1", "eth1", fx.conf("1.1.0"))); err != nil {
+			t.Errorf("ADD of another interface: %v", err)
+		}
+	})
 }
 
 func TestAddRollsBackOnDelegateFailure(t *testing.T) {

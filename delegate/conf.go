@@ -235,7 +235,7 @@ const cniDevPrefix = "cni.dev/"
 // sweeps the "dataDir" it knows. Such aliases are refused.
 var (
 	delegateOwnKeys = []string{"type", "name", "cniVersion", "ipam", "prevResult", "runtimeConfig", "args",
-		"bridge", "mtu", "ipMasq", "isGateway"}
+		"bridge", "mtu", "ipMasq", "isGateway", "forceAddress"}
 	ipamOwnKeys = append([]string{"type", "ranges", "routes", "dataDir"}, legacyRangeKeys...)
 )
 

@@ -700,6 +700,67 @@ func TestIntegrationRepeatedAddKeepsPod(t *testing.T) {
 	}
 }
 
+// TestIntegrationLeaseChange: after the host's lease changes, a new pod
+// gets an address in the new lease and a working gateway with no manual
+// step (regression: bridge refused every ADD because cni0 still held the
+// old lease's gateway). The pod of the old lease is told to be recreated
+// by CHECK (101), and its DEL still releases its address.
+func TestIntegrationLeaseChange(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	old := newNS(t)
+	oldRT := rtOf("old", old)
+	oldRes := l.mustAdd(list, oldRT)
+	oldAddr := podAddr(t, oldRes)
+
+	const newLease = "10.244.9.0/24"
+	l.writeLease(newLease)
+	pod := newNS(t)
+	addr := podAddr(t, l.mustAdd(list, rtOf("new", pod)))
+	if !netip.MustParsePrefix(newLease).Contains(addr) {
+		t.Fatalf("new pod got %s, want an address in %s", addr, newLease)
+	}
+	if got := l.bridgeAddrs(); !slices.Equal(got, []string{"10.244.9.1/24"}) {
+		t.Errorf("cni0 holds %v, want only the new gateway 10.244.9.1/24", got)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("new pod unreachable from its host: %v", err)
+	}
+
+	err := l.inHost(func() error { return l.cni.CheckNetworkList(context.Background(), list, oldRT) })
+	if code := codeOf(t, err); code != delegate.CodeLeaseChanged {
+		t.Errorf("CHECK of the old pod = %v, want code %d", err, delegate.CodeLeaseChanged)
+	}
+	l.mustDel(list, oldRT)
+	if _, ok := l.reservations()[oldAddr.String()]; ok {
+		t.Errorf("old pod's address %s still reserved after its DEL", oldAddr)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("new pod unreachable after the old pod's DEL: %v", err)
+	}
+}
+
+// bridgeAddrs lists cni0's IPv4 addresses in the host namespace.
+func (l *lab) bridgeAddrs() []string {
+	l.t.Helper()
+	var out []string
+	err := l.inHost(func() error {
+		br, err := netlink.LinkByName(delegate.DefaultBridge)
+		if err != nil {
+			return err
+		}
+		addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			out = append(out, a.IPNet.String())
+		}
+		return err
+	})
+	if err != nil {
+		l.t.Fatalf("list the addresses of %s: %v", delegate.DefaultBridge, err)
+	}
+	return out
+}
+
 func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)

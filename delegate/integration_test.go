@@ -34,6 +34,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/go-cmp/cmp"
@@ -149,9 +150,19 @@ func (l *lab) removeEnv() {
 	}
 }
 
-// conflist is deploy/cni/10-overlay.conflist at the given cniVersion, with
-// the lab's paths and the delegate keys merged into its delegate.
+// conflist is deploy/cni/10-overlay.conflist at the given cniVersion (its
+// cniVersions dropped), with the lab's paths and the delegate keys merged
+// into its delegate.
 func (l *lab) conflist(version string, delegateKeys map[string]any) *libcni.NetworkConfigList {
+	l.t.Helper()
+	list := l.shippedConflist()
+	list["cniVersion"] = version
+	delete(list, "cniVersions")
+	return l.localize(list, delegateKeys)
+}
+
+// shippedConflist is deploy/cni/10-overlay.conflist, decoded.
+func (l *lab) shippedConflist() map[string]any {
 	l.t.Helper()
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(l.t), "deploy", "cni", "10-overlay.conflist"))
 	if err != nil {
@@ -161,7 +172,13 @@ func (l *lab) conflist(version string, delegateKeys map[string]any) *libcni.Netw
 	if err := json.Unmarshal(data, &list); err != nil {
 		l.t.Fatalf("deploy/cni/10-overlay.conflist: %v", err)
 	}
-	list["cniVersion"] = version
+	return list
+}
+
+// localize points a conflist's overlay-cni at the lab's files, merges the
+// delegate keys into its delegate and loads it with libcni.
+func (l *lab) localize(list map[string]any, delegateKeys map[string]any) *libcni.NetworkConfigList {
+	l.t.Helper()
 	overlay := list["plugins"].([]any)[0].(map[string]any)
 	overlay["subnetFile"] = l.subnetFile
 	overlay["dataDir"] = l.dataDir
@@ -993,6 +1010,63 @@ func TestIntegrationVersions(t *testing.T) {
 				t.Errorf("address %s still reserved after DEL", addr)
 			}
 		})
+	}
+}
+
+// libcniBefore12Newest is the newest spec version libcni knows before
+// v1.2.0 — the library of containerd 1.6 and 1.7, podman 4 and the CRI-O
+// releases built with it. Such a runtime refuses a newer cniVersion
+// ("unsupported CNI result version") and ignores cniVersions.
+const libcniBefore12Newest = "1.0.0"
+
+// TestIntegrationShippedConflist: deploy/cni/10-overlay.conflist loads in
+// the runtimes in wide use. As a runtime with libcni before v1.2 reads it
+// (cniVersions ignored), its cniVersion is one that library knows, and
+// ADD, CHECK and DEL work at it through libcni; as a runtime with a newer
+// libcni reads it, cniVersions gives 1.1.0, and STATUS and GC work.
+// (test/runtime drives the real containerd 1.6 and podman 4 with it.)
+func TestIntegrationShippedConflist(t *testing.T) {
+	l := newLab(t)
+	l.fakeReadyz()
+
+	old := l.shippedConflist()
+	delete(old, "cniVersions")
+	oldList := l.localize(old, nil)
+	if gt, err := version.GreaterThan(oldList.CNIVersion, libcniBefore12Newest); err != nil || gt {
+		t.Fatalf("shipped cniVersion %q: a runtime with libcni before v1.2 knows at most %s (%v)", oldList.CNIVersion, libcniBefore12Newest, err)
+	}
+	pod := newNS(t)
+	rt := rtOf("old-runtime", pod)
+	res, err := l.add(oldList, rt)
+	if err != nil {
+		t.Fatalf("ADD at %s: %v", oldList.CNIVersion, err)
+	}
+	if res.Version() != oldList.CNIVersion {
+		t.Errorf("result version %s, want %s", res.Version(), oldList.CNIVersion)
+	}
+	if err := l.inHost(func() error { return l.cni.CheckNetworkList(context.Background(), oldList, rt) }); err != nil {
+		t.Errorf("CHECK at %s: %v", oldList.CNIVersion, err)
+	}
+	l.mustDel(oldList, rt)
+
+	newList := l.localize(l.shippedConflist(), nil)
+	if newList.CNIVersion != "1.1.0" {
+		t.Fatalf("current libcni loads the shipped conflist at %s, want 1.1.0 (from cniVersions)", newList.CNIVersion)
+	}
+	if err := l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), newList) }); err != nil {
+		t.Errorf("STATUS at 1.1.0: %v", err)
+	}
+	rt = rtOf("new-runtime", pod)
+	l.mustAdd(newList, rt)
+	err = l.inHost(func() error {
+		return l.cni.GCNetworkList(context.Background(), newList,
+			&libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "other", IfName: "eth0"}}})
+	})
+	if err != nil {
+		t.Errorf("GC at 1.1.0: %v", err)
+	}
+	if len(l.reservations()) != 0 || exists(l.cacheFile("new-runtime")) {
+		t.Errorf("GC (new-runtime not valid) left reservations %v or the cache entry", l.reservations())
 	}
 }
 

@@ -39,7 +39,7 @@ type containerd struct {
 // native snapshotter (no overlayfs needed), runc, no OOM score change
 // (restrict_oom_score_adj: the suite may run with a lowered limit), the
 // test image as the sandbox image, overlay's conflist as the only CNI
-// configuration.
+// configuration; runc's state under the host's directory too.
 const containerdConfig = `version = 2
 root = %[1]q
 state = %[2]q
@@ -63,6 +63,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = %[9]q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[7]q
     conf_dir = %[8]q
@@ -77,7 +79,7 @@ func startContainerd(t *testing.T, h *host, cniBin, ociArchive string) *containe
 	}
 	c := &containerd{h: h, dir: dir, sock: filepath.Join(dir, "containerd.sock"), done: make(chan struct{})}
 	conf := fmt.Sprintf(containerdConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.sock, c.sock+".ttrpc",
-		filepath.Join(dir, "opt"), imageName, cniBin, h.netDir)
+		filepath.Join(dir, "opt"), imageName, cniBin, h.netDir, filepath.Join(dir, "runc"))
 	confFile := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

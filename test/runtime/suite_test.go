@@ -1,6 +1,8 @@
 package runtimee2e
 
 import (
+	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,8 +35,8 @@ func TestRuntimes(t *testing.T) {
 			testenv.Unavailable(t, "%s is not installed: run `make runtime-e2e` (test/runtime/install-deps.sh installs the packages)", bin)
 		}
 	}
-	if _, err := os.Stat(busybox); err != nil {
-		testenv.Unavailable(t, "%s is not installed (package busybox-static): run `make runtime-e2e`", busybox)
+	if err := checkStatic(busybox); err != nil {
+		testenv.Unavailable(t, "%v: install busybox-static (`make runtime-e2e` does)", err)
 	}
 	root := testenv.RepoRoot(t)
 	before, netnsBefore := rootState(t), runtimeNetns()
@@ -84,6 +86,22 @@ func cniBinDir(t *testing.T, root, dir string) string {
 		}
 	}
 	return bin
+}
+
+// checkStatic makes sure bin is a statically linked ELF binary (no
+// interpreter): the test image holds nothing else.
+func checkStatic(bin string) error {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked", bin)
+		}
+	}
+	return nil
 }
 
 // cleanEnv is this process's environment without what would redirect the

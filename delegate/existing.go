@@ -21,8 +21,8 @@ import (
 // cannot delete the existing attachment's interface, address or entry.
 func (p *Plugin) refuseExisting(cache Cache, att Attachment, args *skel.CmdArgs) error {
 	path, err := cache.Path(att)
-	if err != nil {
-		return err
+	if err != nil { // loadAttachment validated att: cannot happen
+		return cniError(types.ErrInvalidEnvironmentVariables, err, "invalid attachment %s", att)
 	}
 	if _, err := os.Lstat(path); err == nil {
 		return cniError(CodeAlreadyAttached, nil,

@@ -29,9 +29,11 @@ type Runtime struct {
 	Path        string // CNI_PATH, where the delegate is looked up
 }
 
-// Invoker runs the delegate plugin: the one seam between overlay-cni's
-// logic and the plugins it execs. ExecInvoker is the real one; unit tests of
-// the pure logic use a fake.
+// Invoker runs the delegate plugin and looks at the rest of the world
+// overlay-cni depends on (overlayd's readiness, the container's
+// namespace): the one seam between overlay-cni's logic and what it does
+// not own. ExecInvoker is the real one; unit tests of the pure logic use a
+// fake.
 type Invoker interface {
 	Add(ctx context.Context, plugin string, conf []byte, rt Runtime) (types.Result, error)
 	Del(ctx context.Context, plugin string, conf []byte, rt Runtime) error

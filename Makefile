@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(VERSION)
 FUZZTIME  ?= 10s
 
-.PHONY: all build plugins test unit e2e fuzz lint bench demo demo-down clean deps
+.PHONY: all build plugins test unit e2e runtime-deps runtime-e2e fuzz lint bench demo demo-down clean deps
 
 all: build plugins
 
@@ -30,12 +30,24 @@ test: build plugins unit e2e fuzz
 
 # Everything but the end-to-end tests (those need the binaries: see e2e).
 unit:
-	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults)
+	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime)
 
 # Multi-host tests: real overlayd processes on simulated hosts (network
 # namespaces the tests create and delete), a real etcd, pods through libcni.
+# It ends with the real container runtimes (runtime-e2e).
 e2e: build plugins
 	$(GO) test -race -count=1 -p 1 -timeout 12m ./test/e2e/... ./test/faults/...
+	$(MAKE) runtime-e2e
+
+# Real container runtimes on two lab hosts: Debian's podman (CNI backend,
+# runc) and containerd driven through the Kubernetes CRI, with the test
+# image built from busybox-static (nothing is pulled). runtime-deps installs
+# the packages with apt when they are missing (test/runtime/install-deps.sh).
+runtime-deps:
+	@test/runtime/install-deps.sh
+
+runtime-e2e: build plugins runtime-deps
+	$(GO) test -race -count=1 -timeout 6m ./test/runtime/...
 
 # A short run of every fuzz target (go test -fuzz takes one target at a time).
 fuzz:

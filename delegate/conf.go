@@ -47,6 +47,10 @@ type NetConf struct {
 	SubnetFile string
 	// DataDir holds the cache ("dataDir", default DefaultDataDir).
 	DataDir string
+	// HealthAddr is overlayd's health endpoint, a loopback address
+	// ("healthAddr", default DefaultHealthAddr); STATUS asks its /readyz.
+	// Empty: STATUS does not ask overlayd.
+	HealthAddr string
 
 	// DelegateType is the delegate plugin ("delegate.type", default bridge).
 	DelegateType string
@@ -76,6 +80,7 @@ type rawConf struct {
 	Name             string          `json:"name"`
 	SubnetFile       *string         `json:"subnetFile"`
 	DataDir          *string         `json:"dataDir"`
+	HealthAddr       *string         `json:"healthAddr"`
 	Delegate         json.RawMessage `json:"delegate"`
 	IPAM             json.RawMessage `json:"ipam"`
 	RuntimeConfig    json.RawMessage `json:"runtimeConfig"`
@@ -109,6 +114,7 @@ func ParseConf(data []byte) (*NetConf, error) {
 		Name:         raw.Name,
 		SubnetFile:   DefaultSubnetFile,
 		DataDir:      DefaultDataDir,
+		HealthAddr:   DefaultHealthAddr,
 		DelegateType: DefaultDelegateType,
 	}
 	var err error
@@ -121,6 +127,12 @@ func ParseConf(data []byte) (*NetConf, error) {
 		if c.DataDir, err = absPath("dataDir", *raw.DataDir); err != nil {
 			return nil, err
 		}
+	}
+	if raw.HealthAddr != nil {
+		if err := checkHealthAddr(*raw.HealthAddr); err != nil {
+			return nil, err
+		}
+		c.HealthAddr = *raw.HealthAddr
 	}
 	if c.Delegate, err = object("delegate", raw.Delegate); err != nil {
 		return nil, err
@@ -223,7 +235,7 @@ const cniDevPrefix = "cni.dev/"
 // sweeps the "dataDir" it knows. Such aliases are refused.
 var (
 	delegateOwnKeys = []string{"type", "name", "cniVersion", "ipam", "prevResult", "runtimeConfig", "args",
-		"bridge", "mtu", "ipMasq", "isGateway"}
+		"bridge", "mtu", "ipMasq", "isGateway", "forceAddress"}
 	ipamOwnKeys = append([]string{"type", "ranges", "routes", "dataDir"}, legacyRangeKeys...)
 )
 

@@ -22,6 +22,7 @@ func TestParseConfDefaults(t *testing.T) {
 		Name:         "overlay",
 		SubnetFile:   "/run/overlay/subnet.env",
 		DataDir:      "/var/lib/cni/overlay",
+		HealthAddr:   "127.0.0.1:9436",
 		DelegateType: "bridge",
 		Delegate:     map[string]json.RawMessage{},
 	}
@@ -36,7 +37,7 @@ func TestParseConfDefaults(t *testing.T) {
 func TestParseConfFields(t *testing.T) {
 	c, err := ParseConf([]byte(`{
 		"cniVersion":"1.0.0","name":"pods","type":"overlay-cni",
-		"subnetFile":"/tmp/x/../subnet.env","dataDir":"/data/",
+		"subnetFile":"/tmp/x/../subnet.env","dataDir":"/data/","healthAddr":"[::1]:19436",
 		"delegate":{"type":"my-bridge","hairpinMode":true,"name":"ignored","cniVersion":"0.1.0",
 		            "prevResult":{},"cni.dev/foo":1,"bridge":null,"ipam":{"dataDir":"/hl"}},
 		"runtimeConfig":{"mac":"0e:00:00:00:00:01"},
@@ -53,6 +54,7 @@ func TestParseConfFields(t *testing.T) {
 		Name:                "pods",
 		SubnetFile:          "/tmp/subnet.env",
 		DataDir:             "/data",
+		HealthAddr:          "[::1]:19436",
 		DelegateType:        "my-bridge",
 		Delegate:            map[string]json.RawMessage{"hairpinMode": json.RawMessage(`true`)},
 		IPAM:                map[string]json.RawMessage{"dataDir": json.RawMessage(`"/hl"`)},
@@ -108,6 +110,10 @@ func TestParseConfRejects(t *testing.T) {
 		{"route bad gw", `{"cniVersion":"1.1.0","name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8","gw":"x"}]}}`},
 		{"runtimeConfig not an object", `{"cniVersion":"1.1.0","name":"n","runtimeConfig":1}`},
 		{"prevResult not an object", `{"cniVersion":"1.1.0","name":"n","prevResult":"x"}`},
+		{"healthAddr not loopback", `{"cniVersion":"1.1.0","name":"n","healthAddr":"10.0.0.1:9436"}`},
+		{"healthAddr without port", `{"cniVersion":"1.1.0","name":"n","healthAddr":"127.0.0.1"}`},
+		{"healthAddr a name", `{"cniVersion":"1.1.0","name":"n","healthAddr":"localhost:9436"}`},
+		{"healthAddr not a string", `{"cniVersion":"1.1.0","name":"n","healthAddr":9436}`},
 		{"valid-attachments not a list", `{"cniVersion":"1.1.0","name":"n","cni.dev/valid-attachments":{}}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

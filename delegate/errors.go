@@ -29,6 +29,10 @@ const (
 	// CodeGCIncomplete: GC could not remove every stale resource; the
 	// details list each failure and the next GC retries them.
 	CodeGCIncomplete uint = 104
+	// CodeAlreadyAttached: ADD of an attachment that exists (its cache
+	// entry, or the interface in the container's namespace); nothing was
+	// changed.
+	CodeAlreadyAttached uint = 105
 )
 
 // cniError builds the *types.Error every verb returns. msg says what failed

@@ -33,7 +33,7 @@ var fuzzVerbs = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
 var codesOfOurs = []uint{
 	types.ErrInvalidEnvironmentVariables, types.ErrIOFailure, types.ErrDecodingFailure,
 	types.ErrInvalidNetworkConfig, types.ErrInvalidNetNS, types.ErrTryAgainLater, types.ErrPluginNotAvailable,
-	CodeNoCache, CodeLeaseChanged, CodeCacheCorrupt, CodeDelegateFailed, CodeGCIncomplete,
+	CodeNoCache, CodeLeaseChanged, CodeCacheCorrupt, CodeDelegateFailed, CodeGCIncomplete, CodeAlreadyAttached,
 }
 
 func (p *Plugin) verb(name string) func(*skel.CmdArgs) error {
@@ -83,6 +83,7 @@ func (vc verbCase) run(t *testing.T) error {
 	verb := fuzzVerbs[int(vc.Verb)%len(fuzzVerbs)]
 	sb := cnifuzz.New(t)
 	dataV, dataGood := sb.DataDirValue(vc.DataDir, vc.Free)
+	prepared := false // the attachment's own cache entry was written before the verb
 	envV, envGood := sb.SubnetFileValue(vc.SubnetFile, vc.Free)
 	conf := cnifuzz.Confine(vc.Stdin, dataV, envV, sb.IPAMDataDirValue(vc.IPAM, vc.Free))
 	netns := sb.NetNSValue(vc.Flags&flagNetNS, vc.NetNS)
@@ -105,10 +106,12 @@ func (vc verbCase) run(t *testing.T) error {
 				t.Fatal(err)
 			}
 			cache := Cache{Dir: c.DataDir}
-			for _, a := range []Attachment{att, {Network: c.Name, ContainerID: "stale", IfName: "eth0"}} {
-				if err := cache.Write(a, d); err != nil && !errors.Is(err, ErrInvalidAttachment) {
+			for i, a := range []Attachment{att, {Network: c.Name, ContainerID: "stale", IfName: "eth0"}} {
+				err := cache.Write(a, d)
+				if err != nil && !errors.Is(err, ErrInvalidAttachment) {
 					t.Fatalf("prepare the cache: %v", err)
 				}
+				prepared = prepared || i == 0 && err == nil
 			}
 		}
 	}
@@ -189,6 +192,11 @@ func (vc verbCase) run(t *testing.T) error {
 		// DEL must not leave a pod stuck: whatever the cache or subnet.env.
 		if err != nil {
 			t.Fatalf("DEL of %s failed although the delegate succeeds: %v", att, err)
+		}
+	case verb == "ADD" && prepared:
+		// An existing attachment is never touched by a repeated ADD.
+		if te == nil || te.Code != CodeAlreadyAttached || len(inv.calls) != 0 || len(changes) != 0 {
+			t.Fatalf("ADD of the attached %s: %v, delegate calls %v, changes %v; want code %d and nothing done", att, err, inv.verbs(), changes, CodeAlreadyAttached)
 		}
 	case verb == "ADD" && dataGood && envGood && vc.failErr("ADD") == nil:
 		if err != nil {

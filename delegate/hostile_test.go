@@ -85,7 +85,7 @@ func TestHostileAttachments(t *testing.T) {
 		for v, verb := range fuzzVerbs[:3] {
 			t.Run(tc.name+" "+verb, func(t *testing.T) {
 				err := verbCase{Verb: uint8(v), Stdin: conf, ContainerID: tc.cid, IfName: tc.ifname,
-					Path: "/opt/cni/bin", Flags: flagPrepare | 1}.run(t)
+					Path: "/opt/cni/bin", Flags: prepareFor(verb) | 1}.run(t)
 				if got := codeOf(t, err); got != tc.code {
 					t.Fatalf("%s = %v, want code %d", verb, err, tc.code)
 				}
@@ -120,7 +120,7 @@ func TestHostileNetNS(t *testing.T) {
 	} {
 		for v, verb := range fuzzVerbs[:3] {
 			t.Run(tc.name+" "+verb, func(t *testing.T) {
-				flags := flagPrepare | tc.sel
+				flags := prepareFor(verb) | tc.sel
 				if tc.override {
 					flags |= flagOverride
 				}
@@ -176,7 +176,7 @@ func TestHostileConfigPaths(t *testing.T) {
 				var err error
 				within(t, verb, func() {
 					err = verbCase{Verb: uint8(indexOf(fuzzVerbs, verb)), Stdin: conf, ContainerID: "c1", IfName: "eth0",
-						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: flagPrepare}.run(t)
+						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: prepareFor(verb)}.run(t)
 				})
 				if got := codeOf(t, err); got != want {
 					t.Fatalf("%s = %v, want code %d", verb, err, want)
@@ -184,6 +184,16 @@ func TestHostileConfigPaths(t *testing.T) {
 			})
 		}
 	}
+}
+
+// prepareFor is flagPrepare (the attachment is cached before the verb)
+// except for ADD, which refuses an attachment that is cached already
+// (TestAddRefusesExisting).
+func prepareFor(verb string) uint8 {
+	if verb == "ADD" {
+		return 0
+	}
+	return flagPrepare
 }
 
 func indexOf(list []string, s string) int {

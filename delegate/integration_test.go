@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +34,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/go-cmp/cmp"
@@ -147,9 +150,19 @@ func (l *lab) removeEnv() {
 	}
 }
 
-// conflist is deploy/cni/10-overlay.conflist at the given cniVersion, with
-// the lab's paths and the delegate keys merged into its delegate.
+// conflist is deploy/cni/10-overlay.conflist at the given cniVersion (its
+// cniVersions dropped), with the lab's paths and the delegate keys merged
+// into its delegate.
 func (l *lab) conflist(version string, delegateKeys map[string]any) *libcni.NetworkConfigList {
+	l.t.Helper()
+	list := l.shippedConflist()
+	list["cniVersion"] = version
+	delete(list, "cniVersions")
+	return l.localize(list, delegateKeys)
+}
+
+// shippedConflist is deploy/cni/10-overlay.conflist, decoded.
+func (l *lab) shippedConflist() map[string]any {
 	l.t.Helper()
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(l.t), "deploy", "cni", "10-overlay.conflist"))
 	if err != nil {
@@ -159,7 +172,13 @@ func (l *lab) conflist(version string, delegateKeys map[string]any) *libcni.Netw
 	if err := json.Unmarshal(data, &list); err != nil {
 		l.t.Fatalf("deploy/cni/10-overlay.conflist: %v", err)
 	}
-	list["cniVersion"] = version
+	return list
+}
+
+// localize points a conflist's overlay-cni at the lab's files, merges the
+// delegate keys into its delegate and loads it with libcni.
+func (l *lab) localize(list map[string]any, delegateKeys map[string]any) *libcni.NetworkConfigList {
+	l.t.Helper()
 	overlay := list["plugins"].([]any)[0].(map[string]any)
 	overlay["subnetFile"] = l.subnetFile
 	overlay["dataDir"] = l.dataDir
@@ -643,6 +662,122 @@ func TestIntegrationAddFailureRollsBack(t *testing.T) {
 	}
 }
 
+// TestIntegrationRepeatedAddKeepsPod: a second ADD of the same container
+// and interface fails (as bridge alone does) and leaves the pod as it was:
+// its eth0 and address, its host-local reservation and its cache entry
+// (regression: the rollback of the failed ADD deleted all three). A DEL
+// then frees everything.
+func TestIntegrationRepeatedAddKeepsPod(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	pod := newNS(t)
+	rt := rtOf("pod1", pod)
+	addr := podAddr(t, l.mustAdd(list, rt))
+	before := inspectPod(t, pod)
+	entry, err := os.ReadFile(l.cacheFile("pod1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = l.add(list, rt)
+	if code := codeOf(t, err); code != delegate.CodeAlreadyAttached {
+		t.Fatalf("second ADD = %v (code %d), want code %d", err, code, delegate.CodeAlreadyAttached)
+	}
+	if diff := cmp.Diff(before, inspectPod(t, pod), cmp.AllowUnexported(podView{})); diff != "" {
+		t.Errorf("pod changed by the failed ADD (-before +after):\n%s", diff)
+	}
+	if got := l.reservations()[addr.String()]; got != "pod1/eth0" {
+		t.Errorf("reservation of %s = %q after the failed ADD, want pod1/eth0", addr, got)
+	}
+	if after, err := os.ReadFile(l.cacheFile("pod1")); err != nil || string(after) != string(entry) {
+		t.Errorf("cache entry changed by the failed ADD: %v", err)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("pod unreachable after the failed ADD: %v", err)
+	}
+
+	// Without a cache entry, the interface in the namespace alone is
+	// enough to refuse.
+	if err := os.Rename(l.cacheFile("pod1"), l.cacheFile("pod1")+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.add(list, rt); codeOf(t, err) != delegate.CodeAlreadyAttached {
+		t.Errorf("ADD with eth0 in the pod = %v, want code %d", err, delegate.CodeAlreadyAttached)
+	}
+	if err := os.Rename(l.cacheFile("pod1")+".moved", l.cacheFile("pod1")); err != nil {
+		t.Fatal(err)
+	}
+
+	l.mustDel(list, rt)
+	if v := inspectPod(t, pod); v.exists {
+		t.Error("eth0 left after DEL")
+	}
+	if len(l.reservations()) != 0 || exists(l.cacheFile("pod1")) {
+		t.Errorf("DEL left reservations %v or the cache entry", l.reservations())
+	}
+}
+
+// TestIntegrationLeaseChange: after the host's lease changes, a new pod
+// gets an address in the new lease and a working gateway with no manual
+// step (regression: bridge refused every ADD because cni0 still held the
+// old lease's gateway). The pod of the old lease is told to be recreated
+// by CHECK (101), and its DEL still releases its address.
+func TestIntegrationLeaseChange(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	old := newNS(t)
+	oldRT := rtOf("old", old)
+	oldRes := l.mustAdd(list, oldRT)
+	oldAddr := podAddr(t, oldRes)
+
+	const newLease = "10.244.9.0/24"
+	l.writeLease(newLease)
+	pod := newNS(t)
+	addr := podAddr(t, l.mustAdd(list, rtOf("new", pod)))
+	if !netip.MustParsePrefix(newLease).Contains(addr) {
+		t.Fatalf("new pod got %s, want an address in %s", addr, newLease)
+	}
+	if got := l.bridgeAddrs(); !slices.Equal(got, []string{"10.244.9.1/24"}) {
+		t.Errorf("cni0 holds %v, want only the new gateway 10.244.9.1/24", got)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("new pod unreachable from its host: %v", err)
+	}
+
+	err := l.inHost(func() error { return l.cni.CheckNetworkList(context.Background(), list, oldRT) })
+	if code := codeOf(t, err); code != delegate.CodeLeaseChanged {
+		t.Errorf("CHECK of the old pod = %v, want code %d", err, delegate.CodeLeaseChanged)
+	}
+	l.mustDel(list, oldRT)
+	if _, ok := l.reservations()[oldAddr.String()]; ok {
+		t.Errorf("old pod's address %s still reserved after its DEL", oldAddr)
+	}
+	if err := tcpReach(t, l.hostNS, pod, addr); err != nil {
+		t.Errorf("new pod unreachable after the old pod's DEL: %v", err)
+	}
+}
+
+// bridgeAddrs lists cni0's IPv4 addresses in the host namespace.
+func (l *lab) bridgeAddrs() []string {
+	l.t.Helper()
+	var out []string
+	err := l.inHost(func() error {
+		br, err := netlink.LinkByName(delegate.DefaultBridge)
+		if err != nil {
+			return err
+		}
+		addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			out = append(out, a.IPNet.String())
+		}
+		return err
+	})
+	if err != nil {
+		l.t.Fatalf("list the addresses of %s: %v", delegate.DefaultBridge, err)
+	}
+	return out
+}
+
 func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
@@ -659,14 +794,68 @@ func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	status := func() error {
 		return l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), list) })
 	}
+	daemon := l.fakeReadyz()
 	err = status()
 	if code := codeOf(t, err); code != types.ErrPluginNotAvailable {
 		t.Errorf("STATUS without subnet.env = %v (code %d), want 50", err, code)
 	}
 	l.writeEnv()
 	if err := status(); err != nil {
-		t.Errorf("STATUS with subnet.env: %v", err)
+		t.Errorf("STATUS with subnet.env and overlayd ready: %v", err)
 	}
+	daemon.ready.Store(false)
+	if err := status(); codeOf(t, err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), delegate.DefaultHealthAddr) {
+		t.Errorf("STATUS with overlayd not ready = %v, want 50 naming %s", err, delegate.DefaultHealthAddr)
+	}
+}
+
+// TestIntegrationStatusDaemonStopped: with subnet.env in place but no
+// overlayd answering on its health address, STATUS is 50 (an ADD would
+// work, but its pod would reach no new peer): what cni.md promises.
+func TestIntegrationStatusDaemonStopped(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	err := l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), list) })
+	if code := codeOf(t, err); code != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "overlayd") {
+		t.Errorf("STATUS with overlayd stopped = %v (code %d), want 50 naming overlayd", err, code)
+	}
+}
+
+// readyzServer stands for overlayd's health endpoint in the host namespace.
+type readyzServer struct{ ready atomic.Bool }
+
+// fakeReadyz serves /readyz on the default health address inside the host
+// namespace (its loopback is brought up), ready until told otherwise.
+func (l *lab) fakeReadyz() *readyzServer {
+	l.t.Helper()
+	rs := &readyzServer{}
+	rs.ready.Store(true)
+	var ln net.Listener
+	err := l.inHost(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		ln, err = net.Listen("tcp", delegate.DefaultHealthAddr)
+		return err
+	})
+	if err != nil {
+		l.t.Fatalf("listen on %s in the host namespace: %v", delegate.DefaultHealthAddr, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !rs.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready:\nlease: expired")
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	l.t.Cleanup(func() { _ = srv.Close() })
+	return rs
 }
 
 // TestIntegrationGC: the runtime lost its own cache (a fresh libcni cache
@@ -821,6 +1010,63 @@ func TestIntegrationVersions(t *testing.T) {
 				t.Errorf("address %s still reserved after DEL", addr)
 			}
 		})
+	}
+}
+
+// libcniBefore12Newest is the newest spec version libcni knows before
+// v1.2.0 — the library of containerd 1.6 and 1.7, podman 4 and the CRI-O
+// releases built with it. Such a runtime refuses a newer cniVersion
+// ("unsupported CNI result version") and ignores cniVersions.
+const libcniBefore12Newest = "1.0.0"
+
+// TestIntegrationShippedConflist: deploy/cni/10-overlay.conflist loads in
+// the runtimes in wide use. As a runtime with libcni before v1.2 reads it
+// (cniVersions ignored), its cniVersion is one that library knows, and
+// ADD, CHECK and DEL work at it through libcni; as a runtime with a newer
+// libcni reads it, cniVersions gives 1.1.0, and STATUS and GC work.
+// (test/runtime drives the real containerd 1.6 and podman 4 with it.)
+func TestIntegrationShippedConflist(t *testing.T) {
+	l := newLab(t)
+	l.fakeReadyz()
+
+	old := l.shippedConflist()
+	delete(old, "cniVersions")
+	oldList := l.localize(old, nil)
+	if gt, err := version.GreaterThan(oldList.CNIVersion, libcniBefore12Newest); err != nil || gt {
+		t.Fatalf("shipped cniVersion %q: a runtime with libcni before v1.2 knows at most %s (%v)", oldList.CNIVersion, libcniBefore12Newest, err)
+	}
+	pod := newNS(t)
+	rt := rtOf("old-runtime", pod)
+	res, err := l.add(oldList, rt)
+	if err != nil {
+		t.Fatalf("ADD at %s: %v", oldList.CNIVersion, err)
+	}
+	if res.Version() != oldList.CNIVersion {
+		t.Errorf("result version %s, want %s", res.Version(), oldList.CNIVersion)
+	}
+	if err := l.inHost(func() error { return l.cni.CheckNetworkList(context.Background(), oldList, rt) }); err != nil {
+		t.Errorf("CHECK at %s: %v", oldList.CNIVersion, err)
+	}
+	l.mustDel(oldList, rt)
+
+	newList := l.localize(l.shippedConflist(), nil)
+	if newList.CNIVersion != "1.1.0" {
+		t.Fatalf("current libcni loads the shipped conflist at %s, want 1.1.0 (from cniVersions)", newList.CNIVersion)
+	}
+	if err := l.inHost(func() error { return l.cni.GetStatusNetworkList(context.Background(), newList) }); err != nil {
+		t.Errorf("STATUS at 1.1.0: %v", err)
+	}
+	rt = rtOf("new-runtime", pod)
+	l.mustAdd(newList, rt)
+	err = l.inHost(func() error {
+		return l.cni.GCNetworkList(context.Background(), newList,
+			&libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "other", IfName: "eth0"}}})
+	})
+	if err != nil {
+		t.Errorf("GC at 1.1.0: %v", err)
+	}
+	if len(l.reservations()) != 0 || exists(l.cacheFile("new-runtime")) {
+		t.Errorf("GC (new-runtime not valid) left reservations %v or the cache entry", l.reservations())
 	}
 }
 

@@ -29,15 +29,22 @@ type Runtime struct {
 	Path        string // CNI_PATH, where the delegate is looked up
 }
 
-// Invoker runs the delegate plugin: the one seam between overlay-cni's
-// logic and the plugins it execs. ExecInvoker is the real one; unit tests of
-// the pure logic use a fake.
+// Invoker runs the delegate plugin and looks at the rest of the world
+// overlay-cni depends on (overlayd's readiness, the container's
+// namespace): the one seam between overlay-cni's logic and what it does
+// not own. ExecInvoker is the real one; unit tests of the pure logic use a
+// fake.
 type Invoker interface {
 	Add(ctx context.Context, plugin string, conf []byte, rt Runtime) (types.Result, error)
 	Del(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	Check(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	Status(ctx context.Context, plugin string, conf []byte, rt Runtime) error
 	GC(ctx context.Context, plugin string, conf []byte, rt Runtime) error
+	// DaemonReady asks the local overlayd whether it is ready (STATUS).
+	DaemonReady(ctx context.Context, addr string) error
+	// InterfaceExists tells whether the container's namespace already has
+	// the interface (ADD refuses to touch an existing attachment).
+	InterfaceExists(netnsPath, ifname string) (bool, error)
 }
 
 // ExecInvoker execs delegate plugins the way the CNI spec's delegation

@@ -144,7 +144,8 @@ func envNotReady(code uint, file string, err error) *types.Error {
 		"subnet file %s is missing or unusable: overlayd writes it once it holds this host's lease; start overlayd (or fix subnetFile) and try again", file)
 }
 
-// Add renders the delegate configuration from the host's lease, caches it
+// Add refuses an attachment that already exists (see refuseExisting), then
+// renders the delegate configuration from the host's lease, caches it
 // (before delegating, so that a DEL after a failed or interrupted ADD can
 // still clean up), runs the delegate's ADD and prints its result in the
 // requested cniVersion. The cache entry's fsyncs run while the delegate
@@ -159,6 +160,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err := checkNetNS(args, true); err != nil {
 		return err
 	}
+	cache := Cache{Dir: conf.DataDir}
+	if err := p.refuseExisting(cache, att, args); err != nil {
+		return err
+	}
 	env, err := readEnv(conf.SubnetFile)
 	if err != nil {
 		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
@@ -167,7 +172,6 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
-	cache := Cache{Dir: conf.DataDir}
 	cacheFailed := func(err error) *types.Error {
 		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
 	}
@@ -382,8 +386,11 @@ func checkResultLists(raw []byte) error {
 	return nil
 }
 
-// Status reports whether ADD can work: subnet.env must be there and valid
-// (else code 50), and the delegate's STATUS must pass.
+// Status answers the runtime's question "is this node's network ready for
+// new pods?": yes when an ADD now would succeed and the pod would reach the
+// overlay, i.e. subnet.env is there and valid, overlayd answers ready on its
+// loopback health endpoint (healthAddr, unless set to ""), and the
+// delegate's STATUS passes. The first two fail with code 50.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, err := loadConf(args)
 	if err != nil {
@@ -398,7 +405,14 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
-	if err := p.invoker.Status(context.Background(), d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
+	ctx := context.Background()
+	if conf.HealthAddr != "" {
+		if err := p.invoker.DaemonReady(ctx, conf.HealthAddr); err != nil {
+			return cniError(types.ErrPluginNotAvailable, err,
+				"overlay network not ready: overlayd is not ready at %s (healthAddr); see overlayd status and its log", conf.HealthAddr)
+		}
+	}
+	if err := p.invoker.Status(ctx, d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
 		return delegateError("STATUS", d.Type, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,10 @@ type fakeInvoker struct {
 	errs map[string]error
 	// onAdd runs inside Add, e.g. to look at the cache at that moment.
 	onAdd func()
+	// readyz are the addresses DaemonReady was asked (not in calls).
+	readyz []string
+	// exists names the interfaces the container's namespace has.
+	exists map[string]bool
 }
 
 func (f *fakeInvoker) record(verb, plugin string, conf []byte, rt Runtime) error {
@@ -80,6 +85,21 @@ func (f *fakeInvoker) Status(_ context.Context, plugin string, conf []byte, rt R
 
 func (f *fakeInvoker) GC(_ context.Context, plugin string, conf []byte, rt Runtime) error {
 	return f.record("GC", plugin, conf, rt)
+}
+
+// DaemonReady records the address asked and answers errs["READYZ"].
+func (f *fakeInvoker) DaemonReady(_ context.Context, addr string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readyz = append(f.readyz, addr)
+	return f.errs["READYZ"]
+}
+
+// InterfaceExists answers exists[ifname].
+func (f *fakeInvoker) InterfaceExists(_, ifname string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.exists[ifname], nil
 }
 
 func (f *fakeInvoker) verbs() []string {
@@ -219,6 +239,44 @@ func TestAddCachesBeforeDelegatingAndAnswersInRequestedVersion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAddRefusesExisting: an ADD of an attachment that exists (its cache
+// entry, or the interface in the container's namespace) fails with code
+// 105 and touches nothing: no delegate call (so no rollback DEL), the
+// existing entry unchanged.
+func TestAddRefusesExisting(t *testing.T) {
+	t.Run("cache entry", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.add("c1")
+		before, err := os.ReadFile(fx.cacheFile("c1", "eth0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fx.inv.calls = nil
+		fx.writeEnv("10.244.9.0/24") // even a lease change must not rewrite it
+		te := wantCode(t, fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0"))), CodeAlreadyAttached)
+		if !strings.Contains(te.Msg, "DEL") {
+			t.Errorf("message %q does not say what to do", te.Msg)
+		}
+		if len(fx.inv.calls) != 0 {
+			t.Errorf("delegate calls = %+v, want none", fx.inv.calls)
+		}
+		if after, err := os.ReadFile(fx.cacheFile("c1", "eth0")); err != nil || !bytes.Equal(before, after) {
+			t.Errorf("cache entry changed by the refused ADD (%v):\nbefore %s\nafter  %s", err, before, after)
+		}
+	})
+	t.Run("interface in the namespace", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.exists = map[string]bool{"eth0": true}
+		wantCode(t, fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0"))), CodeAlreadyAttached)
+		if len(fx.inv.calls) != 0 || exists(fx.cacheFile("c1", "eth0")) {
+			t.Errorf("delegate calls %+v, cache entry %v; want neither", fx.inv.calls, exists(fx.cacheFile("c1", "eth0")))
+		}
+		if err := fx.plugin.Add(fx.args("c1", "eth1", fx.conf("1.1.0"))); err != nil {
+			t.Errorf("ADD of another interface: %v", err)
+		}
+	})
 }
 
 func TestAddRollsBackOnDelegateFailure(t *testing.T) {
@@ -496,6 +554,9 @@ func TestStatus(t *testing.T) {
 		if len(fx.inv.calls) != 1 || fx.inv.calls[0].Verb != "STATUS" || fx.inv.calls[0].RT != (Runtime{Path: "/opt/cni/bin"}) {
 			t.Errorf("delegate calls = %+v, want one STATUS", fx.inv.calls)
 		}
+		if !slices.Equal(fx.inv.readyz, []string{DefaultHealthAddr}) {
+			t.Errorf("asked overlayd at %v, want %s", fx.inv.readyz, DefaultHealthAddr)
+		}
 	})
 	t.Run("no subnet.env", func(t *testing.T) {
 		fx := newFixture(t)
@@ -511,6 +572,36 @@ func TestStatus(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantCode(t, fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0")}), types.ErrPluginNotAvailable)
+	})
+	t.Run("overlayd not ready", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.errs["READYZ"] = fmt.Errorf("%w: 127.0.0.1:9436/readyz answered 503: not ready: etcd session lost", ErrDaemonNotReady)
+		te := wantCode(t, fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0")}), types.ErrPluginNotAvailable)
+		if !strings.Contains(te.Msg, DefaultHealthAddr) || !strings.Contains(te.Details, "etcd session lost") {
+			t.Errorf("error %+v does not name the address and the daemon's reasons", te)
+		}
+		if len(fx.inv.calls) != 0 {
+			t.Errorf("delegate calls = %+v, want none", fx.inv.calls)
+		}
+	})
+	t.Run("healthAddr set", func(t *testing.T) {
+		fx := newFixture(t)
+		if err := fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0", `"healthAddr":"127.0.0.2:19436"`)}); err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if !slices.Equal(fx.inv.readyz, []string{"127.0.0.2:19436"}) {
+			t.Errorf("asked overlayd at %v, want 127.0.0.2:19436", fx.inv.readyz)
+		}
+	})
+	t.Run("healthAddr empty: overlayd not asked", func(t *testing.T) {
+		fx := newFixture(t)
+		fx.inv.errs["READYZ"] = ErrDaemonNotReady
+		if err := fx.plugin.Status(&skel.CmdArgs{StdinData: fx.conf("1.1.0", `"healthAddr":""`)}); err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if len(fx.inv.readyz) != 0 {
+			t.Errorf("asked overlayd at %v", fx.inv.readyz)
+		}
 	})
 	t.Run("delegate not available", func(t *testing.T) {
 		fx := newFixture(t)

@@ -29,9 +29,10 @@ var legacyRangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
 //
 //   - the user's delegate keys, then the defaults for the keys the user did
 //     not set: bridge "cni0", mtu = OVERLAY_MTU, ipMasq = !OVERLAY_IPMASQ
-//     (overlayd masquerades itself when OVERLAY_IPMASQ is true) and
+//     (overlayd masquerades itself when OVERLAY_IPMASQ is true),
 //     isGateway true (the bridge holds the lease's first address, the pods'
-//     gateway);
+//     gateway) and forceAddress true (bridge replaces the gateway address
+//     of an earlier lease instead of failing every ADD);
 //   - always ours: name, cniVersion, type (delegate.type, default bridge);
 //   - ipam: the user's ipam base with type host-local, ranges = the lease
 //     and routes = the cluster network first, then the user's routes
@@ -70,6 +71,9 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 	setDefault("mtu", env.MTU)
 	setDefault("ipMasq", !env.IPMasq)
 	setDefault("isGateway", true)
+	// After a lease change cni0 still holds the old lease's gateway, and
+	// bridge refuses to add the new one unless told to replace it.
+	setDefault("forceAddress", true)
 	out["type"] = enc(c.DelegateType)
 	out["name"] = enc(c.Name)
 	out["cniVersion"] = enc(c.CNIVersion)

@@ -31,7 +31,8 @@ func TestRenderGolden(t *testing.T) {
 		ipMasq bool
 	}{
 		{
-			// The configuration of deploy/cni/10-overlay.conflist.
+			// The configuration of deploy/cni/10-overlay.conflist, as
+			// libcni v1.2+ sends it (1.1.0, from cniVersions).
 			name:   "conflist",
 			conf:   `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","delegate":{"hairpinMode":true,"isDefaultGateway":true}}`,
 			ipMasq: true,

@@ -269,3 +269,10 @@ func (f *fakeInvoker) Status(_ context.Context, plugin string, _ []byte, rt dele
 func (f *fakeInvoker) GC(_ context.Context, plugin string, _ []byte, rt delegate.Runtime) error {
 	return f.do("GC", plugin, rt)
 }
+
+// DaemonReady: the daemon is ready (the fuzz target is about the plugin's
+// input, not about overlayd).
+func (f *fakeInvoker) DaemonReady(context.Context, string) error { return nil }
+
+// InterfaceExists: the container's namespace is empty.
+func (f *fakeInvoker) InterfaceExists(string, string) (bool, error) { return false, nil }

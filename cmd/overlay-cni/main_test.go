@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/overlaynet/overlay/internal/testenv"
+	ovversion "github.com/overlaynet/overlay/internal/version"
 )
 
 // These tests exec the built binary (bin/overlay-cni) for the answers that
@@ -36,6 +38,8 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestAbout: run without CNI_COMMAND, the plugin names itself and the
+// build's version, as make stamps it (never Go's "(devel)").
 func TestAbout(t *testing.T) {
 	cmd := exec.Command(binary(t))
 	cmd.Env = []string{}
@@ -43,8 +47,46 @@ func TestAbout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run without CNI_COMMAND: %v\n%s", err, out)
 	}
-	if !strings.HasPrefix(string(out), "CNI plugin overlay-cni") {
+	if !strings.HasPrefix(string(out), "CNI plugin overlay-cni ") || strings.Contains(string(out), "(devel)") {
 		t.Errorf("about = %q", out)
+	}
+
+	old := ovversion.Version
+	t.Cleanup(func() { ovversion.Version = old })
+	ovversion.Version = "v1.2.3-4-gabcdef"
+	if got := about(); !strings.HasPrefix(got, "CNI plugin overlay-cni v1.2.3-4-gabcdef ") {
+		t.Errorf("about() = %q, want the version set at link time", got)
+	}
+}
+
+// TestErrorFormat: errors are the spec's error object, with the request's
+// cniVersion (the newest supported one when the request has none).
+func TestErrorFormat(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		conf, want string
+		code       uint
+	}{
+		{`{"cniVersion":"0.4.0","name":"overlay","type":"overlay-cni","dataDir":"relative"}`, "0.4.0", types.ErrInvalidNetworkConfig},
+		{`{"cniVersion":"1.0.0","name":"overlay","type":"overlay-cni","subnetFile":"` + dir + `/none"}`, "1.0.0", types.ErrTryAgainLater},
+		{`{"cniVersion":"0.2.0","name":"overlay","type":"overlay-cni"}`, "0.2.0", types.ErrIncompatibleCNIVersion},
+		{`{"name":"overlay"`, "1.1.0", types.ErrDecodingFailure},
+	} {
+		cmd := exec.Command(binary(t))
+		cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=" + dir, "CNI_IFNAME=eth0", "CNI_PATH=" + dir}
+		cmd.Stdin = strings.NewReader(tc.conf)
+		out, err := cmd.Output()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("ADD of %s: %v, want exit status 1", tc.conf, err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("ADD of %s printed %q: %v", tc.conf, out, err)
+		}
+		if got["cniVersion"] != tc.want || got["code"] != float64(tc.code) || got["msg"] == "" {
+			t.Errorf("ADD of %s printed %s, want cniVersion %q and code %d", tc.conf, out, tc.want, tc.code)
+		}
 	}
 }
 

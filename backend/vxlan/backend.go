@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/lib/jitter"
 )
 
 // Peer is backend.Peer, repeated here for convenience.
@@ -298,7 +298,7 @@ func (b *Backend) Run(ctx context.Context) error {
 			backoff = b.cfg.RetryMin
 		}
 		if resync != nil && full {
-			resync.Reset(jitter(b.cfg.ResyncInterval))
+			resync.Reset(jitter.Spread(b.cfg.ResyncInterval))
 		}
 		onlyPeers = false
 		select {
@@ -315,16 +315,6 @@ func (b *Backend) Run(ctx context.Context) error {
 			subDone, subEnded = nil, nil
 		}
 	}
-}
-
-// jitter spreads d by ±10% so a fleet restarted together does not list the
-// kernel in lockstep.
-func jitter(d time.Duration) time.Duration {
-	spread := int64(d) / 5
-	if spread <= 0 {
-		return d
-	}
-	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread))
 }
 
 // onEvent filters kernel notifications down to the ones that may mean our

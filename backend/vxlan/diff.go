@@ -441,7 +441,8 @@ func comparePrefix(a, b netip.Prefix) int {
 // peerIndex answers whether a kernel entry belongs to a desired peer, for
 // the notification filter: specs are the desired peers sorted by subnet
 // (so also by next hop, which is unique), macs their MACs sorted. Sorted
-// slices rather than maps: a tenth of the memory for 5,000 peers.
+// slices rather than maps: far less memory per peer, and this index is
+// rebuilt at every change of the peer set.
 type peerIndex struct {
 	specs []peerSpec
 	macs  []uint64 // macKey of each
@@ -489,9 +490,9 @@ func validatePeers(peers []Peer, own netip.Prefix, local netip.Addr) (specs []pe
 	// The valid peers, by subnet and then position: every subnet left is
 	// IPv4, so the order of comparePrefix is that of a 40-bit integer, and
 	// with the position in the low 24 bits one plain sort of integers
-	// orders them, equal subnets as given. (A stable sort of the 64-byte
-	// specs took 5 ms for 5,000 peers, at every lease event; this takes a
-	// tenth of that.)
+	// orders them, equal subnets as given. This runs at every lease event,
+	// so it sorts 8-byte keys rather than stable-sorting the wide specs
+	// (Documentation/benchmarks.md, "events").
 	keys := make([]uint64, 0, len(peers))
 	for i, p := range peers {
 		mac, macOK := MACFrom(p.VtepMAC)

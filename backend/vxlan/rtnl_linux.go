@@ -18,9 +18,9 @@ import (
 // rtnlConn is a route netlink socket for the requests the reconciler makes
 // by the thousand — route, neighbour and FDB writes and listings — encoded
 // and decoded here by hand rather than through the netlink package, whose
-// per-request overhead (a getsockname, socket deadlines, a 64 KiB buffer
-// and a dozen allocations per message) cost three times the kernel's own
-// work at a cold start.
+// per-request overhead (a getsockname, socket deadlines, a large receive
+// buffer and many allocations per message) outweighs the kernel's own work
+// at a cold start, where thousands of requests are made at once.
 //
 // Writes of one kind are sent in batches, many requests per sendmsg
 // (writeBatch). rtnetlink processes the requests of one sendmsg in order,

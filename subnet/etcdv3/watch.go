@@ -5,17 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/overlaynet/overlay/subnet"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/overlaynet/overlay/internal/lib/jitter"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // Batch is what the watcher delivers: the events of one etcd watch response
@@ -41,7 +42,7 @@ const (
 // WatchOptions tune a watch; zero values mean the defaults.
 type WatchOptions struct {
 	// ResyncInterval is how often the whole lease set is re-listed and diffed
-	// as a last line of defence; jittered by up to 10%. Default 5 min.
+	// as a last line of defence; jittered by ±10%. Default 5 min.
 	ResyncInterval time.Duration
 	// ProgressInterval is how long the watch may be quiet (no event, no
 	// progress notification) before the watcher asks etcd for a progress
@@ -112,7 +113,7 @@ type watcher struct {
 }
 
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
-	resync := time.NewTimer(jitter(w.opts.ResyncInterval))
+	resync := time.NewTimer(jitter.Spread(w.opts.ResyncInterval))
 	defer resync.Stop()
 	var warn repeatWarn
 	for ctx.Err() == nil {
@@ -161,7 +162,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				return reason
 			}
 		case <-resync.C:
-			resync.Reset(jitter(w.opts.ResyncInterval))
+			resync.Reset(jitter.Spread(w.opts.ResyncInterval))
 			if err := w.relist(ctx, out); err != nil {
 				return "periodic re-list failed: " + err.Error()
 			}
@@ -257,10 +258,6 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Int64N(int64(d)/10+1))
 }
 
 // streamSeq numbers the watch streams this process opens.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // testNS is a throwaway network namespace with two netlink views of it: the

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // rtnlTestNS opens a throwaway namespace with a VXLAN device on a veth

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )

@@ -28,9 +28,9 @@ import (
 	"github.com/vishvananda/netns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
-	"github.com/overlaynet/overlay/internal/masq"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )

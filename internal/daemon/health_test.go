@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

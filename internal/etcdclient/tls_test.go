@@ -17,7 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/internal/etcdclient"
-	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 )
 
 // dialTimeout bounds every connection attempt in these tests; failures

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 

@@ -2,7 +2,7 @@ package masq
 
 import (
 	"context"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	"log/slog"
 	"net/netip"
 	"strings"

@@ -51,7 +51,7 @@ type Backend struct {
 	wanted atomic.Pointer[peerIndex]
 
 	mu      sync.Mutex // guards the fields below
-	desired []peerSpec
+	desired []Peer
 	gen     uint64 // bumped by every SetPeers
 	invalid map[string]string
 	status  backend.Status // published by the kernel owner
@@ -66,7 +66,7 @@ type Backend struct {
 	// programmed are the peers whose current lease is fully in the kernel,
 	// sorted by subnet; usually the desired set itself (shared, not
 	// copied: desired slices are never modified).
-	programmed []peerSpec
+	programmed []Peer
 	conflicted map[netip.Prefix]bool // conflicts already logged
 	stats      counters
 
@@ -75,7 +75,7 @@ type Backend struct {
 	// inKernel are its peers, fully programmed unless conflicted, with
 	// nothing else of ours on the device; env the devices it worked on;
 	// out what its listing (the last full one) showed of other routes.
-	inKernel []peerSpec
+	inKernel []Peer
 	inSync   bool
 	env      diffEnv
 	out      outside
@@ -111,7 +111,7 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 		notify:     make(chan struct{}, 1),
 		conflicted: make(map[netip.Prefix]bool),
 	}
-	b.mac, _ = MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
+	b.mac, _ = backend.MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
 	b.devIndex.Store(-1)
 	b.underlayIndex.Store(-1)
 	b.status.Device = name
@@ -657,7 +657,7 @@ const logEach = 16
 // anyIn reports whether a peer of either set has its subnet in conflicted:
 // what the kernel holds for it is another program's business, which only a
 // listing tells.
-func anyIn(conflicted map[netip.Prefix]bool, sets ...[]peerSpec) bool {
+func anyIn(conflicted map[netip.Prefix]bool, sets ...[]Peer) bool {
 	for _, set := range sets {
 		for _, s := range set {
 			if conflicted[s.Subnet] {
@@ -670,29 +670,29 @@ func anyIn(conflicted map[netip.Prefix]bool, sets ...[]peerSpec) bool {
 
 // finish records the outcome of a pass: the peers now programmed (calling
 // the hook and logging each change), status and counters, quiet logs.
-func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error, res *applyResult, conflicts map[netip.Prefix]bool) error {
+func (b *Backend) finish(start time.Time, gen uint64, want []Peer, err error, res *applyResult, conflicts map[netip.Prefix]bool) error {
 	now := time.Now()
 	programmed, adopted := 0, 0
 	if res != nil {
-		var added, updated []peerSpec
-		var replaced []peerSpec // the previous versions of updated
+		var added, updated []Peer
+		var replaced []Peer // the previous versions of updated
 		// Walk want and the previously programmed peers (both sorted) side
 		// by side. A peer that failed or is in conflict keeps its previous
 		// version, if any; the new set is want itself unless one did.
 		old := b.programmed
-		var next []peerSpec // nil while it equals want[:programmed]
+		var next []Peer // nil while it equals want[:programmed]
 		j := 0
 		for i, w := range want {
 			for j < len(old) && prefixKey(old[j].Subnet) < prefixKey(w.Subnet) {
 				j++
 			}
-			prev, had := peerSpec{}, j < len(old) && old[j].Subnet == w.Subnet
+			prev, had := Peer{}, j < len(old) && old[j].Subnet == w.Subnet
 			if had {
 				prev = old[j]
 			}
 			if res.failed[w.Subnet] || conflicts[w.Subnet] {
 				if next == nil {
-					next = append(make([]peerSpec, 0, len(want)), want[:i]...)
+					next = append(make([]Peer, 0, len(want)), want[:i]...)
 				}
 				if had {
 					next = append(next, prev)
@@ -715,7 +715,7 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 				added = append(added, w)
 			}
 			if f := b.cfg.OnPeerProgrammed; f != nil {
-				f(Peer{Subnet: w.Subnet, PublicIP: w.PublicIP, VtepMAC: w.MAC.HardwareAddr()}, now)
+				f(w, now)
 			}
 		}
 		if next == nil {
@@ -727,11 +727,11 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 		}
 		if b.log.Enabled(context.Background(), slog.LevelDebug) {
 			for i, w := range updated {
-				b.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
-					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].MAC.String())
+				b.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String(),
+					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].VtepMAC.String())
 			}
 			for _, w := range added {
-				b.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
+				b.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String())
 			}
 		}
 		if adopted > 0 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -32,7 +31,7 @@ func peer(n int) backend.Peer {
 	return backend.Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
-		VtepMAC:  net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(n)},
+		VtepMAC:  vxlan.MAC{0x0e, 0, 0, 0, 0, byte(n)},
 	}
 }
 
@@ -52,14 +51,14 @@ func manyPeers(count int) []backend.Peer {
 		out[i] = backend.Peer{
 			Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + i/256), byte(i % 256), 0}), 24),
 			PublicIP: netip.AddrFrom4([4]byte{198, 19, byte(i / 256), byte(i % 256)}),
-			VtepMAC:  net.HardwareAddr{0x0e, 1, 0, 0, byte(i >> 8), byte(i)},
+			VtepMAC:  vxlan.MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)},
 		}
 	}
 	return out
 }
 
 func withMAC(p backend.Peer, last byte) backend.Peer {
-	p.VtepMAC = net.HardwareAddr{0x0e, 0, 0, 0, 0x99, last}
+	p.VtepMAC = vxlan.MAC{0x0e, 0, 0, 0, 0x99, last}
 	return p
 }
 
@@ -234,3 +233,9 @@ func (c *counting) NeighSet(n vxlan.Neigh) error        { c.w(); return c.Netlin
 func (c *counting) NeighDel(n vxlan.Neigh) error        { c.w(); return c.Netlink.NeighDel(n) }
 func (c *counting) FDBSet(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBSet(f) }
 func (c *counting) FDBDel(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBDel(f) }
+
+// vtepMAC is the VTEP MAC of the host with node ID id on VNI 1.
+func vtepMAC(id string) vxlan.MAC {
+	m, _ := backend.MACFrom(vxlan.VtepMAC(id, 1))
+	return m
+}

@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // KernelNetlink implements Netlink with rtnetlink sockets bound to one
@@ -114,7 +116,7 @@ func prefixOf(n *net.IPNet) netip.Prefix {
 }
 
 func macOf(hw net.HardwareAddr) MAC {
-	m, _ := MACFrom(hw)
+	m, _ := backend.MACFrom(hw)
 	return m
 }
 

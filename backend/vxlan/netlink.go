@@ -3,11 +3,12 @@ package vxlan
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // Netlink is the narrow slice of rtnetlink the backend uses. KernelNetlink is
@@ -68,28 +69,8 @@ var ErrLinkNotFound = errors.New("link not found")
 // during the dump (NLM_F_DUMP_INTR); the listing is retried.
 var ErrDumpInterrupted = netlink.ErrDumpInterrupted
 
-// MAC is an Ethernet address as a comparable value.
-type MAC [6]byte
-
-// MACFrom converts a 6-byte hardware address.
-func MACFrom(hw net.HardwareAddr) (MAC, bool) {
-	var m MAC
-	if len(hw) != len(m) {
-		return m, false
-	}
-	copy(m[:], hw)
-	return m, true
-}
-
-// HardwareAddr returns a freshly allocated net.HardwareAddr.
-func (m MAC) HardwareAddr() net.HardwareAddr { return append(net.HardwareAddr(nil), m[:]...) }
-
-// IsZero reports whether m is 00:00:00:00:00:00.
-func (m MAC) IsZero() bool { return m == MAC{} }
-
-func (m MAC) String() string {
-	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
-}
+// MAC is backend.MAC, an Ethernet address as a comparable value.
+type MAC = backend.MAC
 
 // Link is a network device as far as the backend cares. For non-VXLAN links
 // only Index, Name, Kind, MTU, MAC and Up are meaningful.

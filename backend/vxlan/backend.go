@@ -427,23 +427,9 @@ func (e *WriteError) Error() string {
 
 func (e *WriteError) Unwrap() error { return e.First }
 
+// exec runs one write as a batch of one.
 func (b *Backend) exec(o op) error {
-	var err error
-	switch o.kind {
-	case opRouteSet:
-		err = b.nl.RouteReplace(o.route)
-	case opRouteDel, opRoutePrune:
-		err = b.nl.RouteDel(o.route)
-	case opNeighSet:
-		err = b.nl.NeighSet(o.neigh)
-	case opNeighDel:
-		err = b.nl.NeighDel(o.neigh)
-	case opFDBSet:
-		err = b.nl.FDBSet(o.fdb)
-	case opFDBDel, opFDBPrune:
-		err = b.nl.FDBDel(o.fdb)
-	}
-	return b.count(o, err)
+	return b.count(o, b.nl.Write([]Write{o.request()})[0])
 }
 
 // count records the outcome of one write: already gone is what a deletion
@@ -459,17 +445,9 @@ func (b *Backend) count(o op, err error) error {
 	return err
 }
 
-// applyChunk is how many writes apply builds and hands to a batchWriter at
+// applyChunk is how many writes apply builds and hands to Netlink.Write at
 // a time.
 const applyChunk = 128
-
-// batchWriter is implemented by a Netlink that applies many independent
-// writes in fewer round trips (KernelNetlink: many requests per sendmsg).
-// Others get one call per write.
-type batchWriter interface {
-	// writeBatch applies ops in order and returns each one's error.
-	writeBatch(ops []op) []error
-}
 
 type applyResult struct {
 	err     *WriteError
@@ -508,7 +486,7 @@ func (r *applyResult) record(o op, err error, total int) {
 //
 // The plan's writes come by kind (all neighbours, then all FDB entries,
 // then all routes...). The writes of one kind concern distinct peers, so
-// none depends on another's outcome: a batchWriter gets them applyChunk at
+// none depends on another's outcome: Netlink.Write gets them applyChunk at
 // a time, and the next kind only starts once the outcome of every write of
 // this one is known, which keeps the skipping exact. The prune kinds,
 // which may hold several writes for one peer, go one by one.
@@ -518,11 +496,11 @@ func (b *Backend) apply(p *plan) applyResult {
 	for k := range numOpKinds {
 		total += p.count(k)
 	}
-	bw, batched := b.nl.(batchWriter)
 	chunk := make([]op, 0, applyChunk)
+	reqs := make([]Write, 0, applyChunk)
 	for k := range numOpKinds {
 		n := p.count(k)
-		if !batched || n < 2 || k == opFDBPrune || k == opRoutePrune {
+		if n < 2 || k == opFDBPrune || k == opRoutePrune {
 			for i := range n {
 				o := p.at(k, i)
 				if o.peer.IsValid() && r.failed[o.peer] {
@@ -543,7 +521,11 @@ func (b *Backend) apply(p *plan) applyResult {
 				}
 				chunk = append(chunk, o)
 			}
-			for i, err := range bw.writeBatch(chunk) {
+			reqs = reqs[:0]
+			for _, o := range chunk {
+				reqs = append(reqs, o.request())
+			}
+			for i, err := range b.nl.Write(reqs) {
 				r.record(chunk[i], b.count(chunk[i], err), total)
 			}
 		}

@@ -59,6 +59,24 @@ type op struct {
 	fdb   FDB
 }
 
+// request is o as the wire layer's request: prunes are deletions.
+func (o op) request() Write {
+	switch o.kind {
+	case opRouteSet:
+		return Write{Kind: RouteReplace, Route: o.route}
+	case opRouteDel, opRoutePrune:
+		return Write{Kind: RouteDel, Route: o.route}
+	case opNeighSet:
+		return Write{Kind: NeighSet, Neigh: o.neigh}
+	case opNeighDel:
+		return Write{Kind: NeighDel, Neigh: o.neigh}
+	case opFDBSet:
+		return Write{Kind: FDBSet, FDB: o.fdb}
+	default: // opFDBDel, opFDBPrune
+		return Write{Kind: FDBDel, FDB: o.fdb}
+	}
+}
+
 func (o op) String() string {
 	switch o.kind {
 	case opRouteDel, opRouteSet, opRoutePrune:

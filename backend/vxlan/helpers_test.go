@@ -227,12 +227,10 @@ func (c *counting) AddrReplace(i int, a netip.Prefix) error {
 	return c.Netlink.AddrReplace(i, a)
 }
 func (c *counting) AddrDel(i int, a netip.Prefix) error { c.w(); return c.Netlink.AddrDel(i, a) }
-func (c *counting) RouteReplace(r vxlan.Route) error    { c.w(); return c.Netlink.RouteReplace(r) }
-func (c *counting) RouteDel(r vxlan.Route) error        { c.w(); return c.Netlink.RouteDel(r) }
-func (c *counting) NeighSet(n vxlan.Neigh) error        { c.w(); return c.Netlink.NeighSet(n) }
-func (c *counting) NeighDel(n vxlan.Neigh) error        { c.w(); return c.Netlink.NeighDel(n) }
-func (c *counting) FDBSet(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBSet(f) }
-func (c *counting) FDBDel(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBDel(f) }
+func (c *counting) Write(batch []vxlan.Write) []error {
+	c.n.Add(int64(len(batch)))
+	return c.Netlink.Write(batch)
+}
 
 // vtepMAC is the VTEP MAC of the host with node ID id on VNI 1.
 func vtepMAC(id string) vxlan.MAC {

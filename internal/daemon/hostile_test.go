@@ -107,10 +107,11 @@ var (
 	orphanedNow  = regexp.MustCompile(`(?m)^overlay_leases_orphaned (\d+)$`)
 )
 
-// orphanKinds are the hostile writes whose key is a well-formed lease
-// outside the network config: what a config change leaves behind, counted
-// as orphaned rather than invalid.
-var orphanKinds = map[string]bool{"wrong prefix length": true, "overlaps own subnet": true, "outside the network": true}
+// orphanKinds are the hostile writes of a well-formed lease that does not fit
+// the network config (outside Network, another SubnetLen or VNI): what a
+// config change leaves behind, counted as orphaned rather than invalid, as
+// `overlayd lease list` shows them.
+var orphanKinds = map[string]bool{"wrong prefix length": true, "overlaps own subnet": true, "outside the network": true, "other VNI": true}
 
 // The daemon never crashes, never programs a hostile lease, counts every
 // one, and keeps programming the valid peers written between them.
@@ -144,6 +145,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 			if orphanKinds[w.kind] {
 				orphans[w.key] = true
 			} else {
+				delete(orphans, w.key) // an invalid value replaces an orphaned one
 				hostileTotal++
 			}
 			kinds[strings.Fields(w.kind)[0]]++

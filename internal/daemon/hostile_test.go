@@ -3,9 +3,12 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/overlaynet/overlay/subnet"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -124,8 +127,22 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 	}
 	h1.cfg.HealthListener = ln
 	client := nsHTTPClient(h1.host.NS)
+	// Pin h1's subnet (an old subnet.env is reused when free) away from
+	// the hostile writes' 10.244.100-199 and the valid peers' 10.244.200+:
+	// a random pick there once made the test write a "peer" over h1's own
+	// lease and wait for a route that can never be.
+	pinned := subnet.NewEnv(netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.50.0/24"), 1450, true)
+	if err := os.MkdirAll(filepath.Dir(h1.cfg.SubnetFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := subnet.WriteEnv(h1.cfg.SubnetFile, pinned); err != nil {
+		t.Fatal(err)
+	}
 	h1.start(t)
 	own := h1.env(t).Lease()
+	if own != pinned.Lease() {
+		t.Fatalf("h1 took %s, not the subnet of its old subnet.env %s", own, pinned.Lease())
+	}
 	cli := c.reg.Client()
 
 	hostileTotal := 0

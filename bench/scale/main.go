@@ -128,7 +128,6 @@ func (c *coordinator) add(n int, figure, unit string, vals []float64, note strin
 	fmt.Printf("N=%-6d %-34s median %10.3f  max %10.3f %s  (%d)%s\n", n, figure, r.Median, r.Max, unit, r.Runs, map[bool]string{true: "  " + note}[note != ""])
 }
 
-
 // cluster is three etcd member processes.
 type cluster struct {
 	dir   string

@@ -373,3 +373,73 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	})
 	t.Logf("lease keeping interrupted %d time(s) by the outage and compaction", interrupted.Load())
 }
+
+// A watch cut off from etcd (a leader change, a partition, a restarted
+// member) resumes from the last revision it saw once etcd is back: the add,
+// delete and change made meanwhile arrive as events, and the lease set is
+// not re-listed. A re-list per broken watch would make every host read
+// every lease at the same moment after each leader change.
+func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
+	srv, _, dreg, _ := startServer(t)
+	proxy, err := lab.NewProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	for i := 1; i <= 3; i++ {
+		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := reg.List(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarts := make(chan string, 100)
+	const retry = 100 * time.Millisecond
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{RetryInterval: retry, OnRestart: func(r string) { restarts <- r }}))
+	for i := 1; i <= 3; i++ {
+		c.known[peerSubnet(i)] = "" // from the snapshot
+	}
+	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+
+	proxy.Set(lab.ProxyDown)
+	select {
+	case r := <-restarts:
+		t.Logf("watch broke: %s", r)
+	case <-time.After(testenv.Deadline(etcdv3.DefaultProgressInterval + etcdv3.DefaultStallTimeout + testenv.Slack)):
+		t.Fatal("the watch did not notice that etcd went away")
+	}
+	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dreg.Get(tctx(t), peerSubnet(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := peerAttrs(200)
+	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Set(lab.ProxyUp)
+	d, _ := changed.VXLAN()
+	// The client reconnects within its backoff (a few seconds at most).
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "the add, delete and change made while cut off", func() bool {
+		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
+	})
+	c.mu.Lock()
+	resyncs := c.resyncs
+	c.mu.Unlock()
+	if resyncs != 0 {
+		t.Fatalf("%d re-list(s) after a broken watch whose history etcd still held; want the watch resumed from its revision", resyncs)
+	}
+}

@@ -83,6 +83,8 @@ type recorder struct {
 	seen    map[netip.Prefix]int64 // unix ns a probe subnet was first seen
 	rev     int64
 	relists int
+	// reported is relists at the last stats reply.
+	reported int
 }
 
 func (r *recorder) apply(b etcdv3.Batch) {

@@ -128,11 +128,13 @@ func (w *worker) stats() {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
+	// relists_max is the most re-lists one host did since the last stats.
 	relists, most := 0, 0
 	for _, h := range w.hosts {
 		h.rec.mu.Lock()
 		relists += h.rec.relists
-		most = max(most, h.rec.relists)
+		most = max(most, h.rec.relists-h.rec.reported)
+		h.rec.reported = h.rec.relists
 		h.rec.mu.Unlock()
 	}
 	w.reply(map[string]any{"hosts": len(w.hosts), "rpcs": w.cnt.snapshot(), "heap": ms.HeapInuse, "rss": selfRSS(),

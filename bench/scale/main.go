@@ -388,9 +388,11 @@ func (c *coordinator) measure(n int) error {
 		}
 		ws = append(ws, w)
 	}
-	if _, err := all[map[string]any](ws, ""); err != nil {
+	started, err := all[map[string]any](ws, "")
+	if err != nil {
 		return err
 	}
+	fmt.Printf("   per host (connect, config, node ID, acquire), s: %v\n", started[0]["step_secs"])
 	fmt.Printf("== N=%d: all hosts hold leases after %s\n", n, time.Since(t0).Round(time.Second))
 	c.add(n, "start all hosts", "s", []float64{time.Since(t0).Seconds()}, "")
 

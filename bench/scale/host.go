@@ -80,7 +80,7 @@ func (c *rpcCounter) dialOptions() []grpc.DialOption {
 type recorder struct {
 	mu      sync.Mutex
 	peers   map[netip.Prefix]struct{} // what the backend would program
-	seen    map[netip.Prefix]int64 // unix ns a probe subnet was first seen
+	seen    map[netip.Prefix]int64    // unix ns a probe subnet was first seen
 	rev     int64
 	relists int
 	// reported is relists at the last stats reply.

@@ -123,6 +123,48 @@ func (c *collector) missing(p netip.Prefix) bool {
 	return !ok
 }
 
+// seedPeers writes peers 1–3 directly and lists them through reg.
+func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) etcdv3.Snapshot {
+	t.Helper()
+	for i := 1; i <= 3; i++ {
+		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := reg.List(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// changeMeanwhile adds peer 5, deletes peer 1 and gives peer 2 a new VTEP
+// MAC, which it returns.
+func changeMeanwhile(t *testing.T, dreg *etcdv3.Registry) string {
+	t.Helper()
+	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dreg.Get(tctx(t), peerSubnet(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := peerAttrs(200)
+	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := changed.VXLAN()
+	return d.VtepMAC
+}
+
+// changedMeanwhile reports whether the collector saw changeMeanwhile.
+func (c *collector) changedMeanwhile(mac string) bool {
+	return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), mac)
+}
+
 // A watch stream that stays open but delivers nothing (stalled in a proxy,
 // the connection healthy) is noticed by the progress check within
 // ProgressInterval+StallTimeout; the lease set is re-listed, so the add,
@@ -137,15 +179,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	reg := proxiedRegistry(t, proxy.Endpoint())
-	for i := 1; i <= 3; i++ {
-		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := reg.List(tctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := seedPeers(t, dreg, reg)
 	const progress, stallTimeout = 500 * time.Millisecond, time.Second
 	var reasons []string
 	var mu sync.Mutex
@@ -165,25 +199,9 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 
 	t.Logf("stalled %d watch stream(s)", proxy.StallWatches())
 	// Meanwhile: an add, a delete and a change (a new VTEP MAC).
-	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
-		t.Fatal(err)
-	}
-	old, err := dreg.Get(tctx(t), peerSubnet(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	changed := peerAttrs(200)
-	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := changed.VXLAN()
+	mac := changeMeanwhile(t, dreg)
 	bound := 2*(progress+stallTimeout) + testenv.Slack
-	took := testenv.WaitFor(t, bound, "the add, delete and change made during the stall", func() bool {
-		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
-	})
+	took := testenv.WaitFor(t, bound, "the add, delete and change made during the stall", func() bool { return c.changedMeanwhile(mac) })
 	t.Logf("stall detected and every change applied %s after the stall (bound %s)", took.Round(time.Millisecond), bound)
 	mu.Lock()
 	got := strings.Join(reasons, "; ")
@@ -387,15 +405,7 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	reg := proxiedRegistry(t, proxy.Endpoint())
-	for i := 1; i <= 3; i++ {
-		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := reg.List(tctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := seedPeers(t, dreg, reg)
 	restarts := make(chan string, 100)
 	const retry = 100 * time.Millisecond
 	wctx, cancel := context.WithCancel(tctx(t))
@@ -416,26 +426,10 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 	case <-time.After(testenv.Deadline(etcdv3.DefaultProgressInterval + etcdv3.DefaultStallTimeout + testenv.Slack)):
 		t.Fatal("the watch did not notice that etcd went away")
 	}
-	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
-		t.Fatal(err)
-	}
-	old, err := dreg.Get(tctx(t), peerSubnet(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	changed := peerAttrs(200)
-	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
-		t.Fatal(err)
-	}
+	mac := changeMeanwhile(t, dreg)
 	proxy.Set(lab.ProxyUp)
-	d, _ := changed.VXLAN()
 	// The client reconnects within its backoff (a few seconds at most).
-	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "the add, delete and change made while cut off", func() bool {
-		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
-	})
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "the add, delete and change made while cut off", func() bool { return c.changedMeanwhile(mac) })
 	c.mu.Lock()
 	resyncs := c.resyncs
 	c.mu.Unlock()

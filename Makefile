@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(VERSION)
 FUZZTIME  ?= 10s
 
-.PHONY: all build plugins test unit e2e runtime-deps runtime-e2e fuzz lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -48,6 +48,15 @@ runtime-deps:
 
 runtime-e2e: build plugins runtime-deps
 	$(GO) test -race -count=1 -timeout 6m ./test/runtime/...
+
+# Not part of `make test`: run the suites RUNS times with HOGS busy-loop
+# processes beside them and print how often each test failed (a deadline
+# that a slow but correct run can hit shows up here, not in CI).
+RUNS ?= 5
+HOGS ?= 2
+
+test-stress:
+	RUNS=$(RUNS) HOGS=$(HOGS) test/stress.sh test
 
 # A short run of every fuzz target (go test -fuzz takes one target at a time).
 fuzz:

@@ -13,6 +13,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 // Hostile inputs found while fuzzing (fuzz_test.go), checked on every run.
@@ -33,12 +35,12 @@ func codeOf(t *testing.T, err error) uint {
 	return te.Code
 }
 
-// within runs f and crashes the test binary if it has not returned after
-// 10 s (a FIFO opened for reading blocks until a writer comes): a hang is
+// within runs f and crashes the test binary if it has not returned in time
+// (a FIFO opened for reading blocks until a writer comes): a hang is
 // reported as the failure it is instead of as the package's timeout.
 func within(t *testing.T, what string, f func()) {
 	t.Helper()
-	timer := time.AfterFunc(10*time.Second, func() { panic(t.Name() + ": " + what + " hangs") })
+	timer := time.AfterFunc(testenv.Deadline(testenv.Slack), func() { panic(t.Name() + ": " + what + " hangs") })
 	defer timer.Stop()
 	f()
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 // writeHostLocal lays out a host-local network directory the way host-local
@@ -112,7 +114,7 @@ func TestSweepHostLocalHoldsLock(t *testing.T) {
 		_, err := SweepHostLocal(dir, NewValidSet(nil))
 		done <- err
 	}()
-	if !pollUntil(5*time.Second, func() bool { return flockWaiterOn(t, st.Ino) }) {
+	if !pollUntil(testenv.Deadline(testenv.Slack), func() bool { return flockWaiterOn(t, st.Ino) }) {
 		t.Fatal("the sweep never waited on host-local's lock")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "10.244.7.2")); err != nil {
@@ -126,7 +128,7 @@ func TestSweepHostLocalHoldsLock(t *testing.T) {
 		if err != nil {
 			t.Fatalf("SweepHostLocal: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(testenv.Deadline(testenv.Slack)):
 		t.Fatal("the sweep did not finish after the lock was released")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "10.244.7.2")); !os.IsNotExist(err) {

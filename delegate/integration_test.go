@@ -509,7 +509,7 @@ func tcpReach(t *testing.T, from, to ns.NetNS, addr netip.Addr) error {
 	select {
 	case err := <-accepted:
 		return err
-	case <-time.After(5 * time.Second):
+	case <-time.After(testenv.Deadline(testenv.Slack)):
 		return errors.New("listener never accepted")
 	}
 }

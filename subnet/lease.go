@@ -205,12 +205,16 @@ func (c *Config) CheckClaim(l Lease) error {
 	if err := c.Orphaned(l); err != nil {
 		return err
 	}
-	ip := l.Attrs.PublicAddr()
-	if err := checkPublicIP(ip, l.Attrs.PublicIP); err != nil {
-		return err
-	}
-	if c.Network.Contains(ip) {
-		return fmt.Errorf("%w: PublicIP %s is inside the overlay network %s", ErrInvalidLease, ip, c.Network)
+	// A reservation may name only its node, whose address is not known yet:
+	// that host adopts it by NodeID.
+	if !(l.Unclaimed() && l.Attrs.PublicIP == "" && l.Attrs.NodeID != "") {
+		ip := l.Attrs.PublicAddr()
+		if err := checkPublicIP(ip, l.Attrs.PublicIP); err != nil {
+			return err
+		}
+		if c.Network.Contains(ip) {
+			return fmt.Errorf("%w: PublicIP %s is inside the overlay network %s", ErrInvalidLease, ip, c.Network)
+		}
 	}
 	if l.Attrs.NodeID != "" {
 		if err := CheckNodeID(l.Attrs.NodeID); err != nil {

@@ -237,6 +237,8 @@ func TestCheckClaimIsPeerWithoutTheBackend(t *testing.T) {
 		orphan bool
 	}{
 		{"reservation", sub, LeaseAttrs{PublicIP: "198.18.0.5", NodeID: "h5"}, "", false},
+		{"reservation by node only", sub, LeaseAttrs{NodeID: "h6"}, "", false},
+		{"reservation naming nothing", sub, LeaseAttrs{}, "PublicIP \"\" is not an IPv4 address", false},
 		{"unspecified", sub, LeaseAttrs{PublicIP: "0.0.0.0"}, "0.0.0.0 is the unspecified address", false},
 		{"multicast", sub, LeaseAttrs{PublicIP: "224.0.0.1"}, "224.0.0.1 is a multicast address", false},
 		{"broadcast", sub, LeaseAttrs{PublicIP: "255.255.255.255"}, "the broadcast address", false},

@@ -15,6 +15,7 @@ runs=${RUNS:-5}
 hogs=${HOGS:-2}
 target=${1:-test}
 logdir=${STRESS_LOGS:-$(mktemp -d /tmp/overlay-stress.XXXXXX)}
+mkdir -p "$logdir"
 case "$runs$hogs" in *[!0-9]*) echo "RUNS and HOGS must be whole numbers" >&2; exit 2 ;; esac
 
 pids=()

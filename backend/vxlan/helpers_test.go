@@ -19,6 +19,7 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 var (
@@ -125,35 +126,27 @@ func checkState(t testing.TB, nl vxlan.Netlink, dev, want string) {
 	}
 }
 
-// waitFor polls cond every 10ms for up to 5s.
+// waitFor waits for cond. The reconciler reacts to kicks and netlink
+// notifications, not timers, so the bound is the scheduling margin alone.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 5s waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, testenv.Slack, what, cond)
 }
 
 // waitState polls until the rendered state is want, showing the diff if it
 // never gets there.
 func waitState(t testing.TB, nl vxlan.Netlink, dev, want string) {
 	t.Helper()
-	var got string
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, err := vxlantest.State(nl, dev)
-		if err == nil && s == want {
-			return
+	testenv.Eventually(t, testenv.Slack, "the kernel state", func() error {
+		got, err := vxlantest.State(nl, dev)
+		if err != nil {
+			return err
 		}
-		got = s
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 5s waiting for the kernel state (-want +got):\n%s", cmp.Diff(want, got))
+		if got != want {
+			return fmt.Errorf("(-want +got):\n%s", cmp.Diff(want, got))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // waitSynced waits until the backend applied the current peer set fully.
@@ -177,8 +170,8 @@ func run(t testing.TB, b *vxlan.Backend) {
 			if err != nil {
 				t.Errorf("Run returned %v", err)
 			}
-		case <-time.After(5 * time.Second):
-			t.Errorf("Run did not return within 5s of cancellation")
+		case <-time.After(testenv.Deadline(testenv.Slack)):
+			t.Errorf("Run did not return after cancellation")
 		}
 	})
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/overlaynet/overlay/internal/etcdtest"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
+
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 type cliResult struct {
@@ -128,15 +130,11 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 	return live, dead
 }
 
+// waitFor waits for an etcd write or watch event to be seen: no timer in
+// between, only scheduling.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, testenv.Slack, what, cond)
 }
 
 func TestLeaseListTableAndJSON(t *testing.T) {

@@ -69,6 +69,7 @@ var badFlags = []badFlag{
 	{[]string{"teardown"}, "log-level", "trace", "want one of debug"},
 	{[]string{"teardown"}, "vni", "0", "want a whole number in 1..16777215"},
 	{[]string{"teardown"}, "vni", "one", "want a whole number in 1..16777215"},
+	{[]string{"teardown"}, "force", "perhaps", "want true or false"},
 	{[]string{"status"}, "health-addr", "", "want host:port"},
 	{[]string{"status"}, "health-addr", "9436", "want host:port"},
 	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "0.0.0.0", "is the unspecified address"},

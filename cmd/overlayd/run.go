@@ -162,6 +162,7 @@ its TTL runs out. Only what was found is reported as removed.`,
 	c.Flags().IntVar(&vni, "vni", 1, "VNI of the device to remove when etcd cannot be reached")
 	checkFlag(c.Flags(), "vni", intIn(1, 1<<24-1))
 	c.Flags().BoolVar(&force, "force", false, "tear down even while overlayd runs on this host (it rebuilds what it owns)")
+	checkFlag(c.Flags(), "force", boolean)
 	return usesEtcd(c)
 }
 

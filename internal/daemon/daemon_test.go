@@ -37,7 +37,7 @@ func newCluster(t *testing.T) *cluster {
 	testenv.RequireRoot(t)
 	srv := etcdtest.Start(t)
 	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), testenv.Deadline(10*time.Second))
 	defer cancel()
 	if _, err := reg.PutConfig(c, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func (n *node) stop() {
 func (n *node) env(t *testing.T) subnet.Env {
 	t.Helper()
 	var e subnet.Env
-	waitFor(t, 15*time.Second, n.host.Name+"'s subnet.env", func() bool {
+	waitFor(t, testenv.Slack, n.host.Name+"'s subnet.env", func() bool {
 		var err error
 		e, err = subnet.ReadEnv(n.cfg.SubnetFile)
 		return err == nil
@@ -154,15 +154,10 @@ func masqRules(t *testing.T, n *node) []string {
 	return rules
 }
 
+// waitFor is testenv.WaitFor: every wait here scales with the one knob.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, timeout, what, cond)
 }
 
 // tcpReach listens on to's VTEP address inside to's namespace and dials it
@@ -189,7 +184,7 @@ func tcpReach(t *testing.T, from, to *node, fromAddr, toAddr netip.Addr) error {
 	}()
 	var conn net.Conn
 	if err := lab.Do(from.host.NS, func() (err error) {
-		d := net.Dialer{Timeout: 2 * time.Second}
+		d := net.Dialer{Timeout: testenv.Deadline(5 * time.Second)}
 		conn, err = d.Dial("tcp4", ln.Addr().String())
 		return err
 	}); err != nil {
@@ -202,7 +197,7 @@ func tcpReach(t *testing.T, from, to *node, fromAddr, toAddr netip.Addr) error {
 			return fmt.Errorf("%s saw the connection from %s, want %s (no NAT on the overlay)", to.host.Name, src, fromAddr)
 		}
 		return nil
-	case <-time.After(5 * time.Second):
+	case <-time.After(testenv.Deadline(testenv.Slack)):
 		return errors.New("no connection accepted within 5s")
 	}
 }
@@ -222,7 +217,7 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	if rules := masqRules(t, h1); len(rules) == 0 {
 		t.Error("h1 has no masquerade table with IPMasq on")
 	}
-	waitFor(t, 10*time.Second, "h1 and h2 to route to each other", func() bool {
+	waitFor(t, testenv.Slack, "h1 and h2 to route to each other", func() bool {
 		return h1.routes(t)[e2.Lease()] && h2.routes(t)[e1.Lease()]
 	})
 	vtep := func(e subnet.Env) netip.Addr { return e.Lease().Addr() }
@@ -237,7 +232,7 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	h3 := c.addHost("h3", 3)
 	h3.start(t)
 	e3 := h3.env(t)
-	waitFor(t, 5*time.Second, "h1 and h2 to learn h3", func() bool {
+	waitFor(t, testenv.Slack, "h1 and h2 to learn h3", func() bool {
 		return h1.routes(t)[e3.Lease()] && h2.routes(t)[e3.Lease()] && len(h3.routes(t)) == 2
 	})
 	if err := tcpReach(t, h1, h3, vtep(e1), vtep(e3)); err != nil {
@@ -250,7 +245,7 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	if err != nil || res.LeaseRemoved != e3.Lease().String() {
 		t.Fatalf("teardown h3 = %+v, %v", res, err)
 	}
-	waitFor(t, 5*time.Second, "h3's routes to vanish from h1 and h2", func() bool {
+	waitFor(t, testenv.Slack, "h3's routes to vanish from h1 and h2", func() bool {
 		return !h1.routes(t)[e3.Lease()] && !h2.routes(t)[e3.Lease()]
 	})
 	if got := h3.routes(t); len(got) != 0 {
@@ -278,7 +273,7 @@ func TestRestartKeepsSubnetAndDataPath(t *testing.T) {
 	h1.start(t)
 	h2.start(t)
 	e1, e2 := h1.env(t), h2.env(t)
-	waitFor(t, 10*time.Second, "convergence", func() bool { return h1.routes(t)[e2.Lease()] && h2.routes(t)[e1.Lease()] })
+	waitFor(t, testenv.Slack, "convergence", func() bool { return h1.routes(t)[e2.Lease()] && h2.routes(t)[e1.Lease()] })
 
 	h2.stop() // SIGTERM: the data path stays
 	if !h2.routes(t)[e1.Lease()] {
@@ -323,7 +318,7 @@ func TestHostileLeasesAreNeverProgrammed(t *testing.T) {
 	if _, err := cli.Put(ctx, c.reg.SubnetsPrefix()+"10.244.9.0-24", good); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the valid peer", func() bool { return h1.routes(t)[netip.MustParsePrefix("10.244.9.0/24")] })
+	waitFor(t, testenv.Slack, "the valid peer", func() bool { return h1.routes(t)[netip.MustParsePrefix("10.244.9.0/24")] })
 	routes := h1.routes(t)
 	if len(routes) != 1 {
 		t.Errorf("h1 programmed %v, want only 10.244.9.0/24", routes)

@@ -13,12 +13,14 @@ import (
 	"github.com/overlaynet/overlay/internal/lab"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 // nsHTTPClient makes requests from inside ns (where the daemon listens on
 // its own loopback).
 func nsHTTPClient(ns netns.NsHandle) *http.Client {
-	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: testenv.Deadline(5 * time.Second), Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
 			err = lab.Do(ns, func() error {
@@ -45,8 +47,12 @@ func TestReadinessFollowsEachCondition(t *testing.T) {
 	c := newCluster(t)
 	h1 := c.addHost("h1", 1)
 	h1.withHealth(t)
-	h1.cfg.LivenessTTL = 2 * time.Second
-	h1.cfg.LeaseTTL = 3 * time.Second
+	// Short TTLs, so that an etcd outage shows soon, but long enough that a
+	// keepalive delayed by a busy machine never lets them lapse while etcd
+	// is up (the client renews every TTL/3).
+	const livenessTTL, leaseTTL = 6 * time.Second, 9 * time.Second
+	h1.cfg.LivenessTTL = livenessTTL
+	h1.cfg.LeaseTTL = leaseTTL
 	base := "http://" + h1.cfg.HealthListener.Addr().String()
 	client := nsHTTPClient(h1.host.NS)
 
@@ -54,7 +60,7 @@ func TestReadinessFollowsEachCondition(t *testing.T) {
 	if code, body := get(t, client, base+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz = %d %q", code, body)
 	}
-	waitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
+	waitFor(t, testenv.Slack, "/readyz 200", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
 	env := h1.env(t)
 
 	_, body := get(t, client, base+"/status")
@@ -89,17 +95,18 @@ func TestReadinessFollowsEachCondition(t *testing.T) {
 		}
 	}
 	rename("eth0", "eth0-away")
-	waitFor(t, 10*time.Second, "/readyz 503 naming the device", func() bool {
+	waitFor(t, testenv.Slack, "/readyz 503 naming the device", func() bool {
 		code, body := get(t, client, base+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "device:") && strings.Contains(body, "reconcile:")
 	})
 	rename("eth0-away", "eth0")
-	waitFor(t, 15*time.Second, "/readyz 200 again", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
+	// The backend retries its device with a backoff of at most 10 s.
+	waitFor(t, 10*time.Second+testenv.Slack, "/readyz 200 again", func() bool { code, _ := get(t, client, base+"/readyz"); return code == http.StatusOK })
 
-	// etcd and lease: stop etcd. The liveness key (2 s) lapses first, then
-	// the lease (3 s) can no longer be renewed.
+	// etcd and lease: stop etcd. The liveness key lapses first, then the
+	// lease can no longer be renewed.
 	c.srv.Close()
-	waitFor(t, 15*time.Second, "/readyz 503 naming etcd and the lease", func() bool {
+	waitFor(t, leaseTTL+testenv.Slack, "/readyz 503 naming etcd and the lease", func() bool {
 		code, body := get(t, client, base+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "etcd: etcd session lost") && strings.Contains(body, "lease: lease expired")
 	})

@@ -98,21 +98,24 @@ func TestProbesInANamespace(t *testing.T) {
 	}
 	defer r.Close()
 	dst := netip.AddrPortFrom(lo, ProbePort)
-	if seen, err := WhoAmI(ns, dst, time.Second); err != nil || seen != lo {
+	// Bounds on "never", not speeds: the responder runs in this (-race,
+	// possibly busy) test process.
+	timeout := testenv.Deadline(5 * time.Second)
+	if seen, err := WhoAmI(ns, dst, timeout); err != nil || seen != lo {
 		t.Errorf("WhoAmI = %s, %v; want %s", seen, err, lo)
 	}
-	if _, err := Ping(ns, lo, time.Second); err != nil {
+	if _, err := Ping(ns, lo, timeout); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
 	// A closed port refuses.
-	if _, err := WhoAmI(ns, netip.AddrPortFrom(lo, ProbePort+1), time.Second); err == nil {
+	if _, err := WhoAmI(ns, netip.AddrPortFrom(lo, ProbePort+1), timeout); err == nil {
 		t.Error("WhoAmI to a closed port succeeded")
 	}
-	s, err := StartStream(ns, dst, 5*time.Millisecond, 500*time.Millisecond)
+	s, err := StartStream(ns, dst, 5*time.Millisecond, timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Deadline(testenv.Slack))
 	for s.Stats().Received < 20 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

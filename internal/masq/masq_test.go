@@ -13,6 +13,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
+
+	"github.com/overlaynet/overlay/internal/testenv"
 )
 
 var clusterNet = netip.MustParsePrefix("10.244.0.0/16")
@@ -355,7 +357,7 @@ func TestRunRepairs(t *testing.T) {
 	}()
 	waitChanged := func(what string) {
 		t.Helper()
-		deadline := time.After(10 * time.Second)
+		deadline := time.After(testenv.Deadline(testenv.Slack))
 		for {
 			select {
 			case r := <-reports:
@@ -366,7 +368,7 @@ func TestRunRepairs(t *testing.T) {
 					return
 				}
 			case <-deadline:
-				t.Fatalf("%s: Run did not write within 10s", what)
+				t.Fatalf("%s: Run did not write in time", what)
 			}
 		}
 	}
@@ -385,7 +387,7 @@ func TestRunRepairs(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run = %v, want nil after cancel", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(testenv.Deadline(testenv.Slack)):
 		t.Fatal("Run did not return after cancel")
 	}
 }

@@ -191,7 +191,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	if err != nil {
 		return err.Error(), false
 	}
-	stall := newStallCheck(w.reg.cli, wctx, w.opts.ProgressInterval, w.opts.StallTimeout)
+	stall := newStallCheck(w.reg.cli, wctx, wch, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
 	for {
 		select {
@@ -379,14 +379,15 @@ func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, k
 type stallCheck struct {
 	cli      *clientv3.Client
 	wctx     context.Context // the watch's context: it names its stream
+	wch      clientv3.WatchChan
 	interval time.Duration
 	timeout  time.Duration
 	timer    *time.Timer
 	asked    time.Time // zero while no request is outstanding
 }
 
-func newStallCheck(cli *clientv3.Client, wctx context.Context, interval, timeout time.Duration) *stallCheck {
-	return &stallCheck{cli: cli, wctx: wctx, interval: interval, timeout: timeout, timer: time.NewTimer(interval)}
+func newStallCheck(cli *clientv3.Client, wctx context.Context, wch clientv3.WatchChan, interval, timeout time.Duration) *stallCheck {
+	return &stallCheck{cli: cli, wctx: wctx, wch: wch, interval: interval, timeout: timeout, timer: time.NewTimer(interval)}
 }
 
 func (s *stallCheck) C() <-chan time.Time { return s.timer.C }
@@ -401,6 +402,12 @@ func (s *stallCheck) heard() {
 // reports a stall ("" otherwise) when the answer is overdue.
 func (s *stallCheck) check() string {
 	if !s.asked.IsZero() {
+		// The answer may be waiting beside the timer: select picks either
+		// when both are ready, and a late scheduler makes that common.
+		if len(s.wch) > 0 {
+			s.timer.Reset(s.timeout)
+			return ""
+		}
 		return fmt.Sprintf(stalledPrefix+": no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
 	}
 	s.asked = time.Now()

@@ -18,6 +18,7 @@ import (
 	"github.com/overlaynet/overlay/internal/etcdtest"
 	"github.com/overlaynet/overlay/internal/lab"
 	"github.com/overlaynet/overlay/internal/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testenv"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -144,7 +145,7 @@ func (fl *faultLab) waitReady(t *testing.T, timeout time.Duration) time.Duration
 // it lists every host's lease and every fake one.
 func (fl *faultLab) cliLeases(t *testing.T) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(30*time.Second))
 	defer cancel()
 	ll, err := fl.l.Leases(ctx)
 	if err != nil {
@@ -167,7 +168,7 @@ func leaderIndex(t *testing.T, cli *clientv3.Client, eps []string) int {
 	var idx int
 	labtest.Eventually(t, 30*time.Second, "a leader", func() error {
 		for i, ep := range eps {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(2*time.Second))
 			st, err := cli.Status(ctx, ep)
 			cancel()
 			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
@@ -242,8 +243,8 @@ func TestClusterMemberFailover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("m" + fmt.Sprint(second) + " did not come back within 60s")
+	case <-time.After(testenv.Deadline(60 * time.Second)):
+		t.Fatal("m" + fmt.Sprint(second) + " did not come back in time")
 	}
 	running = append(running, second)
 	readyIn := fl.waitReady(t, 60*time.Second)

@@ -48,8 +48,8 @@ func main() {
 	idx := flag.Int("i", 0, "internal: member index")
 	ports := flag.String("ports", "", "internal: peer ports")
 	state := flag.String("state", "new", "internal: cluster state")
-	from := flag.Int("from", 0, "internal: first host")
-	to := flag.Int("to", 0, "internal: end of hosts")
+	first := flag.Int("from", 0, "internal: first host")
+	end := flag.Int("to", 0, "internal: end of hosts")
 	ns := flag.String("n", "1000", "numbers of simulated hosts, comma-separated")
 	var c config
 	flag.IntVar(&c.Runs, "runs", 3, "repetitions of each join measurement")
@@ -58,13 +58,16 @@ func main() {
 	flag.StringVar(&c.Scenarios, "scenarios", "churn,leader,restart", "scenarios to run: churn, leader, compact, restart")
 	flag.StringVar(&c.Out, "out", "bench/results", "directory for the JSON lines (\"\" writes none)")
 	flag.StringVar(&c.Plot, "plot", "", "write an SVG of the join latency and etcd memory against N here")
+	from := flag.String("plot-from", "", "instead of measuring, plot the JSON lines of this file (with -plot)")
 	flag.Parse()
 	var err error
-	switch *role {
-	case "member":
+	switch {
+	case *role == "member":
 		err = runMember(*dir, *idx, parseInts(*ports), *state)
-	case "worker":
-		err = runWorker(flag.Args(), *from, *to)
+	case *role == "worker":
+		err = runWorker(flag.Args(), *first, *end)
+	case *from != "":
+		err = replot(c, *from)
 	default:
 		c.Ns = parseInts(*ns)
 		err = run(c)
@@ -115,6 +118,28 @@ func run(cfg config) error {
 		}
 	}
 	return c.write()
+}
+
+// replot draws the SVG of earlier runs' JSON lines.
+func replot(cfg config, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	c := &coordinator{cfg: cfg}
+	c.cfg.Ns = nil
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		c.results = append(c.results, r)
+		if !slices.Contains(c.cfg.Ns, r.N) {
+			c.cfg.Ns = append(c.cfg.Ns, r.N)
+		}
+	}
+	slices.Sort(c.cfg.Ns)
+	return os.WriteFile(cfg.Plot, []byte(c.svg()), 0o644)
 }
 
 func (c *coordinator) add(n int, figure, unit string, vals []float64, note string) {

@@ -536,7 +536,11 @@ func (c *coordinator) join(reg *etcdv3.Registry, ws []*workerProc, k int) ([]flo
 	p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)
 	attrs := subnet.NewVXLANAttrs(netip.MustParseAddr("192.0.2.1"), 1, net.HardwareAddr{2, 0, 0, 0, 0, 1}, fmt.Sprintf("probe-%d", k), "probe")
 	var t0 time.Time
-	for {
+	// Bounded: a cluster that does not commit within a minute is a result.
+	for give := time.Now().Add(time.Minute); ; {
+		if time.Now().After(give) {
+			return nil, 0, fmt.Errorf("write a joining host's lease %s: etcd did not commit it within a minute", p)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		t0 = time.Now()
 		c.lastWrite = t0

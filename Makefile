@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(VERSION)
 FUZZTIME  ?= 10s
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz layering lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -72,9 +72,19 @@ fuzz:
 # says so and goes on, since the rest of lint works offline.
 GOVULNDB ?= https://vuln.go.dev
 
+# The tree's direction (README "Layout"): the binaries never link the
+# standard testing package, the test harness or the programs, and the
+# leaves in internal/lib import nothing of ours.
+layering:
+	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|/internal/testing/|/tools/'); \
+	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./internal/lib/... | grep 'overlaynet/overlay/.*overlaynet/overlay/'); \
+	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours:"; echo "$$bad"; exit 1; fi
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@$(MAKE) --no-print-directory layering
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@out=$$($(GO) tool govulncheck -db $(GOVULNDB) ./... 2>&1); rc=$$?; echo "$$out"; \
 	if [ $$rc -ne 0 ] && echo "$$out" | grep -q "fetching vulnerabilities"; then \
@@ -88,18 +98,18 @@ lint:
 BENCHFLAGS ?=
 
 bench: build plugins
-	$(GO) build -o $(BIN)/overlay-bench ./internal/bench
+	$(GO) build -o $(BIN)/overlay-bench ./tools/bench
 	$(BIN)/overlay-bench -bin $(BIN) -root . $(BENCHFLAGS)
 
 # A 3-host cluster with 2 pods per host in network namespaces: prints the
 # leases, routes and pod-to-pod pings, then removes everything. KEEP=1 keeps
 # it running in the background until `make demo-down`.
 demo: build plugins
-	@$(GO) build -o $(BIN)/overlay-demo ./internal/lab/demo
+	@$(GO) build -o $(BIN)/overlay-demo ./tools/demo
 	@$(BIN)/overlay-demo -bin $(BIN)
 
 demo-down:
-	@$(GO) build -o $(BIN)/overlay-demo ./internal/lab/demo
+	@$(GO) build -o $(BIN)/overlay-demo ./tools/demo
 	@$(BIN)/overlay-demo down
 
 clean:

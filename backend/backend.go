@@ -20,16 +20,47 @@ package backend
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
 )
 
-// Peer is another host's lease as the data plane needs it.
+// Peer is another host's lease as the data plane needs it: the one shape a
+// peer has from the lease (subnet.Config.Peer makes it) to the kernel. Its
+// values are validated once, where the untrusted lease enters
+// (subnet.Config.Peer): an IPv4 subnet of the network, a usable unicast
+// IPv4 PublicIP, a unicast VTEP MAC. A backend checks only what needs the
+// whole set or this host: duplicates, our own subnet and address.
+// It is a comparable value without pointers, so sets of thousands are cheap
+// to keep and to compare.
 type Peer struct {
-	Subnet   netip.Prefix     // the peer's lease, e.g. 10.244.7.0/24
-	PublicIP netip.Addr       // underlay address of the peer's VTEP
-	VtepMAC  net.HardwareAddr // MAC of the peer's VTEP device
+	Subnet   netip.Prefix // the peer's lease, e.g. 10.244.7.0/24
+	PublicIP netip.Addr   // underlay address of the peer's VTEP
+	VtepMAC  MAC          // MAC of the peer's VTEP device
+}
+
+// MAC is an Ethernet address as a comparable value.
+type MAC [6]byte
+
+// MACFrom converts a 6-byte hardware address.
+func MACFrom(hw net.HardwareAddr) (MAC, bool) {
+	var m MAC
+	if len(hw) != len(m) {
+		return m, false
+	}
+	copy(m[:], hw)
+	return m, true
+}
+
+// HardwareAddr returns a freshly allocated net.HardwareAddr.
+func (m MAC) HardwareAddr() net.HardwareAddr { return append(net.HardwareAddr(nil), m[:]...) }
+
+// IsZero reports whether m is 00:00:00:00:00:00.
+func (m MAC) IsZero() bool { return m == MAC{} }
+
+func (m MAC) String() string {
+	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
 }
 
 // Backend is what the daemon drives. SetPeers may be called from any

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/utils"
 
-	"github.com/overlaynet/overlay/internal/atomicfile"
+	"github.com/overlaynet/overlay/internal/lib/atomicfile"
 )
 
 // Modes of the cache (DESIGN.md §7): the configurations may carry runtime

@@ -18,7 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/overlaynet/overlay/delegate/cnifuzz"
+	"github.com/overlaynet/overlay/internal/testing/cnifuzz"
 	"github.com/overlaynet/overlay/subnet"
 )
 

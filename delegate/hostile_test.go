@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // Hostile inputs found while fuzzing (fuzz_test.go), checked on every run.

@@ -41,7 +41,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/overlaynet/overlay/delegate"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 

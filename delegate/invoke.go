@@ -57,9 +57,8 @@ type Invoker interface {
 // instead of this process's environment, so GC can delete a stale
 // attachment without mutating the environment. It is written here rather
 // than wrapping pkg/invoke because that package pulls OpenTelemetry,
-// net/http and crypto/tls into the binary, which costs about a millisecond
-// of CPU at every exec of overlay-cni (measured with perf stat), i.e. at
-// every pod creation.
+// net/http and crypto/tls into the binary, whose package initialisation
+// would run at every exec of overlay-cni, i.e. at every pod creation.
 type ExecInvoker struct {
 	stderr io.Writer
 }

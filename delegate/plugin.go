@@ -151,8 +151,9 @@ func envNotReady(code uint, file string, err error) *types.Error {
 // requested cniVersion. The cache entry's fsyncs run while the delegate
 // does, and the result is printed only once the entry is durable. If
 // anything fails after the cache is written, the delegate's DEL runs before
-// the error is returned.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
+// the error is returned (one deferred guard, as in the bridge plugin, so a
+// new failure point cannot forget it).
+func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	conf, att, err := loadAttachment(args)
 	if err != nil {
 		return err
@@ -184,31 +185,40 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 	ctx := context.Background()
 	rt := runtimeOf(args)
+	// The cache entry exists from here on: every failure below is rolled back.
+	defer func() {
+		if err != nil {
+			err = p.rollback(ctx, cache, att, d, rt, err)
+		}
+	}()
 	res, err := p.invoker.Add(ctx, d.Type, d.Config, rt)
 	syncErr := <-synced
 	if err != nil {
-		return p.rollback(ctx, cache, att, d, rt, delegateError("ADD", d.Type, err))
+		return delegateError("ADD", d.Type, err)
 	}
 	if syncErr != nil {
-		return p.rollback(ctx, cache, att, d, rt, cacheFailed(syncErr))
+		return cacheFailed(syncErr)
 	}
 	out, err := res.GetAsVersion(conf.CNIVersion)
 	if err != nil {
-		return p.rollback(ctx, cache, att, d, rt, cniError(CodeDelegateFailed, err,
-			"the %s result cannot be converted to cniVersion %s: use a delegate that supports it", d.Type, conf.CNIVersion))
+		return cniError(CodeDelegateFailed, err,
+			"the %s result cannot be converted to cniVersion %s: use a delegate that supports it", d.Type, conf.CNIVersion)
 	}
 	if err := out.PrintTo(p.stdout); err != nil {
-		return p.rollback(ctx, cache, att, d, rt, cniError(types.ErrIOFailure, err, "cannot write the ADD result to stdout"))
+		return cniError(types.ErrIOFailure, err, "cannot write the ADD result to stdout")
 	}
 	return nil
 }
 
-// rollback undoes a failed ADD with the delegate's DEL. The cache entry goes
-// only if that DEL succeeded; otherwise it stays for the runtime's DEL.
-func (p *Plugin) rollback(ctx context.Context, cache Cache, att Attachment, d Delegate, rt Runtime, cause *types.Error) error {
+// rollback undoes a failed ADD with the delegate's DEL and returns cause,
+// with the DEL's failure added to its details. The cache entry goes only if
+// that DEL succeeded; otherwise it stays for the runtime's DEL.
+func (p *Plugin) rollback(ctx context.Context, cache Cache, att Attachment, d Delegate, rt Runtime, cause error) error {
 	if err := p.invoker.Del(ctx, d.Type, d.Config, rt); err != nil {
 		p.logf("ADD of %s failed and so did the rollback DEL; the cache entry is kept for the runtime's DEL: %v", att, err)
-		cause.Details = joinDetails(cause.Details, "rollback DEL failed: "+err.Error())
+		if te, ok := errors.AsType[*types.Error](cause); ok {
+			te.Details = joinDetails(te.Details, "rollback DEL failed: "+err.Error())
+		}
 		return cause
 	}
 	if err := cache.Remove(att); err != nil {

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/overlaynet/overlay/internal/atomicfile"
+	"github.com/overlaynet/overlay/internal/lib/atomicfile"
 )
 
 // DefaultEnvFile is where overlayd writes subnet.env and overlay-cni reads it.

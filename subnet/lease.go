@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // MaxLeaseValueSize bounds a lease value read from etcd; a real one is about
@@ -224,34 +226,27 @@ func (c *Config) CheckClaim(l Lease) error {
 	return nil
 }
 
-// Peer is a lease checked for programming: everything the data plane needs,
-// every value validated.
-type Peer struct {
-	Subnet   netip.Prefix
-	PublicIP netip.Addr
-	VtepMAC  net.HardwareAddr
-	NodeID   string
-}
-
 // Peer validates a lease read from etcd for programming into the kernel. The
 // lease is untrusted: anything that could misroute traffic is rejected with
-// an error naming the field.
-func (c *Config) Peer(l Lease) (Peer, error) {
+// an error naming the field. This is the one place peers are validated: the
+// backends take the result as it is.
+func (c *Config) Peer(l Lease) (backend.Peer, error) {
 	if err := c.CheckClaim(l); err != nil {
-		return Peer{}, err
+		return backend.Peer{}, err
 	}
 	if l.Attrs.BackendType != DefaultBackendType {
-		return Peer{}, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
+		return backend.Peer{}, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
 	}
 	data, err := l.Attrs.VXLAN()
 	if err != nil {
-		return Peer{}, err
+		return backend.Peer{}, err
 	}
-	mac, err := ParseVtepMAC(data.VtepMAC)
+	hw, err := ParseVtepMAC(data.VtepMAC)
 	if err != nil {
-		return Peer{}, err
+		return backend.Peer{}, err
 	}
-	return Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), VtepMAC: mac, NodeID: l.Attrs.NodeID}, nil
+	mac, _ := backend.MACFrom(hw) // ParseVtepMAC checked the length
+	return backend.Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), VtepMAC: mac}, nil
 }
 
 func checkPublicIP(ip netip.Addr, raw string) error {

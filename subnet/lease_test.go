@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 func TestKeyRoundTrip(t *testing.T) {
@@ -68,7 +70,7 @@ func TestPeerValidation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Peer(good) = %v", err)
 	}
-	want := Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, 7}, NodeID: "n7"}
+	want := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 0, 7}}
 	if diff := cmp.Diff(want, p, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Peer mismatch (-want +got):\n%s", diff)
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/lib/jitter"
 )
 
 // Peer is backend.Peer, repeated here for convenience.
@@ -51,7 +51,7 @@ type Backend struct {
 	wanted atomic.Pointer[peerIndex]
 
 	mu      sync.Mutex // guards the fields below
-	desired []peerSpec
+	desired []Peer
 	gen     uint64 // bumped by every SetPeers
 	invalid map[string]string
 	status  backend.Status // published by the kernel owner
@@ -66,7 +66,7 @@ type Backend struct {
 	// programmed are the peers whose current lease is fully in the kernel,
 	// sorted by subnet; usually the desired set itself (shared, not
 	// copied: desired slices are never modified).
-	programmed []peerSpec
+	programmed []Peer
 	conflicted map[netip.Prefix]bool // conflicts already logged
 	stats      counters
 
@@ -75,7 +75,7 @@ type Backend struct {
 	// inKernel are its peers, fully programmed unless conflicted, with
 	// nothing else of ours on the device; env the devices it worked on;
 	// out what its listing (the last full one) showed of other routes.
-	inKernel []peerSpec
+	inKernel []Peer
 	inSync   bool
 	env      diffEnv
 	out      outside
@@ -111,7 +111,7 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 		notify:     make(chan struct{}, 1),
 		conflicted: make(map[netip.Prefix]bool),
 	}
-	b.mac, _ = MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
+	b.mac, _ = backend.MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
 	b.devIndex.Store(-1)
 	b.underlayIndex.Store(-1)
 	b.status.Device = name
@@ -298,7 +298,7 @@ func (b *Backend) Run(ctx context.Context) error {
 			backoff = b.cfg.RetryMin
 		}
 		if resync != nil && full {
-			resync.Reset(jitter(b.cfg.ResyncInterval))
+			resync.Reset(jitter.Spread(b.cfg.ResyncInterval))
 		}
 		onlyPeers = false
 		select {
@@ -315,16 +315,6 @@ func (b *Backend) Run(ctx context.Context) error {
 			subDone, subEnded = nil, nil
 		}
 	}
-}
-
-// jitter spreads d by ±10% so a fleet restarted together does not list the
-// kernel in lockstep.
-func jitter(d time.Duration) time.Duration {
-	spread := int64(d) / 5
-	if spread <= 0 {
-		return d
-	}
-	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread))
 }
 
 // onEvent filters kernel notifications down to the ones that may mean our
@@ -437,23 +427,9 @@ func (e *WriteError) Error() string {
 
 func (e *WriteError) Unwrap() error { return e.First }
 
+// exec runs one write as a batch of one.
 func (b *Backend) exec(o op) error {
-	var err error
-	switch o.kind {
-	case opRouteSet:
-		err = b.nl.RouteReplace(o.route)
-	case opRouteDel, opRoutePrune:
-		err = b.nl.RouteDel(o.route)
-	case opNeighSet:
-		err = b.nl.NeighSet(o.neigh)
-	case opNeighDel:
-		err = b.nl.NeighDel(o.neigh)
-	case opFDBSet:
-		err = b.nl.FDBSet(o.fdb)
-	case opFDBDel, opFDBPrune:
-		err = b.nl.FDBDel(o.fdb)
-	}
-	return b.count(o, err)
+	return b.count(o, b.nl.Write([]Write{o.request()})[0])
 }
 
 // count records the outcome of one write: already gone is what a deletion
@@ -469,17 +445,9 @@ func (b *Backend) count(o op, err error) error {
 	return err
 }
 
-// applyChunk is how many writes apply builds and hands to a batchWriter at
+// applyChunk is how many writes apply builds and hands to Netlink.Write at
 // a time.
 const applyChunk = 128
-
-// batchWriter is implemented by a Netlink that applies many independent
-// writes in fewer round trips (KernelNetlink: many requests per sendmsg).
-// Others get one call per write.
-type batchWriter interface {
-	// writeBatch applies ops in order and returns each one's error.
-	writeBatch(ops []op) []error
-}
 
 type applyResult struct {
 	err     *WriteError
@@ -518,7 +486,7 @@ func (r *applyResult) record(o op, err error, total int) {
 //
 // The plan's writes come by kind (all neighbours, then all FDB entries,
 // then all routes...). The writes of one kind concern distinct peers, so
-// none depends on another's outcome: a batchWriter gets them applyChunk at
+// none depends on another's outcome: Netlink.Write gets them applyChunk at
 // a time, and the next kind only starts once the outcome of every write of
 // this one is known, which keeps the skipping exact. The prune kinds,
 // which may hold several writes for one peer, go one by one.
@@ -528,11 +496,11 @@ func (b *Backend) apply(p *plan) applyResult {
 	for k := range numOpKinds {
 		total += p.count(k)
 	}
-	bw, batched := b.nl.(batchWriter)
 	chunk := make([]op, 0, applyChunk)
+	reqs := make([]Write, 0, applyChunk)
 	for k := range numOpKinds {
 		n := p.count(k)
-		if !batched || n < 2 || k == opFDBPrune || k == opRoutePrune {
+		if n < 2 || k == opFDBPrune || k == opRoutePrune {
 			for i := range n {
 				o := p.at(k, i)
 				if o.peer.IsValid() && r.failed[o.peer] {
@@ -553,7 +521,11 @@ func (b *Backend) apply(p *plan) applyResult {
 				}
 				chunk = append(chunk, o)
 			}
-			for i, err := range bw.writeBatch(chunk) {
+			reqs = reqs[:0]
+			for _, o := range chunk {
+				reqs = append(reqs, o.request())
+			}
+			for i, err := range b.nl.Write(reqs) {
 				r.record(chunk[i], b.count(chunk[i], err), total)
 			}
 		}
@@ -667,7 +639,7 @@ const logEach = 16
 // anyIn reports whether a peer of either set has its subnet in conflicted:
 // what the kernel holds for it is another program's business, which only a
 // listing tells.
-func anyIn(conflicted map[netip.Prefix]bool, sets ...[]peerSpec) bool {
+func anyIn(conflicted map[netip.Prefix]bool, sets ...[]Peer) bool {
 	for _, set := range sets {
 		for _, s := range set {
 			if conflicted[s.Subnet] {
@@ -680,29 +652,29 @@ func anyIn(conflicted map[netip.Prefix]bool, sets ...[]peerSpec) bool {
 
 // finish records the outcome of a pass: the peers now programmed (calling
 // the hook and logging each change), status and counters, quiet logs.
-func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error, res *applyResult, conflicts map[netip.Prefix]bool) error {
+func (b *Backend) finish(start time.Time, gen uint64, want []Peer, err error, res *applyResult, conflicts map[netip.Prefix]bool) error {
 	now := time.Now()
 	programmed, adopted := 0, 0
 	if res != nil {
-		var added, updated []peerSpec
-		var replaced []peerSpec // the previous versions of updated
+		var added, updated []Peer
+		var replaced []Peer // the previous versions of updated
 		// Walk want and the previously programmed peers (both sorted) side
 		// by side. A peer that failed or is in conflict keeps its previous
 		// version, if any; the new set is want itself unless one did.
 		old := b.programmed
-		var next []peerSpec // nil while it equals want[:programmed]
+		var next []Peer // nil while it equals want[:programmed]
 		j := 0
 		for i, w := range want {
 			for j < len(old) && prefixKey(old[j].Subnet) < prefixKey(w.Subnet) {
 				j++
 			}
-			prev, had := peerSpec{}, j < len(old) && old[j].Subnet == w.Subnet
+			prev, had := Peer{}, j < len(old) && old[j].Subnet == w.Subnet
 			if had {
 				prev = old[j]
 			}
 			if res.failed[w.Subnet] || conflicts[w.Subnet] {
 				if next == nil {
-					next = append(make([]peerSpec, 0, len(want)), want[:i]...)
+					next = append(make([]Peer, 0, len(want)), want[:i]...)
 				}
 				if had {
 					next = append(next, prev)
@@ -725,7 +697,7 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 				added = append(added, w)
 			}
 			if f := b.cfg.OnPeerProgrammed; f != nil {
-				f(Peer{Subnet: w.Subnet, PublicIP: w.PublicIP, VtepMAC: w.MAC.HardwareAddr()}, now)
+				f(w, now)
 			}
 		}
 		if next == nil {
@@ -737,11 +709,11 @@ func (b *Backend) finish(start time.Time, gen uint64, want []peerSpec, err error
 		}
 		if b.log.Enabled(context.Background(), slog.LevelDebug) {
 			for i, w := range updated {
-				b.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String(),
-					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].MAC.String())
+				b.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String(),
+					"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].VtepMAC.String())
 			}
 			for _, w := range added {
-				b.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.MAC.String())
+				b.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String())
 			}
 		}
 		if adopted > 0 {

@@ -20,21 +20,21 @@ const (
 
 func tMAC(n int) MAC { return MAC{0x0e, 0, 0, 0, 0, byte(n)} }
 
-func tSpec(n int) peerSpec {
-	return peerSpec{
+func tSpec(n int) Peer {
+	return Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
-		MAC:      tMAC(n),
+		VtepMAC:  tMAC(n),
 	}
 }
 
 // programmed is the kernel state a converged backend leaves for a peer.
-func programmed(s peerSpec) kernelState {
+func programmed(s Peer) kernelState {
 	hop := s.Subnet.Addr()
 	return kernelState{
 		Routes: []Route{{Dst: s.Subnet, Gw: hop, LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol, Priority: RouteMetric(s.Subnet)}},
-		Neighs: []Neigh{{LinkIndex: tDev, IP: hop, MAC: s.MAC, State: NUDPermanent}},
-		FDBs:   []FDB{{LinkIndex: tDev, MAC: s.MAC, Dst: s.PublicIP, State: NUDPermanent}},
+		Neighs: []Neigh{{LinkIndex: tDev, IP: hop, MAC: s.VtepMAC, State: NUDPermanent}},
+		FDBs:   []FDB{{LinkIndex: tDev, MAC: s.VtepMAC, Dst: s.PublicIP, State: NUDPermanent}},
 	}
 }
 
@@ -75,7 +75,7 @@ func ourRoute(dst, gw string, link int) Route {
 func TestDiff(t *testing.T) {
 	p2, p3 := tSpec(2), tSpec(3)
 	p2newMAC := p2
-	p2newMAC.MAC = tMAC(0x22)
+	p2newMAC.VtepMAC = tMAC(0x22)
 	p2newIP := p2
 	p2newIP.PublicIP = netip.MustParseAddr("198.18.0.222")
 	p3far := p3
@@ -87,7 +87,7 @@ func TestDiff(t *testing.T) {
 
 	tests := []struct {
 		name   string
-		want   []peerSpec
+		want   []Peer
 		have   kernelState
 		direct bool
 		ops    []string
@@ -98,7 +98,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "add two peers: neighbour, FDB, route in that order",
-			want: []peerSpec{p2, p3},
+			want: []Peer{p2, p3},
 			ops: []string{
 				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
 				"neigh-set 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
@@ -110,12 +110,12 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "converged: nothing to do",
-			want: []peerSpec{p2, p3},
+			want: []Peer{p2, p3},
 			have: merge(programmed(p2), programmed(p3), underlayConnected),
 		},
 		{
 			name: "remove a peer: route, FDB, neighbour in that order",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: merge(programmed(p2), programmed(p3)),
 			ops: []string{
 				"route-del 10.244.3.0/24 via 10.244.3.0 dev 10 onlink proto 115",
@@ -125,7 +125,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "MAC change replaces the neighbour and drops the old FDB entry",
-			want: []peerSpec{p2newMAC},
+			want: []Peer{p2newMAC},
 			have: programmed(p2),
 			ops: []string{
 				"fdb-del 0e:00:00:00:00:02 dst 198.18.0.2 dev 10 state 0x80",
@@ -135,13 +135,13 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "public IP change rewrites the FDB entry only",
-			want: []peerSpec{p2newIP},
+			want: []Peer{p2newIP},
 			have: programmed(p2),
 			ops:  []string{"fdb-set 0e:00:00:00:00:02 dst 198.18.0.222 dev 10 state 0x80"},
 		},
 		{
 			name:   "DirectRouting on: peer on the underlay subnet gets a direct route, its VXLAN entries go",
-			want:   []peerSpec{p2, p3far},
+			want:   []Peer{p2, p3far},
 			have:   merge(programmed(p2), programmed(p3far), underlayConnected),
 			direct: true,
 			ops: []string{
@@ -152,7 +152,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "DirectRouting off again: back to VXLAN",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: merge(underlayConnected, kernelState{Routes: []Route{
 				ourRoute("10.244.2.0/24", "198.18.0.2", tUnderlay),
 			}}),
@@ -164,7 +164,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name:   "DirectRouting converged",
-			want:   []peerSpec{p2},
+			want:   []Peer{p2},
 			direct: true,
 			have: merge(underlayConnected, kernelState{Routes: []Route{
 				ourRoute("10.244.2.0/24", "198.18.0.2", tUnderlay),
@@ -172,7 +172,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "stale entries on the device are removed, the kernel's own neighbours are not",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: merge(programmed(p2), kernelState{
 				Routes: []Route{ourRoute("10.244.8.0/24", "10.244.8.0", tDev)},
 				Neighs: []Neigh{
@@ -193,7 +193,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "other programs' routes, other links' entries, our protocol elsewhere: left alone",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: merge(programmed(p2), kernelState{
 				Routes: []Route{foreignOnDev, oursElsewhere},
 				Neighs: []Neigh{{LinkIndex: tOther, IP: netip.MustParseAddr("10.244.8.0"), MAC: tMAC(8), State: NUDPermanent}},
@@ -202,7 +202,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name:  "a foreign route holding a peer's subnet is a conflict, not overwritten",
-			want:  []peerSpec{p3},
+			want:  []Peer{p3},
 			have:  kernelState{Routes: []Route{foreignSameDst}},
 			confl: []netip.Prefix{p3.Subnet},
 			ops: []string{
@@ -212,11 +212,11 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "drift: wrong neighbour MAC, non-permanent FDB, route on the wrong gateway",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: kernelState{
 				Routes: []Route{ourRoute("10.244.2.0/24", "10.244.2.1", tDev)},
 				Neighs: []Neigh{{LinkIndex: tDev, IP: p2.Subnet.Addr(), MAC: tMAC(0x99), State: NUDPermanent}},
-				FDBs:   []FDB{{LinkIndex: tDev, MAC: p2.MAC, Dst: p2.PublicIP, State: 0x02}},
+				FDBs:   []FDB{{LinkIndex: tDev, MAC: p2.VtepMAC, Dst: p2.PublicIP, State: 0x02}},
 			},
 			ops: []string{
 				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
@@ -226,9 +226,9 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "extra remotes appended to a wanted MAC are pruned after the set",
-			want: []peerSpec{p2newIP},
+			want: []Peer{p2newIP},
 			have: merge(programmed(p2), kernelState{FDBs: []FDB{
-				{LinkIndex: tDev, MAC: p2.MAC, Dst: netip.MustParseAddr("198.18.0.77"), State: NUDPermanent},
+				{LinkIndex: tDev, MAC: p2.VtepMAC, Dst: netip.MustParseAddr("198.18.0.77"), State: NUDPermanent},
 			}}),
 			ops: []string{
 				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.222 dev 10 state 0x80",
@@ -238,7 +238,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "a second route of ours to a wanted destination is pruned",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: merge(programmed(p2), kernelState{Routes: []Route{
 				{Dst: p2.Subnet, Gw: p2.Subnet.Addr(), LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol, Priority: 100},
 			}}),
@@ -246,7 +246,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "a route at an old metric is replaced: new one first, then the old one goes",
-			want: []peerSpec{p2},
+			want: []Peer{p2},
 			have: kernelState{
 				Routes: []Route{{Dst: p2.Subnet, Gw: p2.Subnet.Addr(), LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol}},
 				Neighs: programmed(p2).Neighs,
@@ -259,7 +259,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name: "another program's route with a higher metric does not conflict",
-			want: []peerSpec{p3},
+			want: []Peer{p3},
 			have: merge(kernelState{Routes: []Route{{Dst: p3.Subnet, Gw: netip.MustParseAddr("192.0.2.1"), LinkIndex: tOther, Protocol: 4, Priority: 1 << 20}}}),
 			ops: []string{
 				"neigh-set 10.244.3.0 lladdr 0e:00:00:00:00:03 dev 10 state 0x80",
@@ -269,7 +269,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name:  "a conflict appearing next to our route: reported, both left alone",
-			want:  []peerSpec{p3},
+			want:  []Peer{p3},
 			have:  merge(programmed(p3), kernelState{Routes: []Route{foreignSameDst}}),
 			confl: []netip.Prefix{p3.Subnet},
 		},
@@ -290,7 +290,7 @@ func TestDiff(t *testing.T) {
 // TestDiffApplyConverges applies plans to a tiny model of the kernel and
 // checks that a second diff is empty, for every pair of scenarios.
 func TestDiffIsIdempotentAfterApply(t *testing.T) {
-	sets := [][]peerSpec{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {func() peerSpec { s := tSpec(2); s.MAC = tMAC(0x22); return s }()}}
+	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {func() Peer { s := tSpec(2); s.VtepMAC = tMAC(0x22); return s }()}}
 	for i, from := range sets {
 		for j, to := range sets {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
@@ -353,12 +353,15 @@ func delRoute(rs []Route, dst netip.Prefix) []Route {
 	return out
 }
 
+// TestValidatePeers covers what the backend checks: this host and the set.
+// The values of each peer are validated where the lease enters
+// (subnet.TestPeerValidation: prefix length, public IP, MAC).
 func TestValidatePeers(t *testing.T) {
 	own := netip.MustParsePrefix("10.244.1.0/24")
 	local := netip.MustParseAddr("198.18.0.1")
 	good := func(n int) Peer {
 		s := tSpec(n)
-		return Peer{Subnet: s.Subnet, PublicIP: s.PublicIP, VtepMAC: s.MAC.HardwareAddr()}
+		return Peer{Subnet: s.Subnet, PublicIP: s.PublicIP, VtepMAC: s.VtepMAC}
 	}
 	mod := func(n int, f func(*Peer)) Peer { p := good(n); f(&p); return p }
 	tests := []struct {
@@ -366,25 +369,22 @@ func TestValidatePeers(t *testing.T) {
 		peer   Peer
 		reason string
 	}{
-		{"IPv6 subnet", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "subnet is not IPv4"},
-		{"host bits", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("10.244.5.1/24") }), "subnet has host bits set"},
-		{"no public IP", mod(5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "public IP is not a unicast IPv4 address"},
-		{"public IP 0.0.0.0", mod(5, func(p *Peer) { p.PublicIP = netip.IPv4Unspecified() }), "public IP is not a unicast IPv4 address"},
+		{"IPv6 subnet", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "not an IPv4 peer with a VTEP MAC"},
+		{"no public IP", mod(5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv4 peer with a VTEP MAC"},
+		{"no MAC", mod(5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv4 peer with a VTEP MAC"},
 		{"our public IP", mod(5, func(p *Peer) { p.PublicIP = local }), "public IP is our own"},
-		{"short MAC", mod(5, func(p *Peer) { p.VtepMAC = net.HardwareAddr{1, 2, 3} }), "VTEP MAC is not a unicast Ethernet address"},
-		{"multicast MAC", mod(5, func(p *Peer) { p.VtepMAC = net.HardwareAddr{1, 0, 0x5e, 0, 0, 1} }), "VTEP MAC is not a unicast Ethernet address"},
 		{"our subnet", mod(5, func(p *Peer) { p.Subnet = own }), "subnet overlaps our own lease"},
-		{"duplicate subnet", mod(2, func(p *Peer) { p.VtepMAC = tMAC(0x55).HardwareAddr() }), "duplicate subnet"},
+		{"duplicate subnet", mod(2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
 		{"same network address", mod(2, func(p *Peer) {
 			p.Subnet = netip.MustParsePrefix("10.244.2.0/25")
-			p.VtepMAC = tMAC(0x55).HardwareAddr()
+			p.VtepMAC = tMAC(0x55)
 		}), "network address used by another peer's subnet"},
-		{"duplicate MAC", mod(5, func(p *Peer) { p.VtepMAC = tMAC(2).HardwareAddr() }), "VTEP MAC used by another peer"},
+		{"duplicate MAC", mod(5, func(p *Peer) { p.VtepMAC = tMAC(2) }), "VTEP MAC used by another peer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			specs, rejected, _ := validatePeers([]Peer{good(3), good(2), tt.peer}, own, local)
-			if d := cmp.Diff([]peerSpec{tSpec(2), tSpec(3)}, specs, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+			if d := cmp.Diff([]Peer{tSpec(2), tSpec(3)}, specs, cmp.Comparer(func(a, b Peer) bool { return a == b })); d != "" {
 				t.Errorf("specs (-want +got):\n%s", d)
 			}
 			if len(rejected) != 1 {
@@ -488,23 +488,23 @@ func TestWriteErrorUnwraps(t *testing.T) {
 func TestSpecDelta(t *testing.T) {
 	s2, s3, s4 := tSpec(2), tSpec(3), tSpec(4)
 	s3b := s3
-	s3b.MAC = tMAC(0x33)
+	s3b.VtepMAC = tMAC(0x33)
 	for _, tt := range []struct {
 		name             string
-		old, new         []peerSpec
-		wantGone, wantIn []peerSpec
+		old, new         []Peer
+		wantGone, wantIn []Peer
 	}{
-		{"same", []peerSpec{s2, s3}, []peerSpec{s2, s3}, nil, nil},
-		{"from nothing", nil, []peerSpec{s2, s3}, nil, []peerSpec{s2, s3}},
-		{"to nothing", []peerSpec{s2, s3}, nil, []peerSpec{s2, s3}, nil},
-		{"one leaves, one comes, one changes", []peerSpec{s2, s3}, []peerSpec{s3b, s4}, []peerSpec{s2, s3}, []peerSpec{s3b, s4}},
+		{"same", []Peer{s2, s3}, []Peer{s2, s3}, nil, nil},
+		{"from nothing", nil, []Peer{s2, s3}, nil, []Peer{s2, s3}},
+		{"to nothing", []Peer{s2, s3}, nil, []Peer{s2, s3}, nil},
+		{"one leaves, one comes, one changes", []Peer{s2, s3}, []Peer{s3b, s4}, []Peer{s2, s3}, []Peer{s3b, s4}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			gone, come := specDelta(tt.old, tt.new)
-			if d := cmp.Diff(tt.wantGone, gone, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+			if d := cmp.Diff(tt.wantGone, gone, cmp.Comparer(func(a, b Peer) bool { return a == b })); d != "" {
 				t.Errorf("gone (-want +got):\n%s", d)
 			}
-			if d := cmp.Diff(tt.wantIn, come, cmp.Comparer(func(a, b peerSpec) bool { return a == b })); d != "" {
+			if d := cmp.Diff(tt.wantIn, come, cmp.Comparer(func(a, b Peer) bool { return a == b })); d != "" {
 				t.Errorf("come (-want +got):\n%s", d)
 			}
 		})
@@ -515,7 +515,7 @@ func TestSpecDelta(t *testing.T) {
 // peer needs it, or if the notification does not say which entry it was.
 func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 	p := tSpec(2)
-	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.MAC.HardwareAddr()}}, netip.Prefix{}, netip.Addr{})
+	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.VtepMAC}}, netip.Prefix{}, netip.Addr{})
 	b := &Backend{}
 	if b.wants(Event{Kind: EventRouteDel, Dst: p.Subnet}) {
 		t.Errorf("no peers desired yet, but a deletion wants a pass")
@@ -530,8 +530,8 @@ func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 		{Event{Kind: EventRouteDel, Dst: other.Subnet}, false},
 		{Event{Kind: EventNeighDel, IP: p.Subnet.Addr()}, true},
 		{Event{Kind: EventNeighDel, IP: other.Subnet.Addr()}, false},
-		{Event{Kind: EventNeighDel, FDB: true, MAC: p.MAC}, true},
-		{Event{Kind: EventNeighDel, FDB: true, MAC: other.MAC}, false},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: p.VtepMAC}, true},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: other.VtepMAC}, false},
 		{Event{Kind: EventRouteDel}, true},            // which route: unknown
 		{Event{Kind: EventNeighDel, FDB: true}, true}, // which MAC: unknown
 	} {

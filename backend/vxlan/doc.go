@@ -33,5 +33,5 @@
 // device — so a restarted daemon adopts what is there without flushing it,
 // stale entries of peers that left while it was down are removed, and drift
 // (an entry deleted by hand, a device recreated by someone) is repaired.
-// See Documentation/design-dataplane.md.
+// See Documentation/design.md, "Data plane: the VXLAN backend".
 package vxlan

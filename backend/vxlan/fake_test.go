@@ -334,7 +334,7 @@ func TestFakeMismatchedDevice(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f, cfg := fakeHost(t)
 			ul, _ := f.LinkByName("ul0")
-			mac, _ := vxlan.MACFrom(vxlan.VtepMAC(cfg.NodeID, 1))
+			mac, _ := backend.MACFrom(vxlan.VtepMAC(cfg.NodeID, 1))
 			l := vxlan.Link{Name: dev, Kind: "vxlan", VNI: 1, Port: 8472, Local: localIP, UnderlayIndex: ul.Index, MTU: 1450, MAC: mac}
 			tt.mutate(&l)
 			if err := f.External(false).LinkAdd(l); err != nil {
@@ -438,7 +438,7 @@ func TestFakeInvalidPeersAreCounted(t *testing.T) {
 	cfg.Logger = log
 	b := newBackend(t, cfg, f)
 	bad := peer(4)
-	bad.VtepMAC = nil
+	bad.VtepMAC = vxlan.MAC{}
 	for range 3 {
 		b.SetPeers([]backend.Peer{peer(2), bad, {Subnet: ownSubnet, PublicIP: netip.MustParseAddr("198.18.0.9"), VtepMAC: peer(9).VtepMAC}})
 	}
@@ -551,7 +551,7 @@ func TestRunRepairsDrift(t *testing.T) {
 			d, _ := f.LinkByName(dev)
 			ext := f.External(tt.notify)
 			p := peer(3)
-			mac, _ := vxlan.MACFrom(p.VtepMAC)
+			mac := p.VtepMAC
 			for _, err := range []error{
 				ext.RouteDel(vxlan.Route{Dst: p.Subnet}),
 				ext.NeighDel(vxlan.Neigh{LinkIndex: d.Index, IP: p.Subnet.Addr()}),
@@ -594,7 +594,7 @@ func TestFakeExternalChanges(t *testing.T) {
 		b.SetPeers(peers(2))
 		reconcile(t, b)
 		d, _ := f.LinkByName(dev)
-		mac, _ := vxlan.MACFrom(peer(2).VtepMAC)
+		mac := peer(2).VtepMAC
 		if err := f.External(false).FDBAppend(vxlan.FDB{LinkIndex: d.Index, MAC: mac, Dst: netip.MustParseAddr("198.18.0.77"), State: vxlan.NUDPermanent}); err != nil {
 			t.Fatal(err)
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -19,7 +18,7 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 var (
@@ -33,7 +32,7 @@ func peer(n int) backend.Peer {
 	return backend.Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
-		VtepMAC:  net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(n)},
+		VtepMAC:  vxlan.MAC{0x0e, 0, 0, 0, 0, byte(n)},
 	}
 }
 
@@ -53,14 +52,14 @@ func manyPeers(count int) []backend.Peer {
 		out[i] = backend.Peer{
 			Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + i/256), byte(i % 256), 0}), 24),
 			PublicIP: netip.AddrFrom4([4]byte{198, 19, byte(i / 256), byte(i % 256)}),
-			VtepMAC:  net.HardwareAddr{0x0e, 1, 0, 0, byte(i >> 8), byte(i)},
+			VtepMAC:  vxlan.MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)},
 		}
 	}
 	return out
 }
 
 func withMAC(p backend.Peer, last byte) backend.Peer {
-	p.VtepMAC = net.HardwareAddr{0x0e, 0, 0, 0, 0x99, last}
+	p.VtepMAC = vxlan.MAC{0x0e, 0, 0, 0, 0x99, last}
 	return p
 }
 
@@ -221,9 +220,13 @@ func (c *counting) AddrReplace(i int, a netip.Prefix) error {
 	return c.Netlink.AddrReplace(i, a)
 }
 func (c *counting) AddrDel(i int, a netip.Prefix) error { c.w(); return c.Netlink.AddrDel(i, a) }
-func (c *counting) RouteReplace(r vxlan.Route) error    { c.w(); return c.Netlink.RouteReplace(r) }
-func (c *counting) RouteDel(r vxlan.Route) error        { c.w(); return c.Netlink.RouteDel(r) }
-func (c *counting) NeighSet(n vxlan.Neigh) error        { c.w(); return c.Netlink.NeighSet(n) }
-func (c *counting) NeighDel(n vxlan.Neigh) error        { c.w(); return c.Netlink.NeighDel(n) }
-func (c *counting) FDBSet(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBSet(f) }
-func (c *counting) FDBDel(f vxlan.FDB) error            { c.w(); return c.Netlink.FDBDel(f) }
+func (c *counting) Write(batch []vxlan.Write) []error {
+	c.n.Add(int64(len(batch)))
+	return c.Netlink.Write(batch)
+}
+
+// vtepMAC is the VTEP MAC of the host with node ID id on VNI 1.
+func vtepMAC(id string) vxlan.MAC {
+	m, _ := backend.MACFrom(vxlan.VtepMAC(id, 1))
+	return m
+}

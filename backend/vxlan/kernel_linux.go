@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // KernelNetlink implements Netlink with rtnetlink sockets bound to one
@@ -114,7 +116,7 @@ func prefixOf(n *net.IPNet) netip.Prefix {
 }
 
 func macOf(hw net.HardwareAddr) MAC {
-	m, _ := MACFrom(hw)
+	m, _ := backend.MACFrom(hw)
 	return m
 }
 
@@ -236,38 +238,17 @@ func (k *KernelNetlink) AddrDel(index int, addr netip.Prefix) error {
 // RouteList implements Netlink.
 func (k *KernelNetlink) RouteList() ([]Route, error) { return k.rt.routeList() }
 
-// write runs one write as a batch of one.
-func (k *KernelNetlink) write(o op) error { return k.rt.writeBatch([]op{o})[0] }
-
-// writeBatch implements batchWriter.
-func (k *KernelNetlink) writeBatch(ops []op) []error { return k.rt.writeBatch(ops) }
-
-// RouteReplace implements Netlink.
-func (k *KernelNetlink) RouteReplace(r Route) error { return k.write(op{kind: opRouteSet, route: r}) }
-
-// RouteDel implements Netlink.
-func (k *KernelNetlink) RouteDel(r Route) error { return k.write(op{kind: opRouteDel, route: r}) }
+// Write implements Netlink: many requests per sendmsg (rtnlConn.writeBatch).
+func (k *KernelNetlink) Write(batch []Write) []error { return k.rt.writeBatch(batch) }
 
 // NeighList implements Netlink.
 func (k *KernelNetlink) NeighList(index int) ([]Neigh, error) { return k.rt.neighList(index) }
-
-// NeighSet implements Netlink.
-func (k *KernelNetlink) NeighSet(n Neigh) error { return k.write(op{kind: opNeighSet, neigh: n}) }
-
-// NeighDel implements Netlink.
-func (k *KernelNetlink) NeighDel(n Neigh) error { return k.write(op{kind: opNeighDel, neigh: n}) }
 
 // FDBList implements Netlink. Only a strict request makes the kernel filter
 // an AF_BRIDGE dump by device; without it every bridge port's entries on
 // the host (each pod veth's unicast and multicast addresses) are dumped
 // and filtered here.
 func (k *KernelNetlink) FDBList(index int) ([]FDB, error) { return k.rt.fdbList(index) }
-
-// FDBSet implements Netlink.
-func (k *KernelNetlink) FDBSet(f FDB) error { return k.write(op{kind: opFDBSet, fdb: f}) }
-
-// FDBDel implements Netlink.
-func (k *KernelNetlink) FDBDel(f FDB) error { return k.write(op{kind: opFDBDel, fdb: f}) }
 
 // Subscribe implements Netlink.
 func (k *KernelNetlink) Subscribe(done <-chan struct{}, fn func(Event)) (<-chan struct{}, error) {

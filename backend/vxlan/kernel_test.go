@@ -22,7 +22,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // testNS is a throwaway network namespace with two netlink views of it: the
@@ -238,7 +238,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 			"route":     tn.h.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: hop, Mask: net.CIDRMask(24, 32)}, Protocol: vxlan.RouteProtocol}),
 			"neighbour": tn.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, IP: hop}),
 			"FDB entry": tn.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
-				IP: victim.PublicIP.AsSlice(), HardwareAddr: victim.VtepMAC}),
+				IP: victim.PublicIP.AsSlice(), HardwareAddr: victim.VtepMAC.HardwareAddr()}),
 		} {
 			if err != nil {
 				t.Fatalf("delete the %s by hand: %v", what, err)
@@ -461,8 +461,8 @@ func TestKernelTwoHostsReachEachOther(t *testing.T) {
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("DirectRouting=%t", direct), func(t *testing.T) {
 			a, b := twoHosts(t)
-			hostA := backend.Peer{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: vxlan.VtepMAC("host-a", 1)}
-			hostB := backend.Peer{Subnet: netip.MustParsePrefix("10.244.2.0/24"), PublicIP: netip.MustParseAddr("198.18.0.2"), VtepMAC: vxlan.VtepMAC("host-b", 1)}
+			hostA := backend.Peer{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: vtepMAC("host-a")}
+			hostB := backend.Peer{Subnet: netip.MustParsePrefix("10.244.2.0/24"), PublicIP: netip.MustParseAddr("198.18.0.2"), VtepMAC: vtepMAC("host-b")}
 			start := func(tn *testNS, self, other backend.Peer, node string) {
 				cfg := kernelConfig(t)
 				cfg.LocalIP, cfg.OwnSubnet, cfg.NodeID, cfg.DirectRouting = self.PublicIP, self.Subnet, node, direct

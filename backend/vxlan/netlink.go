@@ -3,11 +3,13 @@ package vxlan
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
+	"strconv"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // Netlink is the narrow slice of rtnetlink the backend uses. KernelNetlink is
@@ -40,25 +42,55 @@ type Netlink interface {
 
 	// RouteList returns the IPv4 routes of the main table.
 	RouteList() ([]Route, error)
-	RouteReplace(r Route) error
-	RouteDel(r Route) error
-
 	// NeighList returns the IPv4 neighbour entries of a link.
 	NeighList(index int) ([]Neigh, error)
-	NeighSet(n Neigh) error
-	NeighDel(n Neigh) error
-
 	// FDBList returns the VXLAN forwarding entries of a link, one per
 	// remote (an entry with two remotes is listed twice).
 	FDBList(index int) ([]FDB, error)
-	FDBSet(f FDB) error
-	FDBDel(f FDB) error
+
+	// Write applies independent route, neighbour and FDB writes in order
+	// and returns each one's error (nil when it succeeded); a failed write
+	// does not stop the others. It is the only way entries are written, so
+	// the fake and the kernel share the reconciler's write path: the kernel
+	// sends many requests per sendmsg, the fake applies them one by one.
+	Write(batch []Write) []error
 
 	// Subscribe calls fn for link changes, route deletions and neighbour
 	// deletions until done is closed or the subscription breaks (for
 	// example when the socket buffer overflows); the returned channel is
 	// closed then. fn must not block.
 	Subscribe(done <-chan struct{}, fn func(Event)) (ended <-chan struct{}, err error)
+}
+
+// WriteKind is what a Write does.
+type WriteKind uint8
+
+const (
+	RouteReplace WriteKind = iota // create or replace Write.Route
+	RouteDel                      // delete Write.Route
+	NeighSet                      // create or replace Write.Neigh
+	NeighDel                      // delete Write.Neigh
+	FDBSet                        // create or replace Write.FDB
+	FDBDel                        // delete Write.FDB (the one remote it names)
+)
+
+var writeKindNames = [...]string{"route-replace", "route-del", "neigh-set", "neigh-del", "fdb-set", "fdb-del"}
+
+func (k WriteKind) String() string {
+	if int(k) < len(writeKindNames) {
+		return writeKindNames[k]
+	}
+	return "write-" + strconv.Itoa(int(k))
+}
+
+// Write is one request of a Netlink.Write batch: Kind says which of Route,
+// Neigh and FDB it carries. It is the wire layer's own request type; the
+// reconciler's plan (op) is turned into it when it runs.
+type Write struct {
+	Kind  WriteKind
+	Route Route
+	Neigh Neigh
+	FDB   FDB
 }
 
 // ErrLinkNotFound is returned (wrapped) by LinkByName and LinkByIndex.
@@ -68,28 +100,8 @@ var ErrLinkNotFound = errors.New("link not found")
 // during the dump (NLM_F_DUMP_INTR); the listing is retried.
 var ErrDumpInterrupted = netlink.ErrDumpInterrupted
 
-// MAC is an Ethernet address as a comparable value.
-type MAC [6]byte
-
-// MACFrom converts a 6-byte hardware address.
-func MACFrom(hw net.HardwareAddr) (MAC, bool) {
-	var m MAC
-	if len(hw) != len(m) {
-		return m, false
-	}
-	copy(m[:], hw)
-	return m, true
-}
-
-// HardwareAddr returns a freshly allocated net.HardwareAddr.
-func (m MAC) HardwareAddr() net.HardwareAddr { return append(net.HardwareAddr(nil), m[:]...) }
-
-// IsZero reports whether m is 00:00:00:00:00:00.
-func (m MAC) IsZero() bool { return m == MAC{} }
-
-func (m MAC) String() string {
-	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
-}
+// MAC is backend.MAC, an Ethernet address as a comparable value.
+type MAC = backend.MAC
 
 // Link is a network device as far as the backend cares. For non-VXLAN links
 // only Index, Name, Kind, MTU, MAC and Up are meaningful.

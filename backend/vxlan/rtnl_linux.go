@@ -18,9 +18,9 @@ import (
 // rtnlConn is a route netlink socket for the requests the reconciler makes
 // by the thousand — route, neighbour and FDB writes and listings — encoded
 // and decoded here by hand rather than through the netlink package, whose
-// per-request overhead (a getsockname, socket deadlines, a 64 KiB buffer
-// and a dozen allocations per message) cost three times the kernel's own
-// work at a cold start.
+// per-request overhead (a getsockname, socket deadlines, a large receive
+// buffer and many allocations per message) outweighs the kernel's own work
+// at a cold start, where thousands of requests are made at once.
 //
 // Writes of one kind are sent in batches, many requests per sendmsg
 // (writeBatch). rtnetlink processes the requests of one sendmsg in order,
@@ -161,26 +161,26 @@ var ne = binary.NativeEndian
 
 // appendOp encodes one write as the netlink package would have (same
 // header fields and attributes), so the kernel sees the same requests.
-func (c *rtnlConn) appendOp(o op) error {
-	switch o.kind {
-	case opRouteSet:
-		c.appendRoute(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.RTN_UNICAST, o.route)
-	case opRouteDel, opRoutePrune:
-		c.appendRoute(unix.RTM_DELROUTE, 0, unix.RTN_UNSPEC, o.route)
-	case opNeighSet:
-		n := o.neigh
+func (c *rtnlConn) appendOp(w Write) error {
+	switch w.Kind {
+	case RouteReplace:
+		c.appendRoute(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.RTN_UNICAST, w.Route)
+	case RouteDel:
+		c.appendRoute(unix.RTM_DELROUTE, 0, unix.RTN_UNSPEC, w.Route)
+	case NeighSet:
+		n := w.Neigh
 		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_INET, n.LinkIndex, n.State, 0, n.IP, &n.MAC)
-	case opNeighDel:
-		n := o.neigh
+	case NeighDel:
+		n := w.Neigh
 		c.appendNeigh(unix.RTM_DELNEIGH, 0, unix.AF_INET, n.LinkIndex, 0, 0, n.IP, nil)
-	case opFDBSet:
-		f := o.fdb
+	case FDBSet:
+		f := w.FDB
 		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
-	case opFDBDel, opFDBPrune:
-		f := o.fdb
+	case FDBDel:
+		f := w.FDB
 		c.appendNeigh(unix.RTM_DELNEIGH, 0, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
 	default:
-		return fmt.Errorf("vxlan: no netlink encoding for %v", o.kind)
+		return fmt.Errorf("vxlan: no netlink encoding for %v", w.Kind)
 	}
 	return nil
 }
@@ -234,7 +234,7 @@ func (c *rtnlConn) appendNeigh(typ, flags uint16, family uint8, link, state int,
 // writeBatch applies ops in order, maxBatch requests per sendmsg, and
 // returns each one's error (nil when it succeeded). Callers put only
 // independent writes in one call: a failed write does not stop the others.
-func (c *rtnlConn) writeBatch(ops []op) []error {
+func (c *rtnlConn) writeBatch(ops []Write) []error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	errs := make([]error, len(ops))
@@ -245,7 +245,7 @@ func (c *rtnlConn) writeBatch(ops []op) []error {
 	return errs
 }
 
-func (c *rtnlConn) writeChunk(ops []op, errs []error) {
+func (c *rtnlConn) writeChunk(ops []Write, errs []error) {
 	fail := func(err error) {
 		for i := range errs {
 			if errs[i] == nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // rtnlTestNS opens a throwaway namespace with a VXLAN device on a veth
@@ -75,11 +75,11 @@ func TestRTNLBatchReportsEachWritesOutcome(t *testing.T) {
 		Priority: RouteMetric(netip.MustParsePrefix("10.244.2.0/24"))}
 	bad := neigh
 	bad.LinkIndex = 9999 // no such device
-	errs := c.writeBatch([]op{
-		{kind: opNeighSet, neigh: neigh},
-		{kind: opNeighSet, neigh: bad},
-		{kind: opFDBSet, fdb: fdb},
-		{kind: opRouteSet, route: route},
+	errs := c.writeBatch([]Write{
+		{Kind: NeighSet, Neigh: neigh},
+		{Kind: NeighSet, Neigh: bad},
+		{Kind: FDBSet, FDB: fdb},
+		{Kind: RouteReplace, Route: route},
 	})
 	for i, want := range []error{nil, syscall.ENODEV, nil, nil} {
 		if (want == nil) != (errs[i] == nil) || want != nil && !errors.Is(errs[i], want) {
@@ -116,11 +116,11 @@ func TestRTNLBatchReportsEachWritesOutcome(t *testing.T) {
 	}
 	// Deleting what is gone fails with "not found", which the backend
 	// counts as success; deleting the rest leaves nothing.
-	errs = c.writeBatch([]op{
-		{kind: opRouteDel, route: route},
-		{kind: opFDBDel, fdb: fdb},
-		{kind: opNeighDel, neigh: neigh},
-		{kind: opNeighDel, neigh: neigh},
+	errs = c.writeBatch([]Write{
+		{Kind: RouteDel, Route: route},
+		{Kind: FDBDel, FDB: fdb},
+		{Kind: NeighDel, Neigh: neigh},
+		{Kind: NeighDel, Neigh: neigh},
 	})
 	for i, err := range errs[:3] {
 		if err != nil {
@@ -135,10 +135,10 @@ func TestRTNLBatchReportsEachWritesOutcome(t *testing.T) {
 // A batch larger than one sendmsg's worth goes through in chunks.
 func TestRTNLBatchLargerThanOneSend(t *testing.T) {
 	c, dev := rtnlTestNS(t)
-	var ops []op
+	var ops []Write
 	for i := range 3*maxBatch + 5 {
 		ip := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
-		ops = append(ops, op{kind: opNeighSet, neigh: Neigh{LinkIndex: dev, IP: ip, MAC: MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)}, State: NUDPermanent}})
+		ops = append(ops, Write{Kind: NeighSet, Neigh: Neigh{LinkIndex: dev, IP: ip, MAC: MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)}, State: NUDPermanent}})
 	}
 	for i, err := range c.writeBatch(ops) {
 		if err != nil {

@@ -171,15 +171,14 @@ func (h *simHost) start(ctx context.Context) error {
 		return err
 	}
 	lap(2)
-	reg.ShareLists()
 	var lease subnet.Lease
-	if err := step(func(ctx context.Context) (err error) { lease, err = mgr.Acquire(ctx); return err }); err != nil {
+	var snap etcdv3.Snapshot
+	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.Acquire(ctx); return err }); err != nil {
 		_ = cli.Close()
 		return err
 	}
 	lap(3)
 	h.lease = lease.Subnet
-	snap, _ := reg.TakeSharedList()
 	h.rec.mu.Lock()
 	h.rec.peers = make(map[netip.Prefix]struct{}, len(snap.Leases))
 	for _, l := range snap.Leases {

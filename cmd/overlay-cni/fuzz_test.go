@@ -18,7 +18,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/overlaynet/overlay/delegate"
-	"github.com/overlaynet/overlay/delegate/cnifuzz"
+	"github.com/overlaynet/overlay/internal/testing/cnifuzz"
 )
 
 // FuzzPluginMain drives overlay-cni's real entry point (run: the CNI

@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	ovversion "github.com/overlaynet/overlay/internal/version"
 )
 

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 type cliResult struct {
@@ -106,7 +106,7 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h", PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}),
 			VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, Previous: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}
 		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
-		l, err := m.Acquire(ctx(t))
+		l, _, err := m.Acquire(ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}

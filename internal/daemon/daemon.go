@@ -18,21 +18,21 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/internal/etcdclient"
-	"github.com/overlaynet/overlay/internal/masq"
-	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/overlaynet/overlay/backend/masq"
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // Config is everything `overlayd run` is told.
@@ -93,23 +93,11 @@ func (c *Config) defaults() {
 // retryInterval bounds the pause between attempts to reach etcd at startup.
 const retryInterval = 2 * time.Second
 
-// gcPercent is the garbage collector's target heap growth for overlayd
-// (Go's default is 100) unless GOGC is set: the daemon's live heap is small
-// (5 MB with 5,000 peers) and most of what it allocates is short-lived — a
-// listing of every lease at startup, a listing of the kernel at each
-// resync — so collecting at +50% instead of +100% keeps the peak resident
-// size 2-3 MB lower for a few milliseconds of CPU at startup
-// (Documentation/benchmarks.md has the figures).
-const gcPercent = 50
-
 // Run runs the daemon until ctx ends (returning nil, data path left in
 // place) or the lease is lost or cannot be had (returning the error). Every
 // wait of start-up ends: in success, in a fatal error, or — when ctx ends,
 // at any phase — in a clean return of nil.
 func Run(ctx context.Context, cfg Config) error {
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(gcPercent)
-	}
 	cfg.defaults()
 	err := run(ctx, cfg)
 	if ctx.Err() != nil {
@@ -192,11 +180,11 @@ func run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	// Acquire lists every lease to pick a subnet; that listing also seeds
-	// the peers and the watch below (see Registry.ShareLists).
-	reg.ShareLists()
+	// the peers and the watch below.
 	var lease subnet.Lease
+	var snap etcdv3.Snapshot
 	if err := steps.retry(ctx, "acquire a lease", func(ctx context.Context) (err error) {
-		lease, err = mgr.Acquire(ctx)
+		lease, snap, err = mgr.Acquire(ctx)
 		return err
 	}); err != nil {
 		return err
@@ -227,15 +215,6 @@ func run(ctx context.Context, cfg Config) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	snap, shared := reg.TakeSharedList()
-	if !shared {
-		if err := steps.retry(ctx, "list leases", func(ctx context.Context) (err error) {
-			snap, err = reg.List(ctx)
-			return err
-		}); err != nil {
-			return err
-		}
-	}
 	peers := newPeerSet(netCfg, lease.Subnet, reg.SubnetsPrefix())
 	now := time.Now()
 	for _, l := range snap.Leases {
@@ -269,6 +248,10 @@ func run(ctx context.Context, cfg Config) error {
 	batches := reg.Watch(ctx, snap, etcdv3.WatchOptions{ResyncInterval: cfg.LeaseResync, Logger: log,
 		OnRestart: func(string) { m.watchRestarts.Inc() }})
 	configs := reg.WatchConfig(ctx, retryInterval)
+	// Both watches end by closing their channel once ctx is cancelled; the
+	// deferred shutdown waits for that before the etcd client closes, so a
+	// re-list in flight never runs on a closed client.
+	wg.Go(func() { <-ctx.Done(); drain(batches); drain(configs) })
 	drift := configWatch{running: netCfg, lease: lease.Subnet, key: reg.ConfigKey(), log: log}
 	st.set(func(p *probe) { p.env, p.phase = env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
@@ -307,6 +290,12 @@ func run(ctx context.Context, cfg Config) error {
 			}
 			env.keep(log)
 		}
+	}
+}
+
+// drain discards what ch delivers until it is closed.
+func drain[T any](ch <-chan T) {
+	for range ch {
 	}
 }
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // hostileWrite is one adversarial key/value written under <prefix>/subnets/.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	"github.com/vishvananda/netlink"

@@ -22,23 +22,16 @@ type peerSet struct {
 	own    netip.Prefix
 	prefix string // the registry's subnets prefix, to name keys
 
-	// valid holds each valid peer's public IP and VTEP MAC by subnet, in
-	// 10 bytes rather than a backend.Peer (80 bytes and a MAC allocated on
-	// its own): 5,000 peers are kept for the daemon's lifetime.
-	valid map[netip.Prefix]peerAddrs
+	// valid holds each valid peer by subnet, as subnet.Config.Peer made it
+	// (a value without pointers: a large set costs the collector nothing
+	// to scan).
+	valid map[netip.Prefix]backend.Peer
 	// bad maps each currently skipped key to the revision reported.
 	bad map[string]skip
 	// reserved holds the unclaimed reservations.
 	reserved map[netip.Prefix]bool
 
-	out  []backend.Peer // peers' result, reused
-	macs []byte         // the MACs of out
-}
-
-// peerAddrs is a valid peer's underlay address and VTEP MAC.
-type peerAddrs struct {
-	publicIP [4]byte
-	mac      [6]byte
+	out []backend.Peer // peers' result, reused
 }
 
 // skipKind is why a key is skipped.
@@ -63,13 +56,13 @@ type rejection struct {
 }
 
 func newPeerSet(cfg *subnet.Config, own netip.Prefix, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]peerAddrs{}, bad: map[string]skip{}, reserved: map[netip.Prefix]bool{}}
+	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]backend.Peer{}, bad: map[string]skip{}, reserved: map[netip.Prefix]bool{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
-	s.valid = make(map[netip.Prefix]peerAddrs, len(snap.Leases))
+	s.valid = make(map[netip.Prefix]backend.Peer, len(snap.Leases))
 	s.bad = map[string]skip{}
 	s.reserved = map[netip.Prefix]bool{}
 	var out []rejection
@@ -129,8 +122,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		return s.reject(s.key(l.Subnet), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
 	s.unmark(l.Subnet)
-	// Config.Peer has checked both: an IPv4 address and a 6-byte MAC.
-	s.valid[l.Subnet] = peerAddrs{publicIP: peer.PublicIP.As4(), mac: [6]byte(peer.VtepMAC)}
+	s.valid[l.Subnet] = peer
 	return out
 }
 
@@ -172,20 +164,16 @@ func (s *peerSet) reject(key string, rev int64, err error, kind skipKind, report
 }
 
 // peers returns the valid peers, in no particular order (the backend sorts
-// and checks them), in a slice and MACs reused by the next call: the
-// backend copies what it keeps, and with thousands of peers a fresh copy
-// at every lease event was most of the daemon's garbage.
+// and checks them), in a slice reused by the next call: the backend copies
+// what it keeps, and with thousands of peers a fresh slice at every lease
+// event would be most of the daemon's garbage.
 func (s *peerSet) peers() []backend.Peer {
 	if cap(s.out) < len(s.valid) {
 		s.out = make([]backend.Peer, 0, len(s.valid)+len(s.valid)/8)
-		s.macs = make([]byte, 6*cap(s.out)) // one allocation for every MAC
 	}
-	out, macs := s.out[:0], s.macs
-	for subnet, a := range s.valid {
-		mac := macs[:6:6]
-		macs = macs[6:]
-		copy(mac, a.mac[:])
-		out = append(out, backend.Peer{Subnet: subnet, PublicIP: netip.AddrFrom4(a.publicIP), VtepMAC: mac})
+	out := s.out[:0]
+	for _, p := range s.valid {
+		out = append(out, p)
 	}
 	return out
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/overlaynet/overlay/internal/etcdclient"
-	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 )
 
 func TestParseUser(t *testing.T) {

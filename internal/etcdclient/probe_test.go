@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 )
 
 // TestProbeFindsNoFaultInHealthyEndpoints: the probe must not invent

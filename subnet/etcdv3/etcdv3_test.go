@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -77,7 +77,7 @@ func TestConcurrentHostsGetDistinctSubnets(t *testing.T) {
 	for i := range hosts {
 		wg.Go(func() {
 			m := f.manager(host(i), ManagerOptions{Rand: rand.New(rand.NewPCG(uint64(i), 7))})
-			l, err := m.Acquire(ctx(t))
+			l, _, err := m.Acquire(ctx(t))
 			got[i], errs[i] = l.Subnet, err
 		})
 	}
@@ -104,11 +104,11 @@ func TestConcurrentHostsGetDistinctSubnets(t *testing.T) {
 func TestFullPoolIsOutOfSubnets(t *testing.T) {
 	f := newFixture(t, `{"Network":"10.1.2.0/24"}`) // three /26 subnets
 	for i := range 3 {
-		if _, err := f.manager(host(i), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		if _, _, err := f.manager(host(i), ManagerOptions{}).Acquire(ctx(t)); err != nil {
 			t.Fatalf("host %d: %v", i, err)
 		}
 	}
-	_, err := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
+	_, _, err := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
 	if !errors.Is(err, subnet.ErrOutOfSubnets) || !strings.Contains(err.Error(), "revoke stale leases") {
 		t.Fatalf("fourth host: err = %v; want ErrOutOfSubnets with advice", err)
 	}
@@ -116,13 +116,13 @@ func TestFullPoolIsOutOfSubnets(t *testing.T) {
 
 func TestRestartAdoptsSameLeaseAndEtcdLease(t *testing.T) {
 	f := newFixture(t, testNetwork)
-	first, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	first, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := host(1)
 	h.PublicIP = netip.MustParseAddr("198.18.0.99") // same node, new address
-	again, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	again, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestFlannelLeaseIsAdoptedByPublicIP(t *testing.T) {
 	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(p), flannel, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
-	l, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
+	l, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
 	if err != nil || l.Subnet != p || l.EtcdLease != int64(grant.ID) {
 		t.Fatalf("Acquire = %+v, %v; want %s on etcd lease %x", l, err, p, grant.ID)
 	}
@@ -162,7 +162,7 @@ func TestReservationIsAdoptedWithoutTTL(t *testing.T) {
 	if _, err := f.reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: h.PublicIP.String()}, 0); err != nil {
 		t.Fatal(err)
 	}
-	l, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	l, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnet != p || !l.Reserved {
 		t.Fatalf("Acquire = %+v, %v; want reserved %s", l, err, p)
 	}
@@ -186,13 +186,13 @@ func TestPreviousSubnetReusedOnlyWhenFree(t *testing.T) {
 	prev := netip.MustParsePrefix("10.244.77.0/24")
 	h := host(1)
 	h.Previous = prev
-	l, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	l, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnet != prev {
 		t.Fatalf("free previous subnet: got %v, %v; want %s", l.Subnet, err, prev)
 	}
 	other := host(2)
 	other.Previous = prev // e.g. a copied disk image: the subnet is held by host 1
-	l2, err := f.manager(other, ManagerOptions{}).Acquire(ctx(t))
+	l2, _, err := f.manager(other, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l2.Subnet == prev {
 		t.Fatalf("taken previous subnet: got %v, %v; want another subnet", l2.Subnet, err)
 	}
@@ -205,7 +205,7 @@ func TestKeepAliveRenewsOneEtcdLease(t *testing.T) {
 	// that would be the product working as designed, not a bug.
 	const ttl = 6 * time.Second
 	m := f.manager(host(1), ManagerOptions{LeaseTTL: ttl, LivenessTTL: ttl})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestKeepAliveRenewsOneEtcdLease(t *testing.T) {
 func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 func TestRevokedEtcdLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestRevokedEtcdLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 func TestLeaseTakenByAnotherHostStopsRun(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 	defer cancel()
 	ch := f.reg.Watch(wctx, snap, WatchOptions{})
 
-	l, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	l, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 
 	h := host(1)
 	h.VtepMAC = net.HardwareAddr{0x0e, 1, 2, 3, 4, 5}
-	if _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if _, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	expect(t, ch, subnet.Changed, l.Subnet, "0e:01:02:03:04:05")
@@ -354,8 +354,8 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 
 func TestWatchResumesAcrossCompaction(t *testing.T) {
 	f := newFixture(t, testNetwork)
-	a, _ := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
-	b, _ := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t))
+	a, _, _ := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	b, _, _ := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t))
 	snap, err := f.reg.List(ctx(t))
 	if err != nil || len(snap.Leases) != 2 {
 		t.Fatalf("List: %d leases, %v", len(snap.Leases), err)
@@ -367,10 +367,10 @@ func TestWatchResumesAcrossCompaction(t *testing.T) {
 	}
 	hb := host(2)
 	hb.VtepMAC = net.HardwareAddr{0x0e, 9, 9, 9, 9, 9}
-	if _, err := f.manager(hb, ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if _, _, err := f.manager(hb, ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
+	c, _, _ := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t))
 	f.srv.Compact(t, f.cli)
 
 	restarts := make(chan string, 4)
@@ -391,7 +391,7 @@ func TestWatchResumesAcrossCompaction(t *testing.T) {
 		t.Errorf("restart reason %q, want compaction", r)
 	}
 	// And the watch goes on live after the resync.
-	d, _ := f.manager(host(4), ManagerOptions{}).Acquire(ctx(t))
+	d, _, _ := f.manager(host(4), ManagerOptions{}).Acquire(ctx(t))
 	expect(t, ch, subnet.Added, d.Subnet, "")
 }
 
@@ -453,7 +453,7 @@ func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
 	// The first host's liveness key must outlive a keepalive delayed by a
 	// busy machine; the clone waits out its remaining TTL before failing.
 	first := f.manager(host(1), ManagerOptions{LivenessTTL: 6 * time.Second})
-	l, err := first.Acquire(ctx(t))
+	l, _, err := first.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
 func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +533,7 @@ func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 func TestGarbageOverOwnLeaseIsRestored(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	l, err := m.Acquire(ctx(t))
+	l, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/etcdtest"
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -231,7 +231,7 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
 	const progress, stallTimeout = 500 * time.Millisecond, time.Second
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout})
-	l, err := m.Acquire(tctx(t))
+	l, _, err := m.Acquire(tctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestManagerNoticesRevokeWhenWatchesStallAtCreation(t *testing.T) {
 	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
 	const progress, stallTimeout = 500 * time.Millisecond, time.Second
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond})
-	l, err := m.Acquire(tctx(t))
+	l, _, err := m.Acquire(tctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +349,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
 		Previous: peerSubnet(50)}
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond})
-	l, err := m.Acquire(tctx(t))
+	l, _, err := m.Acquire(tctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,11 +170,16 @@ func (m *Manager) attrs() subnet.LeaseAttrs {
 // subnet of the previous subnet.env if free, else a random free subnet.
 // Call CheckNodeID first: Acquire trusts that the node ID is this host's.
 // A lease naming this host outside the network is ErrStranded.
-func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
+//
+// It also returns the listing it picked the subnet from. A daemon starting
+// up seeds its peer set and its watch with it (the watch resumes from its
+// revision, so what changed since, our own lease included, arrives as
+// events) instead of listing every lease a second time.
+func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
 	for range maxAcquireAttempts {
 		snap, err := m.reg.List(ctx)
 		if err != nil {
-			return subnet.Lease{}, err
+			return subnet.Lease{}, Snapshot{}, err
 		}
 		l, err := m.tryAcquire(ctx, snap)
 		if errors.Is(err, ErrTaken) || errors.Is(err, ErrConflict) {
@@ -182,14 +187,14 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, error) {
 			continue
 		}
 		if err != nil {
-			return subnet.Lease{}, err
+			return subnet.Lease{}, Snapshot{}, err
 		}
 		m.setLease(l)
 		m.setSeen(max(snap.Revision, l.ModRevision))
 		m.log.Info("lease acquired", "subnet", l.Subnet, "reserved", l.Reserved, "public_ip", m.host.PublicIP)
-		return l, nil
+		return l, snap, nil
 	}
-	return subnet.Lease{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
+	return subnet.Lease{}, Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
 }
 
 func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -19,7 +19,7 @@ import (
 // for a second one: Acquire refuses, naming it and the fix.
 func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 	f := newFixture(t, testNetwork)
-	old, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	old, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = NewManager(f.reg, moved, host(1), ManagerOptions{}).Acquire(ctx(t))
+	_, _, err = NewManager(f.reg, moved, host(1), ManagerOptions{}).Acquire(ctx(t))
 	if !errors.Is(err, ErrStranded) || !strings.Contains(err.Error(), old.Subnet.String()) || !strings.Contains(err.Error(), "overlayd teardown") {
 		t.Fatalf("Acquire with a stranded lease = %v, want ErrStranded naming %s and the fix", err, old.Subnet)
 	}
@@ -36,14 +36,14 @@ func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 		t.Fatalf("leases = %+v (%v), want only the stranded one", snap.Leases, err)
 	}
 	// Another host is not concerned.
-	if _, err := NewManager(f.reg, moved, host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+	if _, _, err := NewManager(f.reg, moved, host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatalf("another host: %v", err)
 	}
 	// A stranded reservation: the fix is to move the reservation.
 	if _, err := f.reg.Create(ctx(t), netip.MustParsePrefix("10.244.9.0/24"), subnet.LeaseAttrs{PublicIP: host(3).PublicIP.String(), BackendType: "vxlan"}, 0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = NewManager(f.reg, moved, host(3), ManagerOptions{}).Acquire(ctx(t))
+	_, _, err = NewManager(f.reg, moved, host(3), ManagerOptions{}).Acquire(ctx(t))
 	if !errors.Is(err, ErrStranded) || !strings.Contains(err.Error(), "overlayd lease revoke 10.244.9.0/24") {
 		t.Fatalf("Acquire with a stranded reservation = %v", err)
 	}
@@ -54,7 +54,7 @@ func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
-	if _, err := m.Acquire(ctx(t)); err != nil {
+	if _, _, err := m.Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if alive, err := m.Liveness(); alive || err != nil {

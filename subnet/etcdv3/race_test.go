@@ -25,7 +25,7 @@ func acquireAll(t *testing.T, reg *Registry, cfg *subnet.Config, n int, seed uin
 			if before != nil {
 				before(i)
 			}
-			l, err := m.Acquire(ctx(t))
+			l, _, err := m.Acquire(ctx(t))
 			got[i], errs[i] = l.Subnet, err
 		})
 	}

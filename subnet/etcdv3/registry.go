@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -42,12 +41,6 @@ var (
 type Registry struct {
 	cli    *clientv3.Client
 	prefix string
-
-	// Sharing of listings (ShareLists): while share is set, every List
-	// keeps its snapshot in shared for TakeSharedList.
-	mu     sync.Mutex
-	share  bool
-	shared *Snapshot
 }
 
 // NewRegistry returns a registry for prefix (trailing slashes ignored).
@@ -199,54 +192,16 @@ type Snapshot struct {
 	Revision int64
 }
 
-// List reads every lease, in pages of listPage at one revision. Keys or
-// values that do not decode are returned in Invalid rather than failing the
-// whole list: one bad writer must not stop every host.
-func (r *Registry) List(ctx context.Context) (Snapshot, error) {
-	snap, err := r.list(ctx)
-	if err == nil {
-		r.mu.Lock()
-		if r.share {
-			r.shared = &snap
-		}
-		r.mu.Unlock()
-	}
-	return snap, err
-}
-
-// ShareLists makes the registry keep the snapshot of each List from now on,
-// until TakeSharedList hands over the latest. A daemon starting up lists
-// every lease twice otherwise: its lease manager to pick a free subnet,
-// then itself to program the peers and start the watch. One consistent
-// listing serves both — the watch resumes from its revision, so what
-// changed since (our own lease included) arrives as events — and a cold
-// start with thousands of leases saves a range read and its decoding.
-func (r *Registry) ShareLists() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.share, r.shared = true, nil
-}
-
-// TakeSharedList returns the snapshot of the latest List since ShareLists,
-// if there was one, and stops keeping snapshots.
-func (r *Registry) TakeSharedList() (Snapshot, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	snap := r.shared
-	r.share, r.shared = false, nil
-	if snap == nil {
-		return Snapshot{}, false
-	}
-	return *snap, true
-}
-
 // listPage is how many leases one range request of List reads. etcd
 // builds each response in memory: with every host cold-starting at once,
 // unbounded responses (a few MB each at 10,000 leases) would add up to
 // gigabytes in the members.
 const listPage = 1000
 
-func (r *Registry) list(ctx context.Context) (Snapshot, error) {
+// List reads every lease, in pages of listPage at one revision. Keys or
+// values that do not decode are returned in Invalid rather than failing the
+// whole list: one bad writer must not stop every host.
+func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
 	var snap Snapshot
 	for {

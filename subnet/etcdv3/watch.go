@@ -12,10 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/overlaynet/overlay/subnet"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/overlaynet/overlay/internal/lib/jitter"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // Batch is what the watcher delivers: the events of one etcd watch response
@@ -43,7 +45,7 @@ const (
 // WatchOptions tune a watch; zero values mean the defaults.
 type WatchOptions struct {
 	// ResyncInterval is how often the whole lease set is re-listed and diffed
-	// as a last line of defence; jittered by up to 10%. Default 5 min; with
+	// as a last line of defence; jittered by ±10%. Default 5 min; with
 	// more than 3,000 leases, 100 ms per lease (see resyncPerLease).
 	ResyncInterval time.Duration
 	// ProgressInterval is how long the watch may be quiet (no event, no
@@ -125,7 +127,7 @@ type watcher struct {
 }
 
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
-	resync := time.NewTimer(jitter(resyncInterval(w.opts.ResyncInterval, len(w.known))))
+	resync := time.NewTimer(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 	defer resync.Stop()
 	var warn repeatWarn
 	quiet := 0 // watches in a row that delivered nothing
@@ -202,7 +204,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				return reason, false
 			}
 		case <-resync.C:
-			resync.Reset(jitter(resyncInterval(w.opts.ResyncInterval, len(w.known))))
+			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 			if err := w.relist(ctx, out); err != nil {
 				return "periodic re-list failed: " + err.Error(), false
 			}
@@ -304,10 +306,6 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Int64N(int64(d)/10+1))
 }
 
 // resyncPerLease stretches the periodic re-list with the size of the lease

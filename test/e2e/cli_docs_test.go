@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/lab/labtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // docExample is one `$ command` line of a console block in a document and

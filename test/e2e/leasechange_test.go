@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/lab/labtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // TestNewPodsWorkAfterLeaseChange: a host whose lease changes (here: it was

@@ -15,9 +15,9 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/lab/labtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // libcniBefore12Newest is the newest CNI spec version libcni before v1.2

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overlaynet/overlay/internal/lab"
-	"github.com/overlaynet/overlay/internal/lab/labtest"
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // busybox is busybox-static's binary, the whole test image.

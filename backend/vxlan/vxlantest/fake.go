@@ -176,6 +176,7 @@ func (f *Fake) NeighDel(n vxlan.Neigh) error               { return f.v().NeighD
 func (f *Fake) FDBList(i int) ([]vxlan.FDB, error)         { return f.v().FDBList(i) }
 func (f *Fake) FDBSet(e vxlan.FDB) error                   { return f.v().FDBSet(e) }
 func (f *Fake) FDBDel(e vxlan.FDB) error                   { return f.v().FDBDel(e) }
+func (f *Fake) Write(batch []vxlan.Write) []error          { return f.v().Write(batch) }
 
 // Subscribe implements vxlan.Netlink.
 func (f *Fake) Subscribe(done <-chan struct{}, fn func(vxlan.Event)) (<-chan struct{}, error) {
@@ -256,6 +257,32 @@ func (v *View) emit(e vxlan.Event) {
 }
 
 func idx(i int) string { return strconv.Itoa(i) }
+
+// Write implements vxlan.Netlink the way the kernel does: each request in
+// order, independently, so a fault injected into one leaves the others
+// applied (rtnetlink processes a batch's requests one by one).
+func (v *View) Write(batch []vxlan.Write) []error {
+	errs := make([]error, len(batch))
+	for i, w := range batch {
+		switch w.Kind {
+		case vxlan.RouteReplace:
+			errs[i] = v.RouteReplace(w.Route)
+		case vxlan.RouteDel:
+			errs[i] = v.RouteDel(w.Route)
+		case vxlan.NeighSet:
+			errs[i] = v.NeighSet(w.Neigh)
+		case vxlan.NeighDel:
+			errs[i] = v.NeighDel(w.Neigh)
+		case vxlan.FDBSet:
+			errs[i] = v.FDBSet(w.FDB)
+		case vxlan.FDBDel:
+			errs[i] = v.FDBDel(w.FDB)
+		default:
+			errs[i] = fmt.Errorf("fake: no such write %v", w.Kind)
+		}
+	}
+	return errs
+}
 
 func (v *View) LinkByName(name string) (vxlan.Link, error) {
 	if err := v.begin("LinkByName", name, false); err != nil {

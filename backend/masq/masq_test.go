@@ -2,7 +2,7 @@ package masq
 
 import (
 	"context"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -14,7 +14,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
 
-	"github.com/overlaynet/overlay/internal/testenv"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 var clusterNet = netip.MustParsePrefix("10.244.0.0/16")

@@ -2,7 +2,7 @@ package masq
 
 import (
 	"errors"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	"log/slog"
 	"net"
 	"net/netip"

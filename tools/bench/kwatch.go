@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // kernelWatch follows a host namespace's routes, neighbours and FDB entries

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
@@ -276,17 +275,6 @@ func TestRunRejectsBadInterval(t *testing.T) {
 	defer m.Close()
 	if err := m.Run(t.Context(), 0, nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("Run(0) = %v, want ErrInvalidConfig", err)
-	}
-}
-
-func TestJitter(t *testing.T) {
-	for range 1000 {
-		if d := jitter(10 * time.Second); d < 9*time.Second || d > 11*time.Second {
-			t.Fatalf("jitter(10s) = %v, want within ±10%%", d)
-		}
-	}
-	if d := jitter(1); d != 1 {
-		t.Fatalf("jitter(1ns) = %v", d)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/overlaynet/overlay/delegate"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // cniMode is one way of attaching a pod: overlay-cni with the project's

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/internal/lib/jitter"
 )
 
 var (
@@ -410,15 +411,6 @@ func (m *Masq) Run(ctx context.Context, interval time.Duration, report func(chan
 		if err == nil {
 			first = false
 		}
-		timer.Reset(jitter(interval))
+		timer.Reset(jitter.Spread(interval))
 	}
-}
-
-// jitter spreads d by ±10 % so that hosts do not re-apply in lockstep.
-func jitter(d time.Duration) time.Duration {
-	spread := int64(d) / 5
-	if spread <= 0 {
-		return d
-	}
-	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread))
 }

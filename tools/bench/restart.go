@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // Probes as in the e2e tests: 20 a second, lost if the echo is not back

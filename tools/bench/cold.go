@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // coldRun is one cold start: K leases in etcd, overlayd started in a fresh

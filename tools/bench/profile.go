@@ -13,7 +13,7 @@ import (
 
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // profile runs overlayd's code in this process (daemon.Run, in a lab host

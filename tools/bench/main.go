@@ -48,7 +48,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/overlaynet/overlay/internal/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 type etcdClient = *clientv3.Client

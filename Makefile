@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(VERSION)
 FUZZTIME  ?= 10s
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz layering lint bench demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz layering lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -114,3 +114,14 @@ demo-down:
 
 clean:
 	rm -rf $(BIN)
+
+# Control plane at N hosts (Documentation/scale.md): N simulated hosts, each
+# with its own etcd client and the production lease manager and watch,
+# against a real 3-member etcd cluster on loopback (member processes of its
+# own). Not part of `make test`. SCALEFLAGS adds flags, e.g.
+# SCALEFLAGS='-n 500 -runs 1' for a quick run, or '-n 1000,5000,9000'.
+SCALEFLAGS ?=
+
+scale:
+	$(GO) build -o $(BIN)/overlay-scale ./bench/scale
+	$(BIN)/overlay-scale $(SCALEFLAGS)

@@ -123,6 +123,48 @@ func (c *collector) missing(p netip.Prefix) bool {
 	return !ok
 }
 
+// seedPeers writes peers 1–3 directly and lists them through reg.
+func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) etcdv3.Snapshot {
+	t.Helper()
+	for i := 1; i <= 3; i++ {
+		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := reg.List(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// changeMeanwhile adds peer 5, deletes peer 1 and gives peer 2 a new VTEP
+// MAC, which it returns.
+func changeMeanwhile(t *testing.T, dreg *etcdv3.Registry) string {
+	t.Helper()
+	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dreg.Get(tctx(t), peerSubnet(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := peerAttrs(200)
+	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := changed.VXLAN()
+	return d.VtepMAC
+}
+
+// changedMeanwhile reports whether the collector saw changeMeanwhile.
+func (c *collector) changedMeanwhile(mac string) bool {
+	return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), mac)
+}
+
 // A watch stream that stays open but delivers nothing (stalled in a proxy,
 // the connection healthy) is noticed by the progress check within
 // ProgressInterval+StallTimeout; the lease set is re-listed, so the add,
@@ -137,15 +179,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	reg := proxiedRegistry(t, proxy.Endpoint())
-	for i := 1; i <= 3; i++ {
-		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := reg.List(tctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := seedPeers(t, dreg, reg)
 	const progress, stallTimeout = 500 * time.Millisecond, time.Second
 	var reasons []string
 	var mu sync.Mutex
@@ -165,25 +199,9 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 
 	t.Logf("stalled %d watch stream(s)", proxy.StallWatches())
 	// Meanwhile: an add, a delete and a change (a new VTEP MAC).
-	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
-		t.Fatal(err)
-	}
-	old, err := dreg.Get(tctx(t), peerSubnet(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	changed := peerAttrs(200)
-	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := changed.VXLAN()
+	mac := changeMeanwhile(t, dreg)
 	bound := 2*(progress+stallTimeout) + testenv.Slack
-	took := testenv.WaitFor(t, bound, "the add, delete and change made during the stall", func() bool {
-		return c.has(peerSubnet(5), "") && c.missing(peerSubnet(1)) && c.has(peerSubnet(2), d.VtepMAC)
-	})
+	took := testenv.WaitFor(t, bound, "the add, delete and change made during the stall", func() bool { return c.changedMeanwhile(mac) })
 	t.Logf("stall detected and every change applied %s after the stall (bound %s)", took.Round(time.Millisecond), bound)
 	mu.Lock()
 	got := strings.Join(reasons, "; ")
@@ -372,4 +390,50 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 	})
 	t.Logf("lease keeping interrupted %d time(s) by the outage and compaction", interrupted.Load())
+}
+
+// A watch cut off from etcd (a leader change, a partition, a restarted
+// member) resumes from the last revision it saw once etcd is back: the add,
+// delete and change made meanwhile arrive as events, and the lease set is
+// not re-listed. A re-list per broken watch would make every host read
+// every lease at the same moment after each leader change.
+func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
+	srv, _, dreg, _ := startServer(t)
+	proxy, err := lab.NewProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	snap := seedPeers(t, dreg, reg)
+	restarts := make(chan string, 100)
+	const retry = 100 * time.Millisecond
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{RetryInterval: retry, OnRestart: func(r string) { restarts <- r }}))
+	for i := 1; i <= 3; i++ {
+		c.known[peerSubnet(i)] = "" // from the snapshot
+	}
+	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+
+	proxy.Set(lab.ProxyDown)
+	select {
+	case r := <-restarts:
+		t.Logf("watch broke: %s", r)
+	case <-time.After(testenv.Deadline(etcdv3.DefaultProgressInterval + etcdv3.DefaultStallTimeout + testenv.Slack)):
+		t.Fatal("the watch did not notice that etcd went away")
+	}
+	mac := changeMeanwhile(t, dreg)
+	proxy.Set(lab.ProxyUp)
+	// The client reconnects within its backoff (a few seconds at most).
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "the add, delete and change made while cut off", func() bool { return c.changedMeanwhile(mac) })
+	c.mu.Lock()
+	resyncs := c.resyncs
+	c.mu.Unlock()
+	if resyncs != 0 {
+		t.Fatalf("%d re-list(s) after a broken watch whose history etcd still held; want the watch resumed from its revision", resyncs)
+	}
 }

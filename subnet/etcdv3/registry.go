@@ -192,25 +192,44 @@ type Snapshot struct {
 	Revision int64
 }
 
-// List reads every lease in one range request. Keys or values that do not
-// decode are returned in Invalid rather than failing the whole list: one bad
-// writer must not stop every host.
-func (r *Registry) List(ctx context.Context) (Snapshot, error) {
+// listPage is how many leases one range request of List reads. etcd
+// builds each response in memory: with every host cold-starting at once,
+// unbounded responses (a few MB each at 10,000 leases) would add up to
+// gigabytes in the members.
+const listPage = 1000
 
-	resp, err := r.cli.Get(ctx, r.SubnetsPrefix(), clientv3.WithPrefix())
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
-	}
-	snap := Snapshot{Revision: resp.Header.Revision, Leases: make([]subnet.Lease, 0, len(resp.Kvs))}
-	for _, kv := range resp.Kvs {
-		l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
-		if err != nil {
-			snap.Invalid = append(snap.Invalid, Invalid{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: err})
-			continue
+// List reads every lease, in pages of listPage at one revision. Keys or
+// values that do not decode are returned in Invalid rather than failing the
+// whole list: one bad writer must not stop every host.
+func (r *Registry) List(ctx context.Context) (Snapshot, error) {
+	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
+	var snap Snapshot
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
+		if snap.Revision != 0 {
+			// Every page at the first page's revision: one consistent set.
+			opts = append(opts, clientv3.WithRev(snap.Revision))
 		}
-		snap.Leases = append(snap.Leases, l)
+		resp, err := r.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+		}
+		if snap.Revision == 0 {
+			snap = Snapshot{Revision: resp.Header.Revision, Leases: make([]subnet.Lease, 0, resp.Count)}
+		}
+		for _, kv := range resp.Kvs {
+			l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+			if err != nil {
+				snap.Invalid = append(snap.Invalid, Invalid{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: err})
+				continue
+			}
+			snap.Leases = append(snap.Leases, l)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return snap, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	return snap, nil
 }
 
 // Get reads one lease; ErrNotFound if absent. If the value does not decode,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -26,8 +27,9 @@ type Batch struct {
 	Events   []subnet.Event
 	Invalid  []Invalid
 	Revision int64
-	// Resync is true when the batch comes from a re-list after a compaction,
-	// a broken watch or the periodic check, rather than from watch events.
+	// Resync is true when the batch comes from a re-list (after a
+	// compaction passed the watch, or the periodic check) rather than from
+	// watch events.
 	Resync bool
 }
 
@@ -37,12 +39,14 @@ const (
 	DefaultProgressInterval = 5 * time.Second
 	DefaultStallTimeout     = 5 * time.Second
 	DefaultRequestTimeout   = 10 * time.Second
+	DefaultRelistSpread     = 5 * time.Second
 )
 
 // WatchOptions tune a watch; zero values mean the defaults.
 type WatchOptions struct {
 	// ResyncInterval is how often the whole lease set is re-listed and diffed
-	// as a last line of defence; jittered by ±10%. Default 5 min.
+	// as a last line of defence; jittered by ±10%. Default 5 min; with
+	// more than 3,000 leases, 100 ms per lease (see resyncPerLease).
 	ResyncInterval time.Duration
 	// ProgressInterval is how long the watch may be quiet (no event, no
 	// progress notification) before the watcher asks etcd for a progress
@@ -57,9 +61,14 @@ type WatchOptions struct {
 	// RequestTimeout bounds each re-list, so one sent over a dead
 	// connection fails and is retried rather than hanging. Default 10 s.
 	RequestTimeout time.Duration
-	// RetryInterval is the pause before re-watching after an error.
+	// RetryInterval is the pause before re-watching after an error,
+	// spread by half of it either way.
 	RetryInterval time.Duration
-	Logger        *slog.Logger
+	// RelistSpread: after a compaction passed the watch's revision, the
+	// re-list waits a random part of it, so the hosts that all see the
+	// compaction at once do not all read every lease at once. Default 5 s.
+	RelistSpread time.Duration
+	Logger       *slog.Logger
 	// OnRestart is called each time the watch has to be re-established.
 	OnRestart func(reason string)
 }
@@ -80,6 +89,9 @@ func (o *WatchOptions) defaults() {
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = time.Second
 	}
+	if o.RelistSpread <= 0 {
+		o.RelistSpread = DefaultRelistSpread
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -87,9 +99,11 @@ func (o *WatchOptions) defaults() {
 
 // Watch follows every lease starting after snap, delivering batches on the
 // returned channel until ctx ends (then the channel closes). It watches from
-// snap.Revision+1 with progress notifications; when the revision it needs has
-// been compacted or the watch breaks, it re-lists and sends the difference —
-// adds, removes and attribute changes — so the consumer never misses one.
+// snap.Revision+1 with progress notifications. When the watch breaks or
+// stalls it resumes from the last revision seen, so what changed meanwhile
+// arrives as events; only when that revision has been compacted does it
+// re-list and send the difference — adds, removes and attribute changes —
+// so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
 	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[netip.Prefix]subnet.Lease, len(snap.Leases))}
@@ -113,70 +127,104 @@ type watcher struct {
 }
 
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
-	resync := time.NewTimer(jitter.Spread(w.opts.ResyncInterval))
+	resync := time.NewTimer(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 	defer resync.Stop()
 	var warn repeatWarn
+	quiet := 0 // watches in a row that delivered nothing
+	live := func() {
+		quiet = -1
+		warn.recovered(w.log, "lease watch restored", "revision", w.rev)
+	}
 	for ctx.Err() == nil {
-		reason := w.follow(ctx, out, resync)
+		reason, compacted := w.follow(ctx, out, resync, live)
 		if ctx.Err() != nil {
 			return
 		}
+		quiet++
 		if w.opts.OnRestart != nil {
 			w.opts.OnRestart(reason)
 		}
 		// Each fault is logged when it begins; while etcd stays away, the
-		// failed re-lists repeat the news at most every WarnEvery.
+		// failed attempts repeat the news at most every WarnEvery.
 		warn.warn(w.log, "lease watch restarting", "reason", reason, "revision", w.rev)
-		for ctx.Err() == nil {
-			if err := w.relist(ctx, out); err == nil {
-				warn.recovered(w.log, "lease watch restored", "revision", w.rev)
-				break
-			} else {
-				warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
-			}
-			if !sleepCtx(ctx, w.opts.RetryInterval) {
+		if !compacted && (quiet < 2 || !strings.HasPrefix(reason, stalledPrefix)) {
+			// etcd still holds every revision after w.rev: the watch
+			// resumes there and delivers what changed meanwhile as
+			// events, without re-reading every lease. A leader change
+			// breaks every host's watch at once; the spread pause keeps
+			// them from all coming back at the same moment. Only when
+			// watches keep stalling without delivering anything is the
+			// watch path itself suspect, and the re-list below the way
+			// to learn what changed.
+			if !sleepCtx(ctx, spread(w.opts.RetryInterval)) {
 				return
 			}
+			continue
+		}
+		// The history after w.rev is gone (or out of reach): only a
+		// re-list can tell what changed. A compaction reaches every host's
+		// watch together, so each waits a random part of RelistSpread.
+		wait := randDuration(w.opts.RelistSpread)
+		for ctx.Err() == nil {
+			if !sleepCtx(ctx, wait) {
+				return
+			}
+			err := w.relist(ctx, out)
+			if err == nil {
+				live()
+				quiet = 0
+				break
+			}
+			warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
+			wait = spread(w.opts.RetryInterval)
 		}
 	}
 }
 
-// follow consumes one etcd watch until it breaks or stalls, returning why.
-func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Timer) string {
+// follow consumes one etcd watch until it breaks or stalls, returning why
+// and whether the revision it needed was compacted. It calls live once the
+// watch delivers anything.
+func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Timer, live func()) (string, bool) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
 	wch, err := openWatch(wctx, w.reg.cli, w.opts.ProgressInterval+w.opts.StallTimeout, w.reg.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
 	if err != nil {
-		return err.Error()
+		return err.Error(), false
 	}
 	stall := newStallCheck(w.reg.cli, wctx, wch, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return "stopped"
+			return "stopped", false
 		case <-stall.C():
 			if reason := stall.check(); reason != "" {
-				return reason
+				return reason, false
 			}
 		case <-resync.C:
-			resync.Reset(jitter.Spread(w.opts.ResyncInterval))
+			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 			if err := w.relist(ctx, out); err != nil {
-				return "periodic re-list failed: " + err.Error()
+				return "periodic re-list failed: " + err.Error(), false
 			}
 		case resp, ok := <-wch:
 			stall.heard()
 			switch {
 			case !ok:
-				return "watch channel closed"
+				return "watch channel closed", false
 			case resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted):
-				return "revision compacted"
+				return "revision compacted", true
 			case resp.Err() != nil:
-				return "watch error: " + resp.Err().Error()
+				return "watch error: " + resp.Err().Error(), false
 			case resp.Canceled:
-				return "watch canceled by the server"
+				return "watch canceled by the server", false
+			}
+			if live != nil {
+				live()
+				live = nil
+			}
+			switch {
 			case resp.IsProgressNotify():
 				w.rev = resp.Header.Revision
 				continue
@@ -184,7 +232,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			if b := w.apply(resp.Events); len(b.Events) > 0 || len(b.Invalid) > 0 {
 				b.Revision = resp.Header.Revision
 				if !send(ctx, out, b) {
-					return "stopped"
+					return "stopped", false
 				}
 			}
 			w.rev = resp.Header.Revision
@@ -260,6 +308,34 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 	}
 }
 
+// resyncPerLease stretches the periodic re-list with the size of the lease
+// set. Every host re-reads every lease each interval, so a fixed interval
+// costs etcd N² lease reads per interval — 10,000 hosts at 5 min would
+// read 330,000 leases a second; this way the cost grows as N (10 leases a
+// second per host), and nothing changes up to 3,000 leases.
+const resyncPerLease = 100 * time.Millisecond
+
+// resyncInterval is how long to wait between periodic re-lists of n leases:
+// the configured interval, or longer for large lease sets.
+func resyncInterval(configured time.Duration, n int) time.Duration {
+	return max(configured, time.Duration(n)*resyncPerLease)
+}
+
+// stalledPrefix begins every reason a watch is given up as stalled.
+const stalledPrefix = "watch stalled"
+
+// spread is d give or take half of it, picked at random: a pause many
+// hosts take after the same event should not end for all at once.
+func spread(d time.Duration) time.Duration { return d/2 + randDuration(d) }
+
+// randDuration is a random duration in [0, d).
+func randDuration(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(d)))
+}
+
 // streamSeq numbers the watch streams this process opens.
 var streamSeq atomic.Uint64
 
@@ -287,7 +363,7 @@ func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, k
 	case wch := <-opened:
 		return wch, nil
 	case <-t.C:
-		return nil, fmt.Errorf("watch stalled: etcd did not confirm the watch within %s", bound)
+		return nil, fmt.Errorf(stalledPrefix+": etcd did not confirm the watch within %s", bound)
 	}
 }
 
@@ -330,7 +406,7 @@ func (s *stallCheck) check() string {
 			s.timer.Reset(s.timeout)
 			return ""
 		}
-		return fmt.Sprintf("watch stalled: no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
+		return fmt.Sprintf(stalledPrefix+": no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
 	}
 	s.asked = time.Now()
 	// The request only queues on the stream; bound it all the same, with a
@@ -339,7 +415,7 @@ func (s *stallCheck) check() string {
 	err := s.cli.RequestProgress(rctx)
 	cancel()
 	if err != nil && s.wctx.Err() == nil {
-		return "watch stalled: progress request failed: " + err.Error()
+		return stalledPrefix + ": progress request failed: " + err.Error()
 	}
 	s.timer.Reset(s.timeout)
 	return ""

@@ -1,0 +1,102 @@
+package etcdv3
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/subnet"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+)
+
+// The periodic re-list of every lease by every host must cost etcd reads
+// that grow as N, not N²: the interval stretches with the lease set.
+func TestResyncIntervalGrowsWithLeaseSet(t *testing.T) {
+	for _, n := range []int{0, 100, 3000, 10000, 50000} {
+		got := resyncInterval(5*time.Minute, n)
+		if got < 5*time.Minute {
+			t.Errorf("%d leases: interval %s, shorter than the configured 5m", n, got)
+		}
+		// N hosts each reading n=N leases per interval: per second that is
+		// N*N/interval reads; at most 10 per host, whatever N.
+		perHost := float64(n) / got.Seconds()
+		if perHost > 10.001 {
+			t.Errorf("%d leases: every host reads %.1f leases a second from etcd (interval %s); want at most 10, so that etcd's load grows as N", n, perHost, got)
+		}
+	}
+	if got := resyncInterval(5*time.Minute, 100); got != 5*time.Minute {
+		t.Errorf("100 leases: interval %s, want the configured 5m", got)
+	}
+}
+
+// List reads a large lease set in bounded pages, all at one revision: one
+// unbounded range response per host, with thousands of hosts starting at
+// once, would have etcd hold gigabytes of responses in memory.
+func TestListReadsInPagesAtOneRevision(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	reg := NewRegistry(cli, DefaultPrefix)
+	const n = 2*listPage + 500
+	for i := 0; i < n; i += 100 {
+		var ops []clientv3.Op
+		for j := i; j < min(n, i+100); j++ {
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
+			h := host(j)
+			val, _ := subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).Marshal()
+			ops = append(ops, clientv3.OpPut(reg.LeaseKey(p), string(val)))
+		}
+		if _, err := cli.Txn(ctx(t)).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var limits []int64
+	revs := map[int64]bool{}
+	counting, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if rr, ok := req.(*etcdserverpb.RangeRequest); ok {
+				mu.Lock()
+				limits = append(limits, rr.Limit)
+				if resp, ok := reply.(*etcdserverpb.RangeResponse); ok && resp.Header != nil {
+					revs[max(rr.Revision, resp.Header.Revision)] = true
+				}
+				mu.Unlock()
+			}
+			return err
+		})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = counting.Close() })
+	snap, err := NewRegistry(counting, DefaultPrefix).List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Leases) != n || len(snap.Invalid) != 0 {
+		t.Fatalf("List: %d leases, %d invalid; want %d leases", len(snap.Leases), len(snap.Invalid), n)
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, l := range snap.Leases {
+		seen[l.Subnet] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("List returned %d distinct subnets, want %d", len(seen), n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, l := range limits {
+		if l == 0 || l > listPage {
+			t.Fatalf("range requests with limits %v: want every one bounded by %d", limits, listPage)
+		}
+	}
+	if len(revs) != 1 {
+		t.Fatalf("pages read at revisions %v, want one", revs)
+	}
+}

@@ -123,5 +123,5 @@ clean:
 SCALEFLAGS ?=
 
 scale:
-	$(GO) build -o $(BIN)/overlay-scale ./bench/scale
+	$(GO) build -o $(BIN)/overlay-scale ./tools/scale
 	$(BIN)/overlay-scale $(SCALEFLAGS)

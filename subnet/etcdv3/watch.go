@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -156,7 +155,7 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 			// watches keep stalling without delivering anything is the
 			// watch path itself suspect, and the re-list below the way
 			// to learn what changed.
-			if !sleepCtx(ctx, spread(w.opts.RetryInterval)) {
+			if !sleepCtx(ctx, jitter.Wide(w.opts.RetryInterval)) {
 				return
 			}
 			continue
@@ -164,7 +163,7 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		// The history after w.rev is gone (or out of reach): only a
 		// re-list can tell what changed. A compaction reaches every host's
 		// watch together, so each waits a random part of RelistSpread.
-		wait := randDuration(w.opts.RelistSpread)
+		wait := jitter.Upto(w.opts.RelistSpread)
 		for ctx.Err() == nil {
 			if !sleepCtx(ctx, wait) {
 				return
@@ -176,7 +175,7 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 				break
 			}
 			warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
-			wait = spread(w.opts.RetryInterval)
+			wait = jitter.Wide(w.opts.RetryInterval)
 		}
 	}
 }
@@ -323,18 +322,6 @@ func resyncInterval(configured time.Duration, n int) time.Duration {
 
 // stalledPrefix begins every reason a watch is given up as stalled.
 const stalledPrefix = "watch stalled"
-
-// spread is d give or take half of it, picked at random: a pause many
-// hosts take after the same event should not end for all at once.
-func spread(d time.Duration) time.Duration { return d/2 + randDuration(d) }
-
-// randDuration is a random duration in [0, d).
-func randDuration(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return time.Duration(rand.Int64N(int64(d)))
-}
 
 // streamSeq numbers the watch streams this process opens.
 var streamSeq atomic.Uint64

@@ -18,3 +18,17 @@ func Spread(d time.Duration) time.Duration {
 	}
 	return d - time.Duration(spread/2) + time.Duration(rand.Int64N(spread))
 }
+
+// Upto returns a random duration in [0, d): where many hosts react to one
+// event (a compaction reaches every watch together), each waits a different
+// part of d.
+func Upto(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(d)))
+}
+
+// Wide returns d give or take half of it: a pause many hosts take after the
+// same fault (a leader change breaks every watch) does not end for all at once.
+func Wide(d time.Duration) time.Duration { return d/2 + Upto(d) }

@@ -217,72 +217,49 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	testenv.WaitFor(t, testenv.Slack, "a live add after the stall", func() bool { return c.has(peerSubnet(6), "") })
 }
 
-// The manager's watch of its own lease key can stall the same way; a
-// forced revoke made meanwhile must still be noticed and the same subnet
+// The manager's watch of its own lease key can stall too — while open, or
+// before etcd has even confirmed it (the etcd client waits for that before
+// it returns the watch's channel, so the stall check must cover the wait).
+// A forced revoke made meanwhile must still be noticed and the same subnet
 // re-claimed, or peers would drop this host's routes for good.
 func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
-	srv, _, dreg, cfg := startServer(t)
-	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
+	for _, atCreation := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stalled while open", true: "stalled at creation"}[atCreation], func(t *testing.T) {
+			srv, _, dreg, cfg := startServer(t)
+			proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(proxy.Close)
+			reg := proxiedRegistry(t, proxy.Endpoint())
+			h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+			const progress, stallTimeout = 500 * time.Millisecond, time.Second
+			m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond})
+			l, _, err := m.Acquire(tctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.StallNewWatches(atCreation) // before Run opens its watch
+			runCtx, stop := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- m.Run(runCtx) }()
+			t.Cleanup(func() { stop(); <-done })
+			if !atCreation {
+				testenv.WaitFor(t, testenv.Slack, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
+				proxy.StallWatches()
+			}
+			if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+				t.Fatal(err)
+			}
+			// Each stall is noticed within progress+stallTimeout and
+			// followed by a re-claim, which reads the key.
+			took := testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
+				cur, err := dreg.Get(tctx(t), l.Subnet)
+				return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+			})
+			t.Logf("deletion during a stalled watch noticed and %s re-claimed after %s", l.Subnet, took.Round(time.Millisecond))
+		})
 	}
-	t.Cleanup(proxy.Close)
-	reg := proxiedRegistry(t, proxy.Endpoint())
-	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
-	const progress, stallTimeout = 500 * time.Millisecond, time.Second
-	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout})
-	l, _, err := m.Acquire(tctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	testenv.WaitFor(t, testenv.Slack, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
-	proxy.StallWatches()
-	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
-		t.Fatal(err)
-	}
-	took := testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
-		cur, err := dreg.Get(tctx(t), l.Subnet)
-		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
-	})
-	t.Logf("deletion during a stalled watch noticed and %s re-claimed after %s", l.Subnet, took.Round(time.Millisecond))
-}
-
-// A watch stream can stall before etcd has even confirmed the watch, which
-// the etcd client waits for before it returns the watch's channel: the
-// stall check must cover that wait too, or a revoke goes unnoticed for good.
-func TestManagerNoticesRevokeWhenWatchesStallAtCreation(t *testing.T) {
-	srv, _, dreg, cfg := startServer(t)
-	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	reg := proxiedRegistry(t, proxy.Endpoint())
-	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
-	const progress, stallTimeout = 500 * time.Millisecond, time.Second
-	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond})
-	l, _, err := m.Acquire(tctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy.StallNewWatches(true) // before Run opens its watch
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
-		t.Fatal(err)
-	}
-	// Every watch the manager opens stalls; each stall is noticed within
-	// progress+stallTimeout and followed by a re-claim, which reads the key.
-	testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
-		cur, err := dreg.Get(tctx(t), l.Subnet)
-		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
-	})
 }
 
 // The lease watcher's watch can stall before etcd confirms it, too: the
@@ -304,11 +281,15 @@ func TestWatchStallAtCreationIsDetected(t *testing.T) {
 	const progress, stallTimeout = 500 * time.Millisecond, time.Second
 	wctx, cancel := context.WithCancel(tctx(t))
 	defer cancel()
-	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond}))
+	const retry, relistSpread = 100 * time.Millisecond, 100 * time.Millisecond
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: retry, RelistSpread: relistSpread}))
 	if _, err := dreg.Create(tctx(t), peerSubnet(1), peerAttrs(1), 0); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "a lease added while every watch stalls", func() bool { return c.has(peerSubnet(1), "") })
+	// The first stall resumes the watch (it stalls again); the second in a
+	// row re-lists, within RelistSpread.
+	bound := 2*(progress+stallTimeout) + 2*retry + relistSpread + testenv.Slack
+	testenv.WaitFor(t, bound, "a lease added while every watch stalls", func() bool { return c.has(peerSubnet(1), "") })
 }
 
 // countingHandler counts log records whose message contains a string.

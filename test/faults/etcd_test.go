@@ -393,7 +393,7 @@ func TestEtcdOutagesAndWatchFaults(t *testing.T) {
 	n = l7.StallWatches()
 	stalled := time.Now()
 	c = fl.churn(t, 8)
-	bound := 2*(etcdv3.DefaultProgressInterval+etcdv3.DefaultStallTimeout) + 5*time.Second
+	bound := 2*(etcdv3.DefaultProgressInterval+etcdv3.DefaultStallTimeout) + etcdv3.DefaultRelistSpread + testenv.Slack
 	converged(t, fl.f, fl.nodes, bound)
 	took = time.Since(stalled)
 	for _, node := range fl.nodes {

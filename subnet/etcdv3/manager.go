@@ -683,52 +683,69 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write liveness key %s: %w", key, err)
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel below: both goroutines end with kctx
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	kaCh, err := m.reg.cli.KeepAlive(kctx, grant.ID)
 	if err != nil {
 		return fmt.Errorf("keep liveness lease alive: %w", err)
 	}
-	// The key can vanish while its lease lives on (etcdctl del): watch it.
-	watch := func(rev int64) clientv3.WatchChan {
-		return m.reg.cli.Watch(ownStream(clientv3.WithRequireLeader(kctx), "liveness"), key, clientv3.WithRev(rev+1))
-	}
-	wch := watch(put.Header.Revision)
+	// Two goroutines, so that neither can delay the other: the keepalive
+	// drain must notice an expired lease within its TTL however long the
+	// key's watch takes to come back (without quorum, re-opening a watch
+	// blocks until etcd confirms it).
+	lost := make(chan error, 2)
+	wg.Go(func() {
+		for range kaCh {
+		}
+		lost <- fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
+	})
+	wg.Go(func() {
+		if err := m.watchLivenessKey(kctx, key, put.Header.Revision); err != nil {
+			lost <- err
+		}
+	})
 	m.mu.Lock()
 	m.liveSince, m.liveErr = time.Now(), nil
 	m.mu.Unlock()
+	select {
+	case err := <-lost:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// watchLivenessKey returns an error once the liveness key is deleted while
+// its lease lives on (etcdctl del), and nil when ctx ends. A broken watch (a
+// leader change, a failover) is no loss by itself — the keepalive says
+// whether the session holds: it looks whether the key is still there, then
+// watches again.
+func (m *Manager) watchLivenessKey(ctx context.Context, key string, rev int64) error {
 	for {
-		select {
-		case _, ok := <-kaCh:
-			if !ok {
-				return fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
+		wch := m.reg.cli.Watch(ownStream(clientv3.WithRequireLeader(ctx), "liveness"), key, clientv3.WithRev(rev+1))
+		for wr := range wch {
+			if wr.Err() != nil {
+				break
 			}
-		case wr, ok := <-wch:
-			if ok && wr.Err() == nil {
-				for _, ev := range wr.Events {
-					if ev.Type == clientv3.EventTypeDelete {
-						return fmt.Errorf("liveness key %s was deleted", key)
-					}
-				}
-				continue
-			}
-			// A broken watch (a leader change, a failover) is no loss by
-			// itself — the keepalive says whether the session holds: look
-			// whether the key is still there, then watch again.
-			if !sleepCtx(kctx, m.opts.RetryInterval) {
-				return kctx.Err()
-			}
-			rev := put.Header.Revision
-			rctx, cancel := context.WithTimeout(kctx, DefaultRequestTimeout)
-			resp, err := m.reg.cli.Get(rctx, key)
-			cancel()
-			if err == nil {
-				if len(resp.Kvs) == 0 {
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
 					return fmt.Errorf("liveness key %s was deleted", key)
 				}
-				rev = resp.Header.Revision
 			}
-			wch = watch(rev)
+		}
+		if !sleepCtx(ctx, m.opts.RetryInterval) {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+		resp, err := m.reg.cli.Get(rctx, key)
+		cancel()
+		if err == nil {
+			if len(resp.Kvs) == 0 {
+				return fmt.Errorf("liveness key %s was deleted", key)
+			}
+			rev = resp.Header.Revision
 		}
 	}
 }

@@ -125,30 +125,32 @@ type seededHost struct {
 }
 
 // seedHost builds a seededHost: a lab tagged tag, k peers, host name.
-func (b *bench) seedHost(ctx context.Context, tag, name string, k int) (s *seededHost, err error) {
-	s = &seededHost{}
+func (b *bench) seedHost(ctx context.Context, tag, name string, k int) (_ *seededHost, err error) {
+	// h, not the named result: a failed step returns nil, and the cleanup
+	// must still reach what was built so far.
+	h := &seededHost{}
 	defer func() {
 		if err != nil {
-			s.Close()
+			h.Close()
 		}
 	}()
-	if s.lab, err = b.newLab(ctx, tag, benchNetwork); err != nil {
+	if h.lab, err = b.newLab(ctx, tag, benchNetwork); err != nil {
 		return nil, err
 	}
-	if s.cli, err = s.lab.Etcd.Client(); err != nil {
+	if h.cli, err = h.lab.Etcd.Client(); err != nil {
 		return nil, err
 	}
-	s.peers = synthPeers(1, k+1)
-	if _, err = putLeases(ctx, s.cli, s.peers); err != nil {
+	h.peers = synthPeers(1, k+1)
+	if _, err = putLeases(ctx, h.cli, h.peers); err != nil {
 		return nil, err
 	}
-	if s.node, err = s.lab.AddNode(name, 1); err != nil {
+	if h.node, err = h.lab.AddNode(name, 1); err != nil {
 		return nil, err
 	}
-	if s.watch, err = watchKernel(s.node.NS); err != nil {
+	if h.watch, err = watchKernel(h.node.NS); err != nil {
 		return nil, err
 	}
-	return s, nil
+	return h, nil
 }
 
 // Close releases the watcher, the client and the lab, in that order.

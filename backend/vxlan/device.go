@@ -3,6 +3,7 @@ package vxlan
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -98,144 +99,173 @@ func compareDevice(want, have Link, wantAddr netip.Prefix, haveAddrs []netip.Pre
 	return d
 }
 
-// wantDevice is the device Config describes on the given underlay.
-func (b *Backend) wantDevice(underlay Link) Link {
-	mtu := b.cfg.MTU
+// device keeps the VXLAN device itself right: it creates it, adopts an
+// existing one, fixes what can be fixed in place and recreates it when its
+// identity differs. It belongs to the reconciler (and so to whoever holds
+// Backend.opMu).
+type device struct {
+	cfg   Config
+	nl    Netlink
+	log   *slog.Logger
+	name  string
+	mac   MAC
+	seen  bool      // we have seen our device since we started
+	stats *counters // the backend's, which the device's writes count in
+}
+
+// counters are the backend's write and pass statistics.
+type counters struct {
+	Passes, Errors, Writes, okWrites, DriftRepairs, DeviceRecreations uint64
+}
+
+// write runs one kernel write, counting it.
+func (c *counters) write(f func() error) error {
+	c.Writes++
+	err := f()
+	if err == nil {
+		c.okWrites++
+	}
+	return err
+}
+
+// spec is the device Config describes on the given underlay.
+func (d *device) spec(underlay Link) Link {
+	mtu := d.cfg.MTU
 	if mtu == 0 {
 		mtu = underlay.MTU - Overhead
 	}
 	return Link{
-		Name:          b.name,
+		Name:          d.name,
 		Kind:          "vxlan",
 		MTU:           mtu,
-		MAC:           b.mac,
+		MAC:           d.mac,
 		Up:            true,
-		VNI:           b.cfg.VNI,
-		Port:          b.cfg.Port,
-		Local:         b.cfg.LocalIP,
+		VNI:           d.cfg.VNI,
+		Port:          d.cfg.Port,
+		Local:         d.cfg.LocalIP,
 		UnderlayIndex: underlay.Index,
 	}
 }
 
-func (b *Backend) lookupUnderlay() (Link, error) {
+func (d *device) lookupUnderlay() (Link, error) {
 	var l Link
 	var err error
-	if b.cfg.Underlay != "" {
-		l, err = b.nl.LinkByName(b.cfg.Underlay)
+	if d.cfg.Underlay != "" {
+		l, err = d.nl.LinkByName(d.cfg.Underlay)
 	} else {
-		l, err = b.nl.LinkByIndex(b.cfg.UnderlayIndex)
+		l, err = d.nl.LinkByIndex(d.cfg.UnderlayIndex)
 	}
 	if err != nil {
-		return Link{}, fmt.Errorf("underlay link %s: %w (check --iface)", b.underlayName(), err)
+		return Link{}, fmt.Errorf("underlay link %s: %w (check --iface)", d.underlayName(), err)
 	}
 	return l, nil
 }
 
-func (b *Backend) underlayName() string {
-	if b.cfg.Underlay != "" {
-		return b.cfg.Underlay
+func (d *device) underlayName() string {
+	if d.cfg.Underlay != "" {
+		return d.cfg.Underlay
 	}
-	return fmt.Sprintf("index %d", b.cfg.UnderlayIndex)
+	return fmt.Sprintf("index %d", d.cfg.UnderlayIndex)
 }
 
-// ensureDevice makes the device exist and match, touching nothing when it
+// ensure makes the device exist and match, touching nothing when it
 // already does. It returns the device, the underlay, and whether the device
-// was (re)created, which empties every table on it. Callers hold b.opMu.
-func (b *Backend) ensureDevice() (dev, underlay Link, created bool, err error) {
-	if err := b.cfg.checkDevice(); err != nil {
+// was (re)created, which empties every table on it.
+func (d *device) ensure() (dev, underlay Link, created bool, err error) {
+	if err := d.cfg.checkDevice(); err != nil {
 		return Link{}, Link{}, false, err
 	}
-	underlay, err = b.lookupUnderlay()
+	underlay, err = d.lookupUnderlay()
 	if err != nil {
 		return Link{}, Link{}, false, err
 	}
-	want := b.wantDevice(underlay)
-	wantAddr := netip.PrefixFrom(b.cfg.OwnSubnet.Addr(), 32)
+	want := d.spec(underlay)
+	wantAddr := netip.PrefixFrom(d.cfg.OwnSubnet.Addr(), 32)
 
-	have, err := b.nl.LinkByName(b.name)
+	have, err := d.nl.LinkByName(d.name)
 	switch {
 	case errors.Is(err, ErrLinkNotFound):
-		if b.devSeen {
-			b.log.Warn("overlay device disappeared, recreating it and replaying all peers")
-			b.stats.DeviceRecreations++
+		if d.seen {
+			d.log.Warn("overlay device disappeared, recreating it and replaying all peers")
+			d.stats.DeviceRecreations++
 		}
-		dev, err = b.createDevice(want, wantAddr)
+		dev, err = d.create(want, wantAddr)
 		return dev, underlay, err == nil, err
 	case err != nil:
-		return Link{}, underlay, false, fmt.Errorf("look up device %s: %w", b.name, err)
+		return Link{}, underlay, false, fmt.Errorf("look up device %s: %w", d.name, err)
 	}
 
-	addrs, err := retryDump(func() ([]netip.Prefix, error) { return b.nl.AddrList(have.Index) })
+	addrs, err := retryDump(func() ([]netip.Prefix, error) { return d.nl.AddrList(have.Index) })
 	if err != nil {
-		return Link{}, underlay, false, fmt.Errorf("list addresses of %s: %w", b.name, err)
+		return Link{}, underlay, false, fmt.Errorf("list addresses of %s: %w", d.name, err)
 	}
-	d := compareDevice(want, have, wantAddr, addrs)
-	if d.Recreate != "" {
-		b.log.Warn("overlay device does not match the configuration, recreating it", "reason", d.Recreate)
-		if err := b.write(func() error { return b.nl.LinkDel(have.Index) }); err != nil && !isNotFound(err) {
-			return Link{}, underlay, false, fmt.Errorf("delete mismatched device %s (%s): %w", b.name, d.Recreate, err)
+	delta := compareDevice(want, have, wantAddr, addrs)
+	if delta.Recreate != "" {
+		d.log.Warn("overlay device does not match the configuration, recreating it", "reason", delta.Recreate)
+		if err := d.stats.write(func() error { return d.nl.LinkDel(have.Index) }); err != nil && !isNotFound(err) {
+			return Link{}, underlay, false, fmt.Errorf("delete mismatched device %s (%s): %w", d.name, delta.Recreate, err)
 		}
-		b.stats.DeviceRecreations++
-		dev, err = b.createDevice(want, wantAddr)
+		d.stats.DeviceRecreations++
+		dev, err = d.create(want, wantAddr)
 		return dev, underlay, err == nil, err
 	}
-	if r := d.Reason(); r != "" {
-		b.log.Info("fixing overlay device in place", "reason", r)
+	if r := delta.Reason(); r != "" {
+		d.log.Info("fixing overlay device in place", "reason", r)
 	}
-	if err := b.fixDevice(have.Index, want, wantAddr, d); err != nil {
+	if err := d.fix(have.Index, want, wantAddr, delta); err != nil {
 		return Link{}, underlay, false, err
 	}
-	b.devSeen = true
+	d.seen = true
 	have.MTU, have.MAC, have.Up = want.MTU, want.MAC, true
 	return have, underlay, false, nil
 }
 
-// fixDevice applies the in-place part of a deviceDiff. The address goes on
+// fix applies the in-place part of a deviceDiff. The address goes on
 // before the link comes up, as at creation.
-func (b *Backend) fixDevice(index int, want Link, wantAddr netip.Prefix, d deviceDiff) error {
-	if d.SetMTU {
-		if err := b.write(func() error { return b.nl.LinkSetMTU(index, want.MTU) }); err != nil {
-			return fmt.Errorf("set MTU %d on %s: %w", want.MTU, b.name, err)
+func (d *device) fix(index int, want Link, wantAddr netip.Prefix, delta deviceDiff) error {
+	if delta.SetMTU {
+		if err := d.stats.write(func() error { return d.nl.LinkSetMTU(index, want.MTU) }); err != nil {
+			return fmt.Errorf("set MTU %d on %s: %w", want.MTU, d.name, err)
 		}
 	}
-	if d.SetMAC {
-		if err := b.write(func() error { return b.nl.LinkSetMAC(index, want.MAC) }); err != nil {
-			return fmt.Errorf("set MAC %s on %s: %w", want.MAC, b.name, err)
+	if delta.SetMAC {
+		if err := d.stats.write(func() error { return d.nl.LinkSetMAC(index, want.MAC) }); err != nil {
+			return fmt.Errorf("set MAC %s on %s: %w", want.MAC, d.name, err)
 		}
 	}
-	for _, a := range d.DelAddr {
-		if err := b.write(func() error { return b.nl.AddrDel(index, a) }); err != nil && !isNotFound(err) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
-			return fmt.Errorf("remove foreign address %s from %s: %w", a, b.name, err)
+	for _, a := range delta.DelAddr {
+		if err := d.stats.write(func() error { return d.nl.AddrDel(index, a) }); err != nil && !isNotFound(err) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return fmt.Errorf("remove foreign address %s from %s: %w", a, d.name, err)
 		}
 	}
-	if d.AddAddr {
-		if err := b.write(func() error { return b.nl.AddrReplace(index, wantAddr) }); err != nil {
-			return fmt.Errorf("add address %s to %s: %w", wantAddr, b.name, err)
+	if delta.AddAddr {
+		if err := d.stats.write(func() error { return d.nl.AddrReplace(index, wantAddr) }); err != nil {
+			return fmt.Errorf("add address %s to %s: %w", wantAddr, d.name, err)
 		}
 	}
-	if d.SetUp {
-		if err := b.write(func() error { return b.nl.LinkSetUp(index) }); err != nil {
-			return fmt.Errorf("set %s up: %w", b.name, err)
+	if delta.SetUp {
+		if err := d.stats.write(func() error { return d.nl.LinkSetUp(index) }); err != nil {
+			return fmt.Errorf("set %s up: %w", d.name, err)
 		}
 	}
 	return nil
 }
 
-// createDevice creates the device with its MAC and MTU set at creation,
+// create creates the device with its MAC and MTU set at creation,
 // then adds the address and sets it up. A half-made device left by a failure
 // is finished (or found mismatched) by the next pass.
-func (b *Backend) createDevice(want Link, wantAddr netip.Prefix) (Link, error) {
-	if err := b.write(func() error { return b.nl.LinkAdd(want) }); err != nil {
-		return Link{}, b.explainLinkAdd(want, err)
+func (d *device) create(want Link, wantAddr netip.Prefix) (Link, error) {
+	if err := d.stats.write(func() error { return d.nl.LinkAdd(want) }); err != nil {
+		return Link{}, d.explainLinkAdd(want, err)
 	}
-	b.devSeen = true
-	dev, err := b.nl.LinkByName(want.Name)
+	d.seen = true
+	dev, err := d.nl.LinkByName(want.Name)
 	if err != nil {
 		return Link{}, fmt.Errorf("look up %s after creating it: %w", want.Name, err)
 	}
-	b.log.Info("created overlay device", "vni", want.VNI, "port", want.Port,
+	d.log.Info("created overlay device", "vni", want.VNI, "port", want.Port,
 		"local", want.Local, "mtu", want.MTU, "mac", want.MAC.String())
-	if err := b.fixDevice(dev.Index, want, wantAddr, deviceDiff{AddAddr: true, SetUp: !dev.Up}); err != nil {
+	if err := d.fix(dev.Index, want, wantAddr, deviceDiff{AddAddr: true, SetUp: !dev.Up}); err != nil {
 		return Link{}, err
 	}
 	dev.Up = true
@@ -243,11 +273,11 @@ func (b *Backend) createDevice(want Link, wantAddr netip.Prefix) (Link, error) {
 }
 
 // explainLinkAdd turns the kernel's terse refusal into what to do about it.
-func (b *Backend) explainLinkAdd(want Link, err error) error {
+func (d *device) explainLinkAdd(want Link, err error) error {
 	if errors.Is(err, syscall.EEXIST) {
 		// The name is free (we looked), so another VXLAN device holds the
 		// same VNI and port, typically flannel.1.
-		if links, lerr := b.nl.LinkList(); lerr == nil {
+		if links, lerr := d.nl.LinkList(); lerr == nil {
 			for _, l := range links {
 				if l.Kind == "vxlan" && l.VNI == want.VNI && l.Port == want.Port && l.Name != want.Name {
 					return fmt.Errorf("create %s: device %s already uses VNI %d on port %d; delete it or choose another VNI/port: %w",

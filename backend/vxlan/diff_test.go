@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 const (
@@ -276,7 +277,7 @@ func TestDiff(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := diff(tt.want, tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct})
+			p := diff(tt.want, viewOf(tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct}))
 			if d := cmp.Diff(tt.ops, opStrings(p.ops())); d != "" {
 				t.Errorf("ops (-want +got):\n%s", d)
 			}
@@ -296,13 +297,48 @@ func TestDiffIsIdempotentAfterApply(t *testing.T) {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
 				env := diffEnv{Dev: tDev, Underlay: tUnderlay}
 				var k kernelState
-				pf := diff(from, k, env)
+				pf := diff(from, viewOf(k, env))
 				k = applyModel(k, pf.ops())
-				pt := diff(to, k, env)
+				pt := diff(to, viewOf(k, env))
 				k = applyModel(k, pt.ops())
-				if p2 := diff(to, k, env); len(p2.ops()) != 0 {
+				if p2 := diff(to, viewOf(k, env)); len(p2.ops()) != 0 {
 					ops := p2.ops()
 					t.Fatalf("not converged, still: %v", opStrings(ops))
+				}
+			})
+		}
+	}
+}
+
+// The view is the one kernel model: after a plan's writes, the view they
+// updated equals a fresh listing's, and a pass that diffs only the changed
+// peers against it (a lease event) leaves the kernel as a full pass would.
+func TestViewFollowsWritesAndScopedDiffConverges(t *testing.T) {
+	moved := tSpec(3)
+	moved.PublicIP = netip.MustParseAddr("198.18.9.9")
+	remac := tSpec(2)
+	remac.VtepMAC = tMAC(0x22)
+	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {remac, moved, tSpec(4)}, {tSpec(4)}}
+	env := diffEnv{Dev: tDev, Underlay: tUnderlay}
+	cmpView := cmp.Options{cmp.AllowUnexported(view{}, fdbSlot{}), cmpopts.EquateEmpty(),
+		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })}
+	for i, from := range sets {
+		for j, to := range sets {
+			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
+				first := diff(from, viewOf(kernelState{}, env))
+				k := applyModel(kernelState{}, first.ops())
+				v := viewOf(k, env)
+				gone, come := specDelta(from, to)
+				scoped := diff(come, v.scoped(gone, come))
+				for _, o := range scoped.ops() {
+					k = applyModel(k, []op{o})
+					v.record(o)
+				}
+				if d := cmp.Diff(viewOf(k, env), v, cmpView); d != "" {
+					t.Errorf("view after the writes differs from a listing (-listed +view):\n%s", d)
+				}
+				if again := diff(to, viewOf(k, env)); len(again.ops()) != 0 {
+					t.Errorf("a full pass after the scoped one still plans %v", opStrings(again.ops()))
 				}
 			})
 		}

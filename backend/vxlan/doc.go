@@ -20,14 +20,16 @@
 // 10.244.2.0/24 via 198.18.0.2 dev <underlay> proto 115, and no
 // encapsulation.
 //
-// The kernel state is reconciled, not scripted: a full pass lists what the
-// kernel holds (one dump per kind), diffs it against the desired peer set
-// with a pure function, and applies only the delta with idempotent writes,
-// many requests per sendmsg. A pass woken only because the desired peers
-// changed, right after a successful one, lists nothing: it diffs the changed
-// peers against what that pass left, so a lease event costs its own writes
-// rather than a listing of every peer; the notifications of deleted entries
-// and the periodic resync bring full passes (see Backend.pass).
+// The kernel state is reconciled, not scripted. The backend keeps one model
+// of the kernel, the view: an index of what it holds of ours, replaced by a
+// full listing (one dump per kind) and updated by each write the kernel
+// accepts. Every pass diffs the desired peers against the view with a pure
+// function and applies only the delta with idempotent writes, many requests
+// per sendmsg. A full pass lists first; a pass woken only because the
+// desired peers changed lists nothing and diffs just the changed peers
+// against the view, so a lease event costs its own writes rather than a
+// listing of every peer. The notifications of deleted entries and the
+// periodic resync bring full passes (see reconciler.pass).
 // Everything the backend owns is identifiable from the kernel alone — the
 // device by name, routes by RouteProtocol, neighbour and FDB entries by
 // device — so a restarted daemon adopts what is there without flushing it,

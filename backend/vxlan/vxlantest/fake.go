@@ -138,6 +138,13 @@ func (f *Fake) OnWrite(hook func(op, key string)) {
 	f.onWrite = hook
 }
 
+// Subscriptions is the number of live subscriptions to notifications.
+func (f *Fake) Subscriptions() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.subs)
+}
+
 // BreakSubscriptions ends every subscription, as a socket overflow would.
 func (f *Fake) BreakSubscriptions() {
 	f.mu.Lock()

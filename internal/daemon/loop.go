@@ -1,0 +1,122 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+// loop follows the cluster once start-up is done: lease events become peer
+// sets for the backend, config changes become a readiness condition, and
+// subnet.env is kept true. It returns nil when ctx ends, or the error that
+// ends the daemon (the lease lost for good).
+func (d *daemon) loop(ctx context.Context) error {
+	fatal := make(chan error, 1)
+	d.wg.Go(func() {
+		if err := d.mgr.Run(ctx); err != nil {
+			fatal <- err
+		}
+	})
+	batches := d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
+		OnRestart: func(string) { d.m.watchRestarts.Inc() }})
+	configs := d.reg.WatchConfig(ctx, retryInterval)
+	// Both watches end by closing their channel once ctx is cancelled; the
+	// shutdown waits for that before the etcd client closes, so a re-list
+	// in flight never runs on a closed client.
+	d.wg.Go(func() { <-ctx.Done(); drain(batches); drain(configs) })
+	drift := configWatch{running: d.netCfg, lease: d.lease.Subnet, key: d.reg.ConfigKey(), log: d.log}
+	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
+	envCheck := time.NewTicker(envCheckInterval)
+	defer envCheck.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			d.log.Info("stopping; the data path stays in place (overlayd teardown removes it)")
+			return nil
+		case err := <-fatal:
+			return err
+		case b, ok := <-batches:
+			if ok {
+				d.onBatch(b)
+			}
+		case u, ok := <-configs:
+			if ok {
+				reason := drift.update(u)
+				d.st.set(func(p *probe) { p.config = reason })
+			}
+		case <-envCheck.C:
+			// The device MTU follows the underlay's; pods must learn it.
+			if mtu := d.be.Status().MTU; mtu > 0 {
+				d.env.set(func(e *subnet.Env) { e.MTU = mtu })
+			}
+			d.env.keep(d.log)
+		}
+	}
+}
+
+// onBatch applies one batch of lease events to the peer set and hands the
+// result to the backend.
+func (d *daemon) onBatch(b etcdv3.Batch) {
+	logEvents(d.log, b, d.lease.Subnet)
+	now := time.Now()
+	for _, ev := range b.Events {
+		if ev.Type == subnet.Removed {
+			d.m.eventGone(ev.Lease.Subnet)
+		} else {
+			d.m.eventArrived(ev.Lease.Subnet, now)
+		}
+	}
+	d.m.rejected(d.peers.apply(b), d.log)
+	d.publishPeers()
+}
+
+// publishPeers hands the peer set to the backend and records its size.
+func (d *daemon) publishPeers() {
+	d.be.SetPeers(d.peers.peers())
+	valid, c := len(d.peers.valid), d.peers.counts()
+	d.st.set(func(p *probe) { p.peers, p.counts = valid, c })
+	m := d.m
+	m.leasesSeen.Set(float64(valid + c.invalid + c.orphaned + c.reserved + 1)) // + our own
+	m.leasesRejected.Set(float64(c.invalid))
+	m.leasesOrphaned.Set(float64(c.orphaned))
+	m.leasesReserved.Set(float64(c.reserved))
+}
+
+func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
+	for _, ev := range b.Events {
+		if ev.Lease.Subnet == own {
+			continue
+		}
+		attrs := []any{"peer", ev.Lease.Subnet, "public_ip", ev.Lease.Attrs.PublicIP, "node_id", ev.Lease.Attrs.NodeID}
+		if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
+			attrs = append(attrs, "vtep_mac", d.VtepMAC)
+		}
+		log.Info("peer "+ev.Type.String(), attrs...)
+	}
+}
+
+// rejected logs and counts newly skipped leases.
+func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
+	for _, r := range rs {
+		if r.Kind == orphanedLease {
+			log.Warn("skipping orphaned lease", "key", r.Key, "reason", r.Err)
+		} else {
+			log.Warn("skipping invalid lease", "key", r.Key, "err", r.Err)
+			m.rejectionsTotal.Inc()
+		}
+		if p, err := subnet.ParseKey(r.Key[strings.LastIndexByte(r.Key, '/')+1:]); err == nil {
+			m.eventGone(p)
+		}
+	}
+}
+
+// drain discards what ch delivers until it is closed.
+func drain[T any](ch <-chan T) {
+	for range ch {
+	}
+}

@@ -1,0 +1,270 @@
+package daemon
+
+// The daemon's wiring, without root: a real etcd (embedded, on loopback),
+// the real VXLAN backend programming vxlantest.Fake, and a recording
+// masquerade, behind the Kernel seam. What is checked is what the wiring
+// alone decides: start-up order and readiness, the hand-off of the lease
+// snapshot to the backend and the watch, and a shutdown that ends every
+// goroutine before the clients close.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
+	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+)
+
+// fakeKernel is a Kernel over vxlantest.Fake that records the order of
+// what the daemon does with it.
+type fakeKernel struct {
+	nl *vxlantest.Fake
+
+	mu     sync.Mutex
+	events []string // "masq installed", "masq running", "masq stopped", "masq closed", "netlink closed"
+	// Checked at the moment each is closed: what was still live.
+	subsAtNetlinkClose int
+	deviceAtMasq       bool
+}
+
+func newFakeKernel() *fakeKernel {
+	f := vxlantest.NewFake()
+	f.AddUnderlay("eth0", 1500, netip.MustParsePrefix("198.18.0.1/24"))
+	return &fakeKernel{nl: f}
+}
+
+func (k *fakeKernel) note(e string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.events = append(k.events, e)
+}
+
+func (k *fakeKernel) log() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.events...)
+}
+
+func (k *fakeKernel) Underlay(iface string, publicIP netip.Addr) (Underlay, error) {
+	l, err := k.nl.LinkByName("eth0")
+	if err != nil {
+		return Underlay{}, err
+	}
+	return Underlay{Iface: l.Name, Index: l.Index, PublicIP: netip.MustParseAddr("198.18.0.1"), MTU: l.MTU}, nil
+}
+
+func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
+	return k.nl, func() {
+		k.mu.Lock()
+		k.subsAtNetlinkClose = k.nl.Subscriptions()
+		k.mu.Unlock()
+		k.note("netlink closed")
+	}, nil
+}
+
+func (k *fakeKernel) Masquerade(network netip.Prefix, device string, _ *slog.Logger) (Masquerader, error) {
+	_, err := k.nl.LinkByName(device)
+	k.mu.Lock()
+	k.deviceAtMasq = err == nil
+	k.mu.Unlock()
+	k.note("masq installed for " + network.String())
+	return fakeMasq{k}, nil
+}
+
+type fakeMasq struct{ k *fakeKernel }
+
+func (m fakeMasq) Run(ctx context.Context) error {
+	m.k.note("masq running")
+	<-ctx.Done()
+	m.k.note("masq stopped")
+	return nil
+}
+
+func (m fakeMasq) Close() error { m.k.note("masq closed"); return nil }
+
+// wiring is one daemon run against srv with a fake kernel.
+type wiring struct {
+	k      *fakeKernel
+	cfg    Config
+	health string // base URL of /readyz and friends
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startWiring(t *testing.T, srv *etcdtest.Server) *wiring {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &wiring{k: newFakeKernel(), health: "http://" + ln.Addr().String(), done: make(chan error, 1)}
+	w.cfg = Config{
+		Etcd:           etcdclient.Config{Endpoints: []string{srv.Endpoint}},
+		NodeName:       "wiring",
+		SubnetFile:     filepath.Join(t.TempDir(), "subnet.env"),
+		IPMasq:         true,
+		HealthListener: ln,
+		Kernel:         w.k,
+		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if testing.Verbose() {
+		w.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	go func() { w.done <- Run(ctx, w.cfg) }()
+	t.Cleanup(func() { cancel(); <-w.done })
+	return w
+}
+
+// ready GETs /readyz and returns nil on 200, else the body.
+func (w *wiring) ready() error {
+	resp, err := http.Get(w.health + "/readyz")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+// routed reports whether the fake kernel holds a route to subnet.
+func (w *wiring) routed(subnet string) bool {
+	routes, _ := w.k.nl.RouteList()
+	for _, r := range routes {
+		if r.Dst.String() == subnet && r.Protocol == vxlan.RouteProtocol {
+			return true
+		}
+	}
+	return false
+}
+
+func putLease(t *testing.T, srv *etcdtest.Server, subnetKey, publicIP, mac string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	v := fmt.Sprintf(`{"PublicIP":%q,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":%q}}`, publicIP, mac)
+	if _, err := srv.Client(t).Put(ctx, etcdv3.DefaultPrefix+"/subnets/"+subnetKey, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWiringStartUpHandOffAndShutdown(t *testing.T) {
+	srv := etcdtest.Start(t)
+	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09") // before start: in Acquire's snapshot
+	w := startWiring(t, srv)
+
+	// No network config yet: start-up waits for it, and says so.
+	testenv.Eventually(t, testenv.Slack, "readiness to name the missing config", func() error {
+		if err := w.ready(); err == nil || !strings.Contains(err.Error(), "read the network config") {
+			return fmt.Errorf("readyz: %v", err)
+		}
+		return nil
+	})
+	if len(w.k.log()) != 0 || w.routed("10.244.9.0/24") {
+		t.Fatalf("the kernel was touched before the lease was held: %v", w.k.log())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(ctx,
+		[]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The config is re-read after retryInterval; then the lease, the device,
+	// the snapshot's peer, masquerade and subnet.env, and readiness.
+	testenv.Eventually(t, retryInterval+testenv.Slack, "the daemon to become ready", w.ready)
+	if !w.routed("10.244.9.0/24") {
+		t.Errorf("ready, but the peer from the lease snapshot is not programmed")
+	}
+	env, err := subnet.ReadEnv(w.cfg.SubnetFile)
+	if err != nil {
+		t.Fatalf("ready, but subnet.env: %v", err)
+	}
+	if !netip.MustParsePrefix("10.244.0.0/16").Contains(env.Lease().Addr()) || env.Lease() == netip.MustParsePrefix("10.244.9.0/24") {
+		t.Errorf("subnet.env names %v", env.Lease())
+	}
+	w.k.mu.Lock()
+	deviceAtMasq := w.k.deviceAtMasq
+	w.k.mu.Unlock()
+	if !deviceAtMasq {
+		t.Errorf("masquerade was installed before the overlay device existed")
+	}
+
+	// The watch starts where the snapshot ended: a lease written now
+	// arrives as an event; its deletion too.
+	putLease(t, srv, "10.244.10.0-24", "198.18.0.10", "0e:00:00:00:00:0a")
+	testenv.WaitFor(t, testenv.Slack, "a lease written after start-up to be programmed", func() bool { return w.routed("10.244.10.0/24") })
+	if _, err := srv.Client(t).Delete(ctx, etcdv3.DefaultPrefix+"/subnets/10.244.9.0-24"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "a deleted lease's route to go", func() bool { return !w.routed("10.244.9.0/24") })
+
+	// Shutdown: every goroutine ends before what it uses is closed.
+	w.cancel()
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("Run returned %v after cancel, want nil", err)
+		}
+	case <-time.After(testenv.Deadline(testenv.Slack)):
+		t.Fatalf("Run did not return within %s of cancel", testenv.Deadline(testenv.Slack))
+	}
+	want := []string{"masq installed for 10.244.0.0/16", "masq running", "masq stopped", "masq closed", "netlink closed"}
+	if got := w.k.log(); !slices.Equal(got, want) {
+		t.Errorf("kernel seam calls %v, want %v (goroutines stopped before what they use closes, newest first)", got, want)
+	}
+	if w.k.subsAtNetlinkClose != 0 {
+		t.Errorf("netlink closed while the backend's subscription was live")
+	}
+	if err := w.ready(); err == nil {
+		t.Errorf("/readyz still answers 200 after Run returned")
+	}
+	testenv.Eventually(t, testenv.Slack, "every goroutine of the daemon to end", leftoverGoroutines)
+}
+
+// leftoverGoroutines names goroutines still running the daemon's code (the
+// daemon, its backend, the etcd registry), other than this test's own.
+func leftoverGoroutines() error {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var left []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "_test.go") {
+			continue
+		}
+		for _, pkg := range []string{"overlay/internal/daemon.", "overlay/backend/vxlan.", "overlay/subnet/etcdv3."} {
+			if strings.Contains(g, pkg) {
+				left = append(left, strings.SplitN(g, "\n", 3)[:2]...)
+				break
+			}
+		}
+	}
+	if len(left) > 0 {
+		return errors.New(strings.Join(left, "\n"))
+	}
+	return nil
+}

@@ -36,7 +36,6 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
 
@@ -83,7 +82,7 @@ func newLab(t *testing.T) *lab {
 		t.Fatal(err)
 	}
 	l.cni = libcni.NewCNIConfigWithCacheDir([]string{l.binDir, plugins}, filepath.Join(dir, "libcni"), newExec())
-	l.hostNS = newNS(t)
+	l.hostNS = testenv.NewNS(t)
 	l.writeEnv()
 	return l
 }
@@ -117,20 +116,6 @@ func overlayCNIBinary(t testing.TB) string {
 // lazily, which races when one CNIConfig serves concurrent requests.
 func newExec() invoke.Exec {
 	return &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}}
-}
-
-// newNS creates a network namespace that t's cleanup deletes.
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	return n
 }
 
 func (l *lab) writeEnv() { l.writeLease(testLease) }
@@ -346,7 +331,7 @@ func TestIntegrationAddCheckDel(t *testing.T) {
 	if err != nil || !slices.Equal(caps, []string{"portMappings"}) {
 		t.Fatalf("ValidateNetworkList = %v, %v; want [portMappings]", caps, err)
 	}
-	pod1, pod2 := newNS(t), newNS(t)
+	pod1, pod2 := testenv.NewNS(t), testenv.NewNS(t)
 	rt1, rt2 := rtOf("pod1", pod1), rtOf("pod2", pod2)
 	// As a runtime does, bring up the pods' lo with the loopback plugin.
 	lo, err := libcni.ConfFromBytes([]byte(`{"cniVersion":"1.1.0","name":"cni-loopback","type":"loopback"}`))
@@ -517,7 +502,7 @@ func tcpReach(t *testing.T, from, to ns.NetNS, addr netip.Addr) error {
 func TestIntegrationDelWithoutCache(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	rt := rtOf("pod1", pod)
 	addr := podAddr(t, l.mustAdd(list, rt))
 	if err := os.Remove(l.cacheFile("pod1")); err != nil {
@@ -536,13 +521,13 @@ func TestIntegrationDelWithoutCacheOrSubnetEnvSucceeds(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
 	l.removeEnv()
-	l.mustDel(list, rtOf("never-added", newNS(t)))
+	l.mustDel(list, rtOf("never-added", testenv.NewNS(t)))
 }
 
 func TestIntegrationDelWithDaemonDown(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
-	rt := rtOf("pod1", newNS(t))
+	rt := rtOf("pod1", testenv.NewNS(t))
 	addr := podAddr(t, l.mustAdd(list, rt))
 	l.removeEnv() // overlayd gone
 	l.mustDel(list, rt)
@@ -560,7 +545,7 @@ func TestIntegrationCorruptCache(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := newLab(t)
 			list := l.conflist("1.1.0", nil)
-			rt := rtOf("pod1", newNS(t))
+			rt := rtOf("pod1", testenv.NewNS(t))
 			addr := podAddr(t, l.mustAdd(list, rt))
 			if err := os.WriteFile(l.cacheFile("pod1"), content, 0o600); err != nil {
 				t.Fatal(err)
@@ -601,7 +586,7 @@ func TestIntegrationDelegateDelFault(t *testing.T) {
 	l.buildTestPlugin("faultybridge")
 	fault := filepath.Join(t.TempDir(), "fail-del")
 	list := l.conflist("1.1.0", map[string]any{"type": "faultybridge", "faultFile": fault})
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	rt := rtOf("pod1", pod)
 	addr := podAddr(t, l.mustAdd(list, rt))
 
@@ -644,8 +629,8 @@ func TestIntegrationAddFailureRollsBack(t *testing.T) {
 	l := newLab(t)
 	l.writeLease("10.244.7.0/30")
 	list := l.conflist("1.1.0", nil)
-	first := podAddr(t, l.mustAdd(list, rtOf("pod1", newNS(t))))
-	pod2 := newNS(t)
+	first := podAddr(t, l.mustAdd(list, rtOf("pod1", testenv.NewNS(t))))
+	pod2 := testenv.NewNS(t)
 	_, err := l.add(list, rtOf("pod2", pod2))
 	if err == nil {
 		t.Fatal("second ADD in a /30 succeeded")
@@ -670,7 +655,7 @@ func TestIntegrationAddFailureRollsBack(t *testing.T) {
 func TestIntegrationRepeatedAddKeepsPod(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	rt := rtOf("pod1", pod)
 	addr := podAddr(t, l.mustAdd(list, rt))
 	before := inspectPod(t, pod)
@@ -725,14 +710,14 @@ func TestIntegrationRepeatedAddKeepsPod(t *testing.T) {
 func TestIntegrationLeaseChange(t *testing.T) {
 	l := newLab(t)
 	list := l.conflist("1.1.0", nil)
-	old := newNS(t)
+	old := testenv.NewNS(t)
 	oldRT := rtOf("old", old)
 	oldRes := l.mustAdd(list, oldRT)
 	oldAddr := podAddr(t, oldRes)
 
 	const newLease = "10.244.9.0/24"
 	l.writeLease(newLease)
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	addr := podAddr(t, l.mustAdd(list, rtOf("new", pod)))
 	if !netip.MustParsePrefix(newLease).Contains(addr) {
 		t.Fatalf("new pod got %s, want an address in %s", addr, newLease)
@@ -783,7 +768,7 @@ func TestIntegrationWithoutSubnetEnv(t *testing.T) {
 	list := l.conflist("1.1.0", nil)
 	l.removeEnv()
 
-	_, err := l.add(list, rtOf("pod1", newNS(t)))
+	_, err := l.add(list, rtOf("pod1", testenv.NewNS(t)))
 	if code := codeOf(t, err); code != types.ErrTryAgainLater || !strings.Contains(err.Error(), l.subnetFile) {
 		t.Errorf("ADD without subnet.env = %v (code %d), want code 11 naming %s", err, code, l.subnetFile)
 	}
@@ -867,7 +852,7 @@ func TestIntegrationGC(t *testing.T) {
 	list := l.conflist("1.1.0", nil)
 	addrs := map[string]netip.Addr{}
 	for _, cid := range []string{"keep", "stale1", "stale2", "nocache"} {
-		addrs[cid] = podAddr(t, l.mustAdd(list, rtOf(cid, newNS(t))))
+		addrs[cid] = podAddr(t, l.mustAdd(list, rtOf(cid, testenv.NewNS(t))))
 	}
 	if err := os.Remove(l.cacheFile("nocache")); err != nil {
 		t.Fatal(err)
@@ -909,7 +894,7 @@ func TestIntegrationConcurrentAdds(t *testing.T) {
 	const n = 20
 	pods := make([]ns.NetNS, n)
 	for i := range pods {
-		pods[i] = newNS(t)
+		pods[i] = testenv.NewNS(t)
 	}
 	addrs := make([]netip.Addr, n)
 	errs := make([]error, n)
@@ -976,7 +961,7 @@ func TestIntegrationVersions(t *testing.T) {
 	for i, ver := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(ver, func(t *testing.T) {
 			list := l.conflist(ver, nil)
-			pod := newNS(t)
+			pod := testenv.NewNS(t)
 			rt := rtOf(fmt.Sprintf("v%d", i), pod)
 			res, err := l.add(list, rt)
 			if err != nil {
@@ -1035,7 +1020,7 @@ func TestIntegrationShippedConflist(t *testing.T) {
 	if gt, err := version.GreaterThan(oldList.CNIVersion, libcniBefore12Newest); err != nil || gt {
 		t.Fatalf("shipped cniVersion %q: a runtime with libcni before v1.2 knows at most %s (%v)", oldList.CNIVersion, libcniBefore12Newest, err)
 	}
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	rt := rtOf("old-runtime", pod)
 	res, err := l.add(oldList, rt)
 	if err != nil {
@@ -1075,7 +1060,7 @@ func TestIntegrationShippedConflist(t *testing.T) {
 // nothing reserved.
 func TestIntegrationRejectsBadIDs(t *testing.T) {
 	l := newLab(t)
-	pod := newNS(t)
+	pod := testenv.NewNS(t)
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","subnetFile":%q,"dataDir":%q,"ipam":{"dataDir":%q}}`,
 		l.subnetFile, l.dataDir, l.ipamDir)
 	bin := filepath.Join(l.binDir, "overlay-cni")
@@ -1128,16 +1113,7 @@ func BenchmarkAddDel(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hostNS, err := testutils.NewNS()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = hostNS.Close(); _ = testutils.UnmountNS(hostNS) }()
-	pod, err := testutils.NewNS()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = pod.Close(); _ = testutils.UnmountNS(pod) }()
+	hostNS, pod := testenv.NewNS(b), testenv.NewNS(b)
 
 	cniPath := strings.Join([]string{filepath.Dir(overlayCNI), plugins}, ":")
 	for _, tc := range []struct {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -36,17 +35,7 @@ type testNS struct {
 
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
-	testenv.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("remove network namespace: %v", err)
-		}
-	})
+	n := testenv.NewNS(t)
 	nsh, err := netns.GetFromPath(n.Path())
 	if err != nil {
 		t.Fatalf("open %s: %v", n.Path(), err)

@@ -6,7 +6,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -18,12 +17,7 @@ import (
 // underlay and returns an rtnlConn in it and the device's index.
 func rtnlTestNS(t *testing.T) (*rtnlConn, int) {
 	t.Helper()
-	testenv.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
+	n := testenv.NewNS(t)
 	ns, err := netns.GetFromPath(n.Path())
 	if err != nil {
 		t.Fatal(err)

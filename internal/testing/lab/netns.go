@@ -42,17 +42,22 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 const (
 	namePrefix = "ovl"
-	netnsDir   = "/var/run/netns"
+	netnsDir   = testenv.NetnsDir
 )
 
 // newNamedNS creates a named network namespace (visible to `ip netns`)
 // without moving the caller: netns.NewNamed switches the calling thread,
 // so the thread is locked and switched back.
 func newNamedNS(name string) (netns.NsHandle, error) {
+	if err := testenv.PrepareNetnsDir(); err != nil {
+		return 0, err
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()

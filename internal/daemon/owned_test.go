@@ -28,11 +28,19 @@ func tctx(t *testing.T) context.Context {
 // metric reads one unlabelled metric's value from /metrics.
 func metric(get func(string) (int, string), name string) string {
 	_, body := get("/metrics")
-	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(body)
-	if m == nil {
-		return "absent"
+	if v, ok := metricText(body, name); ok {
+		return v
 	}
-	return m[1]
+	return "absent"
+}
+
+// metricText is one unlabelled metric's value in a /metrics body.
+func metricText(body, name string) (string, bool) {
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
 }
 
 func status(t *testing.T, get func(string) (int, string)) Status {

@@ -10,6 +10,9 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 // DefaultHealthAddr is where overlayd serves /readyz unless told otherwise
@@ -88,4 +91,36 @@ func readyzAnswer(addr string, r io.Reader) error {
 	}
 	reasons := strings.Join(lines, " ")
 	return fmt.Errorf("%w: %s/readyz answered %s: %s", ErrDaemonNotReady, addr, code, reasons)
+}
+
+// Status answers the runtime's question "is this node's network ready for
+// new pods?": yes when an ADD now would succeed and the pod would reach the
+// overlay, i.e. subnet.env is there and valid, overlayd answers ready on its
+// loopback health endpoint (healthAddr, unless set to ""), and the
+// delegate's STATUS passes. The first two fail with code 50.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	conf, err := loadConf(args)
+	if err != nil {
+		return err
+	}
+	env, err := readEnv(conf.SubnetFile)
+	if err != nil {
+		return cniError(types.ErrPluginNotAvailable, err,
+			"overlay network not ready: subnet file %s is missing or unusable; start overlayd (it writes the file once it holds this host's lease)", conf.SubnetFile)
+	}
+	d, err := Render(conf, env)
+	if err != nil {
+		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
+	}
+	ctx := context.Background()
+	if conf.HealthAddr != "" {
+		if err := p.invoker.DaemonReady(ctx, conf.HealthAddr); err != nil {
+			return cniError(types.ErrPluginNotAvailable, err,
+				"overlay network not ready: overlayd is not ready at %s (healthAddr); see overlayd status and its log", conf.HealthAddr)
+		}
+	}
+	if err := p.invoker.Status(ctx, d.Type, d.Config, Runtime{Path: args.Path}); err != nil {
+		return delegateError("STATUS", d.Type, err)
+	}
+	return nil
 }

@@ -186,91 +186,112 @@ type operand struct {
 // name matches (meta load, cmp), masquerade and verdicts. Anything else, or
 // any of these in a shape we do not emit, is rendered raw.
 func renderExprs(exprs []expr.Any) string {
-	var out []string
-	pending := map[uint32]*operand{}
-	var order []uint32 // registers with a pending operand, in load order
-	flush := func() {
-		for _, reg := range order {
-			if op, ok := pending[reg]; ok {
-				for _, e := range op.raw {
-					out = append(out, rawExpr(e))
-				}
-			}
-		}
-		clear(pending)
-		order = order[:0]
-	}
-	load := func(reg uint32, op *operand) {
-		if _, ok := pending[reg]; ok {
-			flush() // a register overwritten before use: show both loads raw
-		}
-		pending[reg] = op
-		order = append(order, reg)
-	}
-	take := func(reg uint32) {
-		delete(pending, reg)
-		order = slices.DeleteFunc(order, func(r uint32) bool { return r == reg })
-	}
+	r := exprRenderer{pending: map[uint32]*operand{}}
 	for _, e := range exprs {
-		switch e := e.(type) {
-		case *expr.Payload:
-			if name := ipField(e); name != "" {
-				load(e.DestRegister, &operand{name: name, raw: []expr.Any{e}})
-				continue
-			}
-		case *expr.Meta:
-			if !e.SourceRegister && (e.Key == expr.MetaKeyOIFNAME || e.Key == expr.MetaKeyIIFNAME) {
-				name := "oifname"
-				if e.Key == expr.MetaKeyIIFNAME {
-					name = "iifname"
-				}
-				load(e.Register, &operand{name: name, raw: []expr.Any{e}})
-				continue
-			}
-		case *expr.Bitwise:
-			if op, ok := pending[e.SourceRegister]; ok && strings.HasPrefix(op.name, "ip ") && op.mask == nil &&
-				e.DestRegister == e.SourceRegister && e.Len == 4 && len(e.Mask) == 4 &&
-				bytes.Equal(e.Xor, make([]byte, 4)) {
-				op.mask = e.Mask
-				op.raw = append(op.raw, e)
-				continue
-			}
-		case *expr.Cmp:
-			if op, ok := pending[e.Register]; ok {
-				if s, ok := renderCmp(op, e); ok {
-					take(e.Register)
-					out = append(out, s)
-					continue
-				}
-			}
-		case *expr.Masq:
-			if !e.ToPorts && e.RegProtoMin == 0 && e.RegProtoMax == 0 {
-				flush()
-				s := "masquerade"
-				if e.Random {
-					s += " random"
-				}
-				if e.FullyRandom {
-					s += " fully-random"
-				}
-				if e.Persistent {
-					s += " persistent"
-				}
-				out = append(out, s)
-				continue
-			}
-		case *expr.Verdict:
-			if s := verdictName(e); s != "" {
-				flush()
-				out = append(out, s)
-				continue
+		if !r.known(e) {
+			r.flush()
+			r.out = append(r.out, rawExpr(e))
+		}
+	}
+	r.flush()
+	return strings.Join(r.out, " ")
+}
+
+// exprRenderer holds what renderExprs has rendered so far and the operands
+// loaded into registers that no comparison has used yet.
+type exprRenderer struct {
+	out     []string
+	pending map[uint32]*operand
+	order   []uint32 // registers with a pending operand, in load order
+}
+
+// flush renders the pending operands raw: loads no comparison used.
+func (r *exprRenderer) flush() {
+	for _, reg := range r.order {
+		if op, ok := r.pending[reg]; ok {
+			for _, e := range op.raw {
+				r.out = append(r.out, rawExpr(e))
 			}
 		}
-		flush()
-		out = append(out, rawExpr(e))
 	}
-	flush()
-	return strings.Join(out, " ")
+	clear(r.pending)
+	r.order = r.order[:0]
+}
+
+func (r *exprRenderer) load(reg uint32, op *operand) {
+	if _, ok := r.pending[reg]; ok {
+		r.flush() // a register overwritten before use: show both loads raw
+	}
+	r.pending[reg] = op
+	r.order = append(r.order, reg)
+}
+
+func (r *exprRenderer) take(reg uint32) {
+	delete(r.pending, reg)
+	r.order = slices.DeleteFunc(r.order, func(x uint32) bool { return x == reg })
+}
+
+// known renders e if it has a shape we emit, and reports whether it did.
+func (r *exprRenderer) known(e expr.Any) bool {
+	switch e := e.(type) {
+	case *expr.Payload:
+		if name := ipField(e); name != "" {
+			r.load(e.DestRegister, &operand{name: name, raw: []expr.Any{e}})
+			return true
+		}
+	case *expr.Meta:
+		if !e.SourceRegister && (e.Key == expr.MetaKeyOIFNAME || e.Key == expr.MetaKeyIIFNAME) {
+			name := "oifname"
+			if e.Key == expr.MetaKeyIIFNAME {
+				name = "iifname"
+			}
+			r.load(e.Register, &operand{name: name, raw: []expr.Any{e}})
+			return true
+		}
+	case *expr.Bitwise:
+		if op, ok := r.pending[e.SourceRegister]; ok && strings.HasPrefix(op.name, "ip ") && op.mask == nil &&
+			e.DestRegister == e.SourceRegister && e.Len == 4 && len(e.Mask) == 4 &&
+			bytes.Equal(e.Xor, make([]byte, 4)) {
+			op.mask = e.Mask
+			op.raw = append(op.raw, e)
+			return true
+		}
+	case *expr.Cmp:
+		if op, ok := r.pending[e.Register]; ok {
+			if s, ok := renderCmp(op, e); ok {
+				r.take(e.Register)
+				r.out = append(r.out, s)
+				return true
+			}
+		}
+	case *expr.Masq:
+		if !e.ToPorts && e.RegProtoMin == 0 && e.RegProtoMax == 0 {
+			r.flush()
+			r.out = append(r.out, masqText(e))
+			return true
+		}
+	case *expr.Verdict:
+		if s := verdictName(e); s != "" {
+			r.flush()
+			r.out = append(r.out, s)
+			return true
+		}
+	}
+	return false
+}
+
+func masqText(e *expr.Masq) string {
+	s := "masquerade"
+	if e.Random {
+		s += " random"
+	}
+	if e.FullyRandom {
+		s += " fully-random"
+	}
+	if e.Persistent {
+		s += " persistent"
+	}
+	return s
 }
 
 // ipField names an IPv4 address load, or returns "".

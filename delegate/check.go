@@ -1,0 +1,121 @@
+package delegate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/types/create"
+)
+
+// Check verifies an attachment: its cache entry exists, subnet.env is there
+// and still holds the lease the attachment was made from, and the delegate's
+// CHECK (with the cached configuration and the runtime's prevResult) passes.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	conf, att, err := loadAttachment(args)
+	if err != nil {
+		return err
+	}
+	if err := checkNetNS(args, false); err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return cniError(types.ErrInvalidNetworkConfig, nil, "CHECK of %s needs a prevResult: the runtime must pass the ADD result", att)
+	}
+	e, err := Cache{Dir: conf.DataDir}.Read(att)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return cniError(CodeNoCache, err, "%s has no cache entry in %s: it was not added by overlay-cni (or the entry was removed); recreate the pod", att, conf.DataDir)
+	case errors.Is(err, ErrCacheCorrupt):
+		return cniError(CodeCacheCorrupt, err, "the cache entry of %s is corrupt: recreate the pod", att)
+	case err != nil:
+		return cniError(types.ErrIOFailure, err, "cannot read the cache entry of %s: check dataDir %s", att, conf.DataDir)
+	}
+	env, err := readEnv(conf.SubnetFile)
+	if err != nil {
+		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
+	}
+	if env.Lease() != e.Delegate.Lease {
+		return cniError(CodeLeaseChanged, nil,
+			"the host's lease changed from %s to %s since %s was added: its address no longer routes; recreate the pod",
+			e.Delegate.Lease, env.Lease(), att)
+	}
+	cfg, err := withPrevResult(e.Delegate.Config, conf.CNIVersion, conf.PrevResult)
+	if err != nil {
+		return cniError(types.ErrDecodingFailure, err, "cannot pass the prevResult of %s to the delegate", att)
+	}
+	if err := p.invoker.Check(context.Background(), e.Delegate.Type, cfg, runtimeOf(args)); err != nil {
+		return delegateError("CHECK", e.Delegate.Type, err)
+	}
+	return nil
+}
+
+// withPrevResult returns the cached delegate configuration with prevResult
+// set, converted to the cached configuration's cniVersion.
+func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(config, &m); err != nil {
+		return nil, err
+	}
+	var cachedVersion string
+	if err := json.Unmarshal(m["cniVersion"], &cachedVersion); err != nil {
+		return nil, fmt.Errorf("cached cniVersion: %w", err)
+	}
+	conv, err := convertResult(version, prev, cachedVersion)
+	if err != nil {
+		return nil, fmt.Errorf("prevResult: %w", err)
+	}
+	if m["prevResult"], err = json.Marshal(conv); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// convertResult decodes a result (the runtime's prevResult) of version and
+// converts it to toVersion. The CNI library's conversions dereference every
+// entry of interfaces, ips and routes, so a null entry would crash the
+// plugin: such a result is refused, and so is anything else that makes the
+// library panic.
+func convertResult(version string, raw json.RawMessage, toVersion string) (res types.Result, err error) {
+	if err := checkResultLists(raw); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = nil, fmt.Errorf("cannot convert the result from %s to %s: %v", version, toVersion, r)
+		}
+	}()
+	decoded, err := create.Create(version, raw)
+	if err != nil {
+		return nil, err
+	}
+	return decoded.GetAsVersion(toVersion)
+}
+
+// checkResultLists refuses a result with a null entry in interfaces, ips or
+// routes (keys matched as the CNI library matches them, ignoring case).
+func checkResultLists(raw []byte) error {
+	var lists struct {
+		Interfaces []json.RawMessage `json:"interfaces"`
+		IPs        []json.RawMessage `json:"ips"`
+		Routes     []json.RawMessage `json:"routes"`
+	}
+	if err := json.Unmarshal(raw, &lists); err != nil {
+		return err
+	}
+	for _, l := range []struct {
+		name string
+		list []json.RawMessage
+	}{{"interfaces", lists.Interfaces}, {"ips", lists.IPs}, {"routes", lists.Routes}} {
+		for i, e := range l.list {
+			if isAbsent(e) {
+				return fmt.Errorf("%s[%d] is null", l.name, i)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package delegate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// GC removes what belongs to attachments that are no longer valid: each
+// cached attachment not in the valid list is deleted through the delegate
+// (with an empty netns: the namespace is gone, or is no longer ours to
+// touch) and its cache entry removed; then host-local reservations of
+// invalid attachments are released under host-local's lock; then the GC is
+// forwarded to the delegate. It continues past errors and reports them all.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	conf, err := loadConf(args)
+	if err != nil {
+		return err
+	}
+	if !conf.HasValidAttachments {
+		return cniError(types.ErrInvalidNetworkConfig, nil,
+			"GC needs cni.dev/valid-attachments (an empty list to remove everything); refusing to guess")
+	}
+	pairs := make([][2]string, 0, len(conf.ValidAttachments))
+	validFiles := map[string]bool{}
+	for _, v := range conf.ValidAttachments {
+		pairs = append(pairs, [2]string{v.ContainerID, v.IfName})
+		validFiles[Attachment{Network: conf.Name, ContainerID: v.ContainerID, IfName: v.IfName}.fileName()] = true
+	}
+	valid := NewValidSet(pairs)
+	ctx := context.Background()
+	var errs []error
+
+	listed, err := Cache{Dir: conf.DataDir}.List(conf.Name)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range listed {
+		if l.Err != nil && !errors.Is(l.Err, ErrCacheCorrupt) {
+			errs = append(errs, l.Err)
+			continue
+		}
+		if l.Err != nil {
+			if validFiles[filepath.Base(l.Path)] {
+				p.logf("GC: keeping the unusable cache entry of a valid attachment: %v", l.Err)
+				continue
+			}
+			p.logf("GC: removing an unusable cache entry (host-local's sweep releases its address): %v", l.Err)
+			if err := removeFile(l.Path); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		att := l.Entry.Attachment
+		if valid.Has(att.ContainerID, att.IfName) {
+			continue
+		}
+		rt := Runtime{ContainerID: att.ContainerID, IfName: att.IfName, Path: args.Path}
+		if err := p.invoker.Del(ctx, l.Entry.Delegate.Type, l.Entry.Delegate.Config, rt); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale %s: %w", att, err))
+			continue
+		}
+		if err := removeFile(l.Path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.logf("GC: deleted stale %s", att)
+	}
+
+	released, err := SweepHostLocal(conf.HostLocalDir(), valid)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("sweep host-local reservations in %s: %w", conf.HostLocalDir(), err))
+	}
+	for _, a := range released {
+		p.logf("GC: released host-local reservation %s", a)
+	}
+
+	if env, err := readEnv(conf.SubnetFile); err != nil {
+		p.logf("GC: not forwarding GC to the delegate, its configuration cannot be rendered: %v", err)
+	} else if err := p.delegateGC(ctx, conf, env, args.Path); err != nil {
+		errs = append(errs, err)
+	}
+
+	if len(errs) > 0 {
+		return cniError(CodeGCIncomplete, errors.Join(errs...),
+			"GC of network %q left %d stale resource(s) behind: see the details; the next GC retries them", conf.Name, len(errs))
+	}
+	return nil
+}
+
+// delegateGC forwards the GC to the delegate with the valid attachments.
+func (p *Plugin) delegateGC(ctx context.Context, conf *NetConf, env subnet.Env, path string) error {
+	d, err := Render(conf, env)
+	if err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(d.Config, &m); err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	list := conf.ValidAttachments
+	if list == nil {
+		list = []types.GCAttachment{}
+	}
+	raw, err := json.Marshal(list)
+	if err != nil {
+		return fmt.Errorf("encode the valid attachments: %w", err)
+	}
+	m["cni.dev/valid-attachments"] = raw
+	m["cni.dev/attachments"] = raw
+	cfg, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("render the delegate configuration for GC: %w", err)
+	}
+	if err := p.invoker.GC(ctx, d.Type, cfg, Runtime{Path: path}); err != nil {
+		return fmt.Errorf("delegate %s GC: %w", d.Type, err)
+	}
+	return nil
+}
+
+func removeFile(p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove cache entry: %w", err)
+	}
+	return nil
+}

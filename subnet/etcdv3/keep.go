@@ -1,0 +1,229 @@
+package etcdv3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// Run keeps the lease until ctx ends (then it returns nil) or the subnet is
+// lost to another host (ErrLeaseLost). It survives etcd outages: renewals and
+// re-claims are retried until etcd answers again.
+func (m *Manager) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() { m.keepLiveness(ctx) })
+
+	lost := make(chan error, 1)
+	wg.Go(func() {
+		if err := m.keepLease(ctx); err != nil {
+			lost <- err
+		}
+	})
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-lost:
+		return err
+	}
+}
+
+// keepLease renews the etcd lease and watches the lease key, re-claiming the
+// same subnet whenever the key or its etcd lease disappears.
+func (m *Manager) keepLease(ctx context.Context) error {
+	var warn repeatWarn
+	for ctx.Err() == nil {
+		held := time.Now()
+		err := m.holdLease(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrDuplicateNode) {
+			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+			return err
+		}
+		if kg := (keyGoneError{}); errors.As(err, &kg) {
+			m.setKeyProblem(err)
+		}
+		// A hold that ends at once, again and again, must not become a
+		// busy loop of re-claims against etcd.
+		if time.Since(held) < m.opts.RetryInterval && !sleepCtx(ctx, m.opts.RetryInterval) {
+			return nil
+		}
+		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
+		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+		err = m.reclaim(rctx)
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+				return err
+			}
+			warn.warn(m.log, "re-claim failed, will retry", "subnet", m.Lease().Subnet, "err", err)
+			if !sleepCtx(ctx, m.opts.RetryInterval) {
+				return nil
+			}
+			continue
+		}
+		m.setKeyProblem(nil)
+		warn.recovered(m.log, "lease keeping resumed", "subnet", m.Lease().Subnet)
+	}
+	return nil
+}
+
+// holdLease runs while the lease is intact: it drains KeepAlive responses and
+// watches the lease key. It returns why it stopped holding.
+func (m *Manager) holdLease(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	l := m.Lease()
+	var kaCh <-chan *clientv3.LeaseKeepAliveResponse
+	if !l.Reserved {
+		var err error
+		kaCh, err = m.reg.cli.KeepAlive(ctx, clientv3.LeaseID(l.EtcdLease))
+		if err != nil {
+			return fmt.Errorf("keep etcd lease %x alive: %w", l.EtcdLease, err)
+		}
+	}
+	key := m.reg.LeaseKey(l.Subnet)
+	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
+	wch, err := openWatch(wctx, m.reg.cli, m.opts.ProgressInterval+m.opts.StallTimeout, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
+	if err != nil {
+		return fmt.Errorf("watch of %s: %w", key, err)
+	}
+	stall := newStallCheck(m.reg.cli, wctx, wch, m.opts.ProgressInterval, m.opts.StallTimeout)
+	defer stall.stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stall.C():
+			if reason := stall.check(); reason != "" {
+				return fmt.Errorf("watch of %s: %s", key, reason)
+			}
+		case ka, ok := <-kaCh:
+			if !ok {
+				m.clearEtcdLease()
+				return keyGone("lease expired: etcd lease %x of %s was revoked or not renewed within its TTL (etcd unreachable?)", l.EtcdLease, key)
+			}
+			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
+		case resp, ok := <-wch:
+			stall.heard()
+			if !ok || resp.Err() != nil {
+				return fmt.Errorf("watch of %s broke: %v", key, resp.Err())
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					return keyGone("lease key %s was deleted", key)
+				}
+				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
+				switch {
+				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !attrs.NamesAHost():
+					// Garbage is nobody's claim: reclaim restores ours.
+					return keyGone("lease key %s was overwritten with a value naming no host", key)
+				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
+				case !subnet.SameAttrs(attrs, m.attrs()):
+					return fmt.Errorf("%w: %s was rewritten with node ID %q from public IP %s: give every host its own --node-name",
+						ErrDuplicateNode, key, attrs.NodeID, attrs.PublicIP)
+				}
+				l.ModRevision = ev.Kv.ModRevision
+				m.setLease(l)
+			}
+			// Everything up to here has been seen: the last event's
+			// revision, or a progress notification's.
+			if n := len(resp.Events); n > 0 {
+				m.setSeen(resp.Events[n-1].Kv.ModRevision)
+			} else if resp.IsProgressNotify() {
+				m.setSeen(resp.Header.Revision)
+			}
+		}
+	}
+}
+
+// keyGoneError is a reason holdLease stopped that means the key no longer
+// holds this host's lease: readiness says so until the re-claim succeeds.
+type keyGoneError struct{ msg string }
+
+func (e keyGoneError) Error() string { return e.msg }
+
+func keyGone(format string, args ...any) error { return keyGoneError{fmt.Sprintf(format, args...)} }
+
+func (m *Manager) clearEtcdLease() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.etcdLease = 0
+}
+
+// reclaim restores this host's claim on the same subnet: it re-creates the
+// key if it is gone, re-attaches a fresh etcd lease if the old one expired,
+// and reports ErrLeaseLost if another host now holds the subnet.
+func (m *Manager) reclaim(ctx context.Context) error {
+	want := m.Lease()
+	cur, rev, err := m.current(ctx, want.Subnet)
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, subnet.ErrInvalidLease) {
+		// Whatever happens to the key after rev, the watch will see.
+		defer m.setSeen(rev)
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		id := clientv3.LeaseID(0)
+		if !want.Reserved {
+			if id, err = m.ensureEtcdLease(ctx); err != nil {
+				return err
+			}
+		}
+		rev, err := m.reg.Create(ctx, want.Subnet, m.attrs(), int64(id))
+		if errors.Is(err, ErrTaken) {
+			return m.reclaim(ctx) // someone wrote it just now: look at what they wrote
+		}
+		if err != nil {
+			return err
+		}
+		m.setLease(subnet.Lease{Subnet: want.Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
+		m.log.Info("lease re-claimed", "subnet", want.Subnet)
+		return nil
+	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0,
+		err == nil && !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !cur.Attrs.NamesAHost():
+		// Our key holds a value naming no host: nobody's claim. Overwrite
+		// it, keeping the kind of claim we had (the writer may have dropped
+		// the etcd lease).
+		m.log.Warn("own lease key held a value naming no host; restoring it", "subnet", want.Subnet, "err", err)
+		cur.Attrs, cur.Reserved, cur.EtcdLease = subnet.LeaseAttrs{}, want.Reserved, want.EtcdLease
+	case err != nil:
+		return err
+	case !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+		return fmt.Errorf("%w: %s is now held by node %q (public IP %s)", ErrLeaseLost, want.Subnet, cur.Attrs.NodeID, cur.Attrs.PublicIP)
+	}
+	l, err := m.adopt(ctx, cur)
+	if err != nil {
+		return err
+	}
+	m.setLease(l)
+	return nil
+}
+
+// current reads the lease key like Registry.Get, and also returns the
+// revision it was read at.
+func (m *Manager) current(ctx context.Context, p netip.Prefix) (subnet.Lease, int64, error) {
+	key := m.reg.LeaseKey(p)
+	resp, err := m.reg.cli.Get(ctx, key)
+	if err != nil {
+		return subnet.Lease{}, 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return subnet.Lease{}, resp.Header.Revision, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	kv := resp.Kvs[0]
+	l, err := m.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	return l, resp.Header.Revision, err
+}

@@ -7,6 +7,13 @@
 // host's, the peer set turns leases into validated peers, and the backend
 // converges the kernel to them. Shutdown leaves the data path in place so a
 // restart drops no packets; Teardown removes it.
+//
+// Run's goroutine does start-up in phases (serveHealth, join,
+// startDataPlane) and then the loop; every other goroutine it starts (the
+// health server, the backend, the masquerade, the lease manager, the
+// watches' drain) is in one WaitGroup that shutdown waits for before it
+// closes the clients they use. The daemon reaches the kernel only through
+// Kernel, so its wiring is tested without root (wiring_test.go).
 package daemon
 
 import (

@@ -153,7 +153,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 	}
 	cli := c.reg.Client()
 
-	hostileTotal := 0
+	hostileTotal, ownGarbage := 0, 0
 	// The keys whose last write was invalid or orphaned: what the gauges
 	// must show once the daemon has caught up. (Garbage over our own key is
 	// not among them: the manager restores the lease at once.)
@@ -176,7 +176,11 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 				delete(invalid, w.key)
 			} else {
 				delete(orphans, w.key) // an invalid value replaces an orphaned one
-				invalid[w.key] = w.key != own.Addr().String()+"-"+strconv.Itoa(own.Bits())
+				ownKey := w.key == own.Addr().String()+"-"+strconv.Itoa(own.Bits())
+				invalid[w.key] = !ownKey
+				if ownKey {
+					ownGarbage++
+				}
 				hostileTotal++
 			}
 			kinds[strings.Fields(w.kind)[0]]++
@@ -194,10 +198,12 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 		t.Logf("seed %d: %d hostile writes by kind %v", seed, len(writes), kinds)
 		// Every hostile write is judged once valid peers written after it
 		// are programmed and the gauges show the keys left bad. The counter
-		// counts each bad revision seen: all of them, unless the watch was
-		// re-established meanwhile (a busy machine can make the stall
-		// detector re-list), which rightly skips revisions overwritten in
-		// between.
+		// counts each invalid value a key takes, so every hostile write,
+		// but for two races the product rightly does not hide: garbage over
+		// our own key may repeat the previous garbage's value before the
+		// lease manager has restored the lease in between (one change, not
+		// two), and a re-established watch re-lists, skipping values
+		// overwritten meanwhile.
 		// No timer in the way, but 60 writes to judge, some of them 100 KB
 		// or 5,000 levels deep, under the race detector on a busy machine.
 		wantInvalid := 0
@@ -216,7 +222,11 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 			_, body := get(t, client, "http://"+ln.Addr().String()+"/metrics")
 			gotInvalid, orphaned := metricValue(body, "overlay_leases_invalid"), metricValue(body, "overlay_leases_orphaned")
 			total, restarts := metricValue(body, "overlay_leases_invalid_total"), metricValue(body, "overlay_watch_restarts_total")
-			if gotInvalid != wantInvalid || orphaned != len(orphans) || total != hostileTotal && (restarts < 1 || total < wantInvalid || total > hostileTotal) {
+			lowest := hostileTotal - ownGarbage
+			if restarts > 0 {
+				lowest = wantInvalid
+			}
+			if gotInvalid != wantInvalid || orphaned != len(orphans) || total < lowest || total > hostileTotal {
 				return fmt.Errorf("invalid %d, orphaned %d, invalid_total %d, watch restarts %d", gotInvalid, orphaned, total, restarts)
 			}
 			return nil

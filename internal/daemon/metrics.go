@@ -41,7 +41,7 @@ func newMetrics(p *probe) *metrics {
 		leasesReserved: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_reserved",
 			Help: "Reservations no host has claimed yet."}),
 		rejectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_leases_invalid_total",
-			Help: "Invalid lease keys or values seen (each key once per revision)."}),
+			Help: "Invalid lease values seen: each invalid value a key takes, once (rewriting the same value is no change)."}),
 		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_watch_restarts_total",
 			Help: "Times the etcd lease watch was re-established (compaction, broken stream, periodic re-list failure)."}),
 		eventLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "overlay_event_to_programmed_seconds",

@@ -351,6 +351,46 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 		invalid = append(invalid, b.Invalid...)
 	}
 }
+// A watch response holding a key's undecodable value and then a good one
+// delivers them as two batches, in that order: a consumer applies a batch's
+// events before its invalid keys, and would otherwise end with the key
+// marked invalid and the lease that replaced the garbage dropped.
+func TestUndecodableThenGoodValueArriveInOrder(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := f.reg.SubnetsPrefix() + "10.244.9.0-24"
+	good := `{"PublicIP":"198.18.0.9","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"}}`
+	for _, v := range []string{"{not json", good} {
+		if _, err := f.cli.Put(ctx(t), key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both writes are history when the watch starts: one response.
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	ch := f.reg.Watch(wctx, snap, WatchOptions{})
+	invalidAt, addedAt := -1, -1
+	for i := 0; addedAt < 0; i++ {
+		b := recv(t, ch)
+		for _, inv := range b.Invalid {
+			if inv.Key == key {
+				invalidAt = i
+			}
+		}
+		for _, ev := range b.Events {
+			if ev.Type == subnet.Added && ev.Lease.Subnet == netip.MustParsePrefix("10.244.9.0/24") {
+				addedAt = i
+			}
+		}
+	}
+	if invalidAt < 0 || invalidAt >= addedAt {
+		t.Errorf("the undecodable value came in batch %d, the good one in batch %d: want the undecodable one in an earlier batch", invalidAt, addedAt)
+	}
+}
+
 
 func TestWatchResumesAcrossCompaction(t *testing.T) {
 	f := newFixture(t, testNetwork)

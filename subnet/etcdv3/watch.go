@@ -21,7 +21,10 @@ import (
 
 // Batch is what the watcher delivers: the events of one etcd watch response
 // (or of one re-list), the keys that failed to decode, and the revision the
-// lease set is now at.
+// lease set is now at. A consumer applies a batch's Events, then its
+// Invalid keys; so that this order is always the order of the revisions, an
+// undecodable value of a key never shares a batch with a later event of the
+// same key (a watch response holding both is delivered as two batches).
 type Batch struct {
 	Events   []subnet.Event
 	Invalid  []Invalid
@@ -228,8 +231,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				w.rev = resp.Header.Revision
 				continue
 			}
-			if b := w.apply(resp.Events); len(b.Events) > 0 || len(b.Invalid) > 0 {
-				b.Revision = resp.Header.Revision
+			for _, b := range w.apply(resp.Events, resp.Header.Revision) {
 				if !send(ctx, out, b) {
 					return "stopped", false
 				}
@@ -239,15 +241,28 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	}
 }
 
-// apply folds watch events into the known set and returns the net events.
-func (w *watcher) apply(events []*clientv3.Event) Batch {
+// apply folds watch events into the known set and returns the net events
+// (the response was at revision rev), in batches that keep the order Batch promises: an event for a key whose
+// undecodable value is in the current batch starts a new one. (Applied
+// after the events, that stale value would otherwise mark the key invalid
+// again and drop the lease that replaced it.)
+func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
+	var out []Batch
 	var b Batch
-	for _, ev := range events {
+	undecodable := map[string]bool{} // keys with an Invalid entry in b
+	for i, ev := range events {
 		key := string(ev.Kv.Key)
+		if undecodable[key] {
+			b.Revision = events[i-1].Kv.ModRevision
+			out = append(out, b)
+			b = Batch{}
+			clear(undecodable)
+		}
 		p, err := subnet.ParseKey(strings.TrimPrefix(key, w.reg.SubnetsPrefix()))
 		if err != nil {
 			if ev.Type == clientv3.EventTypePut {
 				b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
+				undecodable[key] = true
 			}
 			continue
 		}
@@ -263,6 +278,7 @@ func (w *watcher) apply(events []*clientv3.Event) Batch {
 		if err != nil {
 			// An unreadable value replaces whatever was there: stop using it.
 			b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
+			undecodable[key] = true
 			if had {
 				delete(w.known, p)
 				b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
@@ -277,7 +293,11 @@ func (w *watcher) apply(events []*clientv3.Event) Batch {
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Changed, Lease: l, Old: prev})
 		}
 	}
-	return b
+	if len(b.Events) > 0 || len(b.Invalid) > 0 {
+		b.Revision = rev
+		out = append(out, b)
+	}
+	return out
 }
 
 // relist reads the whole lease set and sends what differs from the known set.

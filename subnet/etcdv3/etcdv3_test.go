@@ -351,6 +351,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 		invalid = append(invalid, b.Invalid...)
 	}
 }
+
 // A watch response holding a key's undecodable value and then a good one
 // delivers them as two batches, in that order: a consumer applies a batch's
 // events before its invalid keys, and would otherwise end with the key
@@ -390,7 +391,6 @@ func TestUndecodableThenGoodValueArriveInOrder(t *testing.T) {
 		t.Errorf("the undecodable value came in batch %d, the good one in batch %d: want the undecodable one in an earlier batch", invalidAt, addedAt)
 	}
 }
-
 
 func TestWatchResumesAcrossCompaction(t *testing.T) {
 	f := newFixture(t, testNetwork)

@@ -147,6 +147,18 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 		t.Fatal(err)
 	}
 	h1.start(t)
+	// The old subnet.env is there before the daemon runs: wait until the
+	// daemon holds its lease and is ready, or the hostile writes would race
+	// its claim (garbage over the pinned key made it pick another subnet).
+	waitReady := func(what string) {
+		testenv.Eventually(t, testenv.Slack, what, func() error {
+			if code, body := get(t, client, "http://"+ln.Addr().String()+"/readyz"); code != 200 {
+				return fmt.Errorf("%d %s", code, body)
+			}
+			return nil
+		})
+	}
+	waitReady("h1 ready")
 	own := h1.env(t).Lease()
 	if own != pinned.Lease() {
 		t.Fatalf("h1 took %s, not the subnet of its old subnet.env %s", own, pinned.Lease())
@@ -244,12 +256,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 		}
 		// Garbage over our own lease makes it not ready until the lease is
 		// restored (at once): ready again, then.
-		testenv.Eventually(t, testenv.Slack, fmt.Sprintf("seed %d: ready after hostile writes", seed), func() error {
-			if code, body := get(t, client, "http://"+ln.Addr().String()+"/readyz"); code != 200 {
-				return fmt.Errorf("%d %s", code, body)
-			}
-			return nil
-		})
+		waitReady(fmt.Sprintf("seed %d: ready after hostile writes", seed))
 	}
 	// Our own lease survives every garbage write: it is restored.
 	// The manager restores it within one retry interval (1 s).

@@ -192,7 +192,7 @@ func (p *plan) planPeer(i int, w Peer, v *view, wanted *wantedSet) {
 		if wanted.macs != nil {
 			wanted.macs[w.VtepMAC] = true
 		}
-		if n, ok := v.neighs[hop]; !ok || n.MAC != w.VtepMAC || n.State != NUDPermanent {
+		if n, ok := v.neigh(hop); !ok || n.MAC != w.VtepMAC || n.State != NUDPermanent {
 			p.set(opNeighSet, i)
 		}
 		p.planFDB(i, w, v)
@@ -201,25 +201,26 @@ func (p *plan) planPeer(i int, w Peer, v *view, wanted *wantedSet) {
 		// Another program's route wins (lower metric) or has our key
 		// (equal metric, a write would replace it): hands off.
 		p.conflicts = append(p.conflicts, w.Subnet)
-	} else if r, ok := v.ours[route.Dst]; !ok || !routeSame(r, route) {
+	} else if r, ok := v.route(route.Dst); !ok || !routeSame(r, route) {
 		p.set(opRouteSet, i)
 	}
 }
 
 // planFDB plans w's FDB entry: exactly one permanent remote, its public IP.
 func (p *plan) planFDB(i int, w Peer, v *view) {
-	slot, ok := v.fdbs[w.VtepMAC]
+	first, ok := v.fdbs[w.VtepMAC]
+	_, several := v.fdbMore[w.VtepMAC]
 	switch {
 	case !ok:
 		p.set(opFDBSet, i)
-	case slot.more == nil:
-		if slot.first.Dst != w.PublicIP || slot.first.State != NUDPermanent {
+	case !several:
+		if first.dst != packIP(w.PublicIP) || first.state != NUDPermanent {
 			p.set(opFDBSet, i)
 		}
 	default:
 		// Several remotes for one MAC (someone appended): keep exactly
 		// the wanted one.
-		all := slot.all()
+		all := v.fdbAll(w.VtepMAC)
 		if !slices.ContainsFunc(all, func(f FDB) bool { return f.Dst == w.PublicIP && f.State == NUDPermanent }) {
 			p.set(opFDBSet, i)
 		}
@@ -237,9 +238,9 @@ func (p *plan) planFDB(i int, w Peer, v *view) {
 // still here. Removals are sorted, so a plan does not depend on map order.
 func (p *plan) planStale(v *view, wanted *wantedSet) {
 	staleRoutes := slices.Clone(v.extra)
-	for dst, r := range v.ours {
-		if !wanted.routes[dst] {
-			staleRoutes = append(staleRoutes, r)
+	for k, r := range v.ours {
+		if dst := k.prefix(); !wanted.routes[dst] {
+			staleRoutes = append(staleRoutes, v.routeAt(k, r))
 		}
 	}
 	slices.SortFunc(staleRoutes, func(a, b Route) int {
@@ -256,9 +257,9 @@ func (p *plan) planStale(v *view, wanted *wantedSet) {
 	}
 
 	var staleFDB []FDB
-	for m, s := range v.fdbs {
+	for m := range v.fdbs {
 		if !wanted.macs[m] {
-			staleFDB = append(staleFDB, s.all()...)
+			staleFDB = append(staleFDB, v.fdbAll(m)...)
 		}
 	}
 	slices.SortFunc(staleFDB, func(a, b FDB) int {
@@ -269,11 +270,11 @@ func (p *plan) planStale(v *view, wanted *wantedSet) {
 	}
 
 	var staleNeigh []Neigh
-	for ip, n := range v.neighs {
+	for k, n := range v.neighs {
 		// Only permanent entries are ever ours; the kernel's own
 		// (reachable, stale, failed ...) entries come and go by themselves.
-		if !wanted.hops[ip] && n.State&NUDPermanent != 0 {
-			staleNeigh = append(staleNeigh, n)
+		if !wanted.hops[k.addr()] && n.state&NUDPermanent != 0 {
+			staleNeigh = append(staleNeigh, v.neighAt(k, n))
 		}
 	}
 	slices.SortFunc(staleNeigh, func(a, b Neigh) int { return a.IP.Compare(b.IP) })

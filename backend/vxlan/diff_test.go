@@ -277,7 +277,7 @@ func TestDiff(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := diff(tt.want, viewOf(tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct}))
+			p := diff(tt.want, viewOf(tt.have, diffEnv{Dev: tDev, Underlay: tUnderlay, DirectRouting: tt.direct}, 0))
 			if d := cmp.Diff(tt.ops, opStrings(p.ops())); d != "" {
 				t.Errorf("ops (-want +got):\n%s", d)
 			}
@@ -297,11 +297,11 @@ func TestDiffIsIdempotentAfterApply(t *testing.T) {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
 				env := diffEnv{Dev: tDev, Underlay: tUnderlay}
 				var k kernelState
-				pf := diff(from, viewOf(k, env))
+				pf := diff(from, viewOf(k, env, 0))
 				k = applyModel(k, pf.ops())
-				pt := diff(to, viewOf(k, env))
+				pt := diff(to, viewOf(k, env, 0))
 				k = applyModel(k, pt.ops())
-				if p2 := diff(to, viewOf(k, env)); len(p2.ops()) != 0 {
+				if p2 := diff(to, viewOf(k, env, 0)); len(p2.ops()) != 0 {
 					ops := p2.ops()
 					t.Fatalf("not converged, still: %v", opStrings(ops))
 				}
@@ -320,24 +320,24 @@ func TestViewFollowsWritesAndScopedDiffConverges(t *testing.T) {
 	remac.VtepMAC = tMAC(0x22)
 	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {remac, moved, tSpec(4)}, {tSpec(4)}}
 	env := diffEnv{Dev: tDev, Underlay: tUnderlay}
-	cmpView := cmp.Options{cmp.AllowUnexported(view{}, fdbSlot{}), cmpopts.EquateEmpty(),
+	cmpView := cmp.Options{cmp.AllowUnexported(view{}, vroute{}, vneigh{}, vfdb{}, ip16{}, prefix16{}), cmpopts.EquateEmpty(),
 		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })}
 	for i, from := range sets {
 		for j, to := range sets {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
-				first := diff(from, viewOf(kernelState{}, env))
+				first := diff(from, viewOf(kernelState{}, env, 0))
 				k := applyModel(kernelState{}, first.ops())
-				v := viewOf(k, env)
+				v := viewOf(k, env, 0)
 				gone, come := specDelta(from, to)
 				scoped := diff(come, v.scoped(gone, come))
 				for _, o := range scoped.ops() {
 					k = applyModel(k, []op{o})
 					v.record(o)
 				}
-				if d := cmp.Diff(viewOf(k, env), v, cmpView); d != "" {
+				if d := cmp.Diff(viewOf(k, env, 0), v, cmpView); d != "" {
 					t.Errorf("view after the writes differs from a listing (-listed +view):\n%s", d)
 				}
-				if again := diff(to, viewOf(k, env)); len(again.ops()) != 0 {
+				if again := diff(to, viewOf(k, env, 0)); len(again.ops()) != 0 {
 					t.Errorf("a full pass after the scoped one still plans %v", opStrings(again.ops()))
 				}
 			})
@@ -574,5 +574,32 @@ func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 		if got := b.wants(tt.e); got != tt.want {
 			t.Errorf("wants(%+v) = %v, want %v", tt.e, got, tt.want)
 		}
+	}
+}
+
+// The view packs addresses and prefixes of both families without loss:
+// every entry it gives back is the one it was given.
+func TestViewPacksAddressesOfBothFamilies(t *testing.T) {
+	for _, s := range []string{"10.244.7.0", "0.0.0.0", "255.255.255.255", "fd00:10:244:7::", "::", "::ffff:10.1.2.3", "fe80::1"} {
+		a := netip.MustParseAddr(s)
+		if got := packIP(a).addr(); got != a {
+			t.Errorf("packIP(%s).addr() = %s", a, got)
+		}
+		for _, bits := range []int{0, 24, a.BitLen()} {
+			p := netip.PrefixFrom(a, bits)
+			if got := packPrefix(p).prefix(); got != p {
+				t.Errorf("packPrefix(%s).prefix() = %s", p, got)
+			}
+		}
+	}
+	if got := packIP(netip.Addr{}).addr(); got.IsValid() {
+		t.Errorf("the zero address came back as %s", got)
+	}
+	v := newView(diffEnv{Dev: tDev, Underlay: tUnderlay}, 0, 0, 0)
+	r := Route{Dst: netip.MustParsePrefix("fd00:10:244:7::/64"), Gw: netip.MustParseAddr("fd00:10:244:7::"), LinkIndex: tDev, OnLink: true,
+		Protocol: RouteProtocol, Priority: RouteMetric(netip.MustParsePrefix("fd00:10:244:7::/64"))}
+	v.record(op{kind: opRouteSet, route: r})
+	if got, ok := v.route(r.Dst); !ok || got != r {
+		t.Errorf("route back from the view: %v %v, want %v", got, ok, r)
 	}
 }

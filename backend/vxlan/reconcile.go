@@ -110,7 +110,7 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 	}
 	created := false
 	if full {
-		if created, err = rec.listKernel(); err != nil {
+		if created, err = rec.listKernel(len(want)); err != nil {
 			return true, rec.finish(start, gen, want, err, nil, nil)
 		}
 		p = diff(want, rec.view)
@@ -144,8 +144,9 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 }
 
 // listKernel ensures the device and replaces the view with a listing of
-// the kernel. It reports whether the device was (re)created.
-func (rec *reconciler) listKernel() (created bool, err error) {
+// the kernel, sized for peers peers. It reports whether the device was
+// (re)created.
+func (rec *reconciler) listKernel(peers int) (created bool, err error) {
 	rec.view = nil
 	dev, underlay, created, err := rec.dev.ensure()
 	rec.noteDevice(dev, underlay, err)
@@ -157,7 +158,7 @@ func (rec *reconciler) listKernel() (created bool, err error) {
 	if err != nil {
 		return created, err
 	}
-	rec.view = viewOf(have, env)
+	rec.view = viewOf(have, env, peers)
 	return created, nil
 }
 
@@ -278,7 +279,10 @@ func (rec *reconciler) finish(start time.Time, gen uint64, want []Peer, err erro
 // calling the OnPeerProgrammed hook and logging each peer that changed,
 // and returns how many there are.
 func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.Prefix]bool, now time.Time) (programmed int) {
-	adopted := 0
+	adopted, nAdded, nUpdated := 0, 0, 0
+	// The peers themselves are kept only for the debug log: a cold start
+	// adds every peer at once.
+	debug := rec.log.Enabled(context.Background(), slog.LevelDebug)
 	var added, updated []Peer
 	var replaced []Peer // the previous versions of updated
 	// Walk want and the previously programmed peers (both sorted) side
@@ -315,9 +319,15 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 		case !res.touched[w.Subnet]:
 			adopted++ // found in place
 		case had:
-			updated, replaced = append(updated, w), append(replaced, prev)
+			nUpdated++
+			if debug {
+				updated, replaced = append(updated, w), append(replaced, prev)
+			}
 		default:
-			added = append(added, w)
+			nAdded++
+			if debug {
+				added = append(added, w)
+			}
 		}
 		if f := rec.cfg.OnPeerProgrammed; f != nil {
 			f(w, now)
@@ -327,10 +337,10 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 		next = want
 	}
 	rec.programmed = next
-	if len(added)+len(updated) > logEach {
-		rec.log.Info("peers programmed", "added", len(added), "updated", len(updated))
+	if nAdded+nUpdated > logEach {
+		rec.log.Info("peers programmed", "added", nAdded, "updated", nUpdated)
 	}
-	if rec.log.Enabled(context.Background(), slog.LevelDebug) {
+	if debug {
 		for i, w := range updated {
 			rec.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String(),
 				"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].VtepMAC.String())

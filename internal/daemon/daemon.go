@@ -167,7 +167,7 @@ type daemon struct {
 	netCfg *subnet.Config
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
-	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch
+	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
 	be     *vxlan.Backend
 	dev    vxlan.DeviceInfo
 	peers  *peerSet

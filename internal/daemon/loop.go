@@ -24,6 +24,7 @@ func (d *daemon) loop(ctx context.Context) error {
 	})
 	batches := d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
 		OnRestart: func(string) { d.m.watchRestarts.Inc() }})
+	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	configs := d.reg.WatchConfig(ctx, retryInterval)
 	// Both watches end by closing their channel once ctx is cancelled; the
 	// shutdown waits for that before the etcd client closes, so a re-list

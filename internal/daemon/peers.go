@@ -93,6 +93,9 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 		}
 		out = s.put(ev.Lease, s.bad, out)
 	}
+	for _, key := range b.Deleted {
+		delete(s.bad, key)
+	}
 	return s.invalid(b.Invalid, s.bad, out)
 }
 

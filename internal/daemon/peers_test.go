@@ -64,6 +64,10 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 	if s.rejected() != 2 {
 		t.Errorf("rejected = %d, want 2", s.rejected())
 	}
+	// Deleting the garbage key removes no lease but ends its count.
+	if rej := s.apply(etcdv3.Batch{Deleted: []string{prefix + "garbage"}}); len(rej) != 0 || s.rejected() != 1 {
+		t.Errorf("after the garbage key's deletion: rejections %v, rejected = %d, want none and 1", rej, s.rejected())
+	}
 }
 
 func TestNodeID(t *testing.T) {

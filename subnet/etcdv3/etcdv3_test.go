@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -389,6 +390,69 @@ func TestUndecodableThenGoodValueArriveInOrder(t *testing.T) {
 	}
 	if invalidAt < 0 || invalidAt >= addedAt {
 		t.Errorf("the undecodable value came in batch %d, the good one in batch %d: want the undecodable one in an earlier batch", invalidAt, addedAt)
+	}
+}
+
+// An invalid key that is deleted is reported in Deleted, and the watcher
+// keeps the order a consumer relies on (a batch's Events, then its Deleted,
+// then its Invalid keys are the revisions' order): whoever counts the
+// invalid keys (the daemon's overlay_leases_invalid) must neither keep
+// counting a deleted one until the next re-list nor forget one that is
+// invalid again.
+func TestDeletedInvalidKeysAreReportedInOrder(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	key := func(s string) string { return f.reg.SubnetsPrefix() + s }
+	lease, notALease, other, again := key("10.244.9.0-24"), key("not-a-key"), key("10.244.11.0-24"), key("10.244.12.0-24")
+	// Invalid before the watch starts: the snapshot knows them.
+	for _, k := range []string{lease, notALease, again} {
+		if _, err := f.cli.Put(ctx(t), k, "{not json"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Invalid) != 3 {
+		t.Fatalf("List: %d invalid, %v; want 3", len(snap.Invalid), err)
+	}
+	// Then, all in one watch response.
+	put := func(k, v string) func() error {
+		return func() error { _, err := f.cli.Put(ctx(t), k, v); return err }
+	}
+	del := func(k string) func() error {
+		return func() error { _, err := f.cli.Delete(ctx(t), k); return err }
+	}
+	for _, op := range []func() error{
+		del(lease), del(notALease), put(lease, "[]"), // deleted, then garbage again
+		put(other, "null"), del(other), // garbage, then deleted
+		del(key("10.244.10.0-24")), // never held anything: nothing to say
+		// Deleted, then a value that decodes (a lease the daemon rejects
+		// for its multicast address, but an event here).
+		del(again), put(again, `{"PublicIP":"239.1.2.3","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:0c"}}`),
+	} {
+		if err := op(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	ch := f.reg.Watch(wctx, snap, WatchOptions{})
+	// Flattened in the order a consumer applies them.
+	var seen []string
+	for len(seen) < 7 {
+		b := recv(t, ch)
+		for _, ev := range b.Events {
+			seen = append(seen, "event "+key(subnet.Key(ev.Lease.Subnet)))
+		}
+		for _, k := range b.Deleted {
+			seen = append(seen, "deleted "+k)
+		}
+		for _, i := range b.Invalid {
+			seen = append(seen, "invalid "+i.Key)
+		}
+	}
+	want := []string{"deleted " + lease, "deleted " + notALease, "invalid " + lease, "invalid " + other, "deleted " + other,
+		"deleted " + again, "event " + again}
+	if !slices.Equal(seen, want) {
+		t.Errorf("watch reported, in a consumer's order:\n%q\nwant\n%q", seen, want)
 	}
 }
 

@@ -20,14 +20,19 @@ import (
 )
 
 // Batch is what the watcher delivers: the events of one etcd watch response
-// (or of one re-list), the keys that failed to decode, and the revision the
-// lease set is now at. A consumer applies a batch's Events, then its
-// Invalid keys; so that this order is always the order of the revisions, an
-// undecodable value of a key never shares a batch with a later event of the
+// (or of one re-list), the keys that failed to decode, the invalid keys
+// that were deleted, and the revision the lease set is now at. A consumer
+// applies a batch's Events, then its Deleted keys, then its Invalid keys;
+// so that this order is always the order of the revisions, a key with an
+// Invalid or Deleted entry never shares a batch with a later change of the
 // same key (a watch response holding both is delivered as two batches).
 type Batch struct {
-	Events   []subnet.Event
-	Invalid  []Invalid
+	Events  []subnet.Event
+	Invalid []Invalid
+	// Deleted are keys deleted while they held an invalid value (or were
+	// not lease keys at all): no lease was removed, but whoever counted
+	// them invalid can stop.
+	Deleted  []string
 	Revision int64
 	// Resync is true when the batch comes from a re-list (after a
 	// compaction passed the watch, or the periodic check) rather than from
@@ -112,6 +117,7 @@ func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) 
 	for _, l := range snap.Leases {
 		w.known[l.Subnet] = l
 	}
+	w.setInvalid(snap.Invalid)
 	out := make(chan Batch)
 	go func() {
 		defer close(out)
@@ -126,6 +132,25 @@ type watcher struct {
 	log   *slog.Logger
 	rev   int64
 	known map[netip.Prefix]subnet.Lease
+	// invalid holds the keys whose current value is invalid (nil while
+	// there are none, as in a healthy cluster), so that their deletion can
+	// be reported.
+	invalid map[string]bool
+}
+
+// setInvalid replaces the invalid keys with a listing's.
+func (w *watcher) setInvalid(inv []Invalid) {
+	w.invalid = nil
+	for _, i := range inv {
+		w.markInvalid(i.Key)
+	}
+}
+
+func (w *watcher) markInvalid(key string) {
+	if w.invalid == nil {
+		w.invalid = map[string]bool{}
+	}
+	w.invalid[key] = true
 }
 
 func (w *watcher) run(ctx context.Context, out chan<- Batch) {
@@ -242,49 +267,57 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 }
 
 // apply folds watch events into the known set and returns the net events
-// (the response was at revision rev), in batches that keep the order Batch promises: an event for a key whose
-// undecodable value is in the current batch starts a new one. (Applied
-// after the events, that stale value would otherwise mark the key invalid
-// again and drop the lease that replaced it.)
+// (the response was at revision rev), in batches that keep the order Batch
+// promises: a change to a key that has an Invalid or Deleted entry in the
+// current batch starts a new one. (Applied after the events, a stale
+// invalid value would otherwise mark the key invalid again and drop the
+// lease that replaced it.)
 func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 	var out []Batch
 	var b Batch
-	undecodable := map[string]bool{} // keys with an Invalid entry in b
+	pending := map[string]bool{} // keys with an Invalid or Deleted entry in b
 	for i, ev := range events {
 		key := string(ev.Kv.Key)
-		if undecodable[key] {
+		if pending[key] {
 			b.Revision = events[i-1].Kv.ModRevision
 			out = append(out, b)
 			b = Batch{}
-			clear(undecodable)
+			clear(pending)
+		}
+		invalid := func(err error) {
+			b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
+			pending[key] = true
+			w.markInvalid(key)
 		}
 		p, err := subnet.ParseKey(strings.TrimPrefix(key, w.reg.SubnetsPrefix()))
-		if err != nil {
-			if ev.Type == clientv3.EventTypePut {
-				b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
-				undecodable[key] = true
+		prev, had := w.known[p]
+		switch {
+		case ev.Type == clientv3.EventTypeDelete && had:
+			delete(w.known, p)
+			b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
+			continue
+		case ev.Type == clientv3.EventTypeDelete:
+			if w.invalid[key] {
+				delete(w.invalid, key)
+				b.Deleted = append(b.Deleted, key)
+				pending[key] = true
 			}
 			continue
-		}
-		prev, had := w.known[p]
-		if ev.Type == clientv3.EventTypeDelete {
-			if had {
-				delete(w.known, p)
-				b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
-			}
+		case err != nil:
+			invalid(err)
 			continue
 		}
 		l, err := w.reg.decode(ev.Kv.Key, ev.Kv.Value, ev.Kv.Lease, ev.Kv.ModRevision)
 		if err != nil {
 			// An unreadable value replaces whatever was there: stop using it.
-			b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
-			undecodable[key] = true
+			invalid(err)
 			if had {
 				delete(w.known, p)
 				b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
 			}
 			continue
 		}
+		delete(w.invalid, key)
 		w.known[p] = l
 		switch {
 		case !had:
@@ -293,7 +326,7 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Changed, Lease: l, Old: prev})
 		}
 	}
-	if len(b.Events) > 0 || len(b.Invalid) > 0 {
+	if len(b.Events) > 0 || len(b.Invalid) > 0 || len(b.Deleted) > 0 {
 		b.Revision = rev
 		out = append(out, b)
 	}
@@ -314,6 +347,7 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch) error {
 	}
 	b := Batch{Events: subnet.Diff(w.known, cur), Invalid: snap.Invalid, Revision: snap.Revision, Resync: true}
 	w.known, w.rev = cur, snap.Revision
+	w.setInvalid(snap.Invalid)
 	send(ctx, out, b)
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 )
 
@@ -22,14 +21,37 @@ const (
 // ErrInvalidConfig marks every config validation failure.
 var ErrInvalidConfig = errors.New("invalid network config")
 
+// ErrUnsupportedConfig marks a valid network config that this version of
+// overlay cannot run.
+var ErrUnsupportedConfig = errors.New("network config not supported by this version of overlay")
+
+// Supported returns an error wrapping ErrUnsupportedConfig unless this
+// version can run c. The parser knows flannel's IPv6 fields; the data
+// plane carries IPv4 only so far.
+func (c *Config) Supported() error {
+	switch {
+	case !c.EnableIPv4:
+		return fmt.Errorf("%w: EnableIPv4 is false, but this version carries IPv4 only; set EnableIPv4 to true (or remove it)", ErrUnsupportedConfig)
+	case c.EnableIPv6:
+		return fmt.Errorf("%w: EnableIPv6 is true, but this version carries IPv4 only; set EnableIPv6 to false (or remove it)", ErrUnsupportedConfig)
+	}
+	return nil
+}
+
 // Config is the network config stored at <prefix>/config, after defaults.
 // Its JSON form is flannel's, so one etcd prefix can serve both.
 type Config struct {
-	Network   netip.Prefix
-	SubnetLen int
-	SubnetMin netip.Addr
-	SubnetMax netip.Addr
-	Backend   BackendConfig
+	// EnableIPv4 (flannel's default: true) and EnableIPv6 say which
+	// families the overlay carries; at least one.
+	EnableIPv4 bool
+	EnableIPv6 bool
+	// Pool is the IPv4 pool (Network, SubnetLen, SubnetMin, SubnetMax),
+	// zero unless EnableIPv4.
+	Pool
+	// IPv6 is the IPv6 pool (IPv6Network, IPv6SubnetLen, IPv6SubnetMin,
+	// IPv6SubnetMax), zero unless EnableIPv6.
+	IPv6    Pool
+	Backend BackendConfig
 }
 
 // BackendConfig is the "Backend" object. Only vxlan is supported.
@@ -50,11 +72,17 @@ type BackendConfig struct {
 // zero where flannel treats them differently; unknown members are ignored,
 // as flannel does.
 type rawConfig struct {
-	Network   string
-	SubnetLen int
-	SubnetMin string
-	SubnetMax string
-	Backend   *rawBackend
+	EnableIPv4    *bool
+	EnableIPv6    bool
+	Network       string
+	SubnetLen     int
+	SubnetMin     string
+	SubnetMax     string
+	IPv6Network   string
+	IPv6SubnetLen int
+	IPv6SubnetMin string
+	IPv6SubnetMax string
+	Backend       *rawBackend
 }
 
 type rawBackend struct {
@@ -83,10 +111,16 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	var raw rawConfig
 	if err := decodeObject("", data, []field{
+		{"EnableIPv4", &raw.EnableIPv4, wantBool, nil},
+		{"EnableIPv6", &raw.EnableIPv6, wantBool, nil},
 		{"Network", &raw.Network, wantString + " such as \"10.244.0.0/16\"", nil},
 		{"SubnetLen", &raw.SubnetLen, wantNumber + " such as 24", nil},
 		{"SubnetMin", &raw.SubnetMin, wantString + " such as \"10.244.1.0\"", nil},
 		{"SubnetMax", &raw.SubnetMax, wantString + " such as \"10.244.255.0\"", nil},
+		{"IPv6Network", &raw.IPv6Network, wantString + " such as \"fd00:10:244::/48\"", nil},
+		{"IPv6SubnetLen", &raw.IPv6SubnetLen, wantNumber + " such as 64", nil},
+		{"IPv6SubnetMin", &raw.IPv6SubnetMin, wantString + " such as \"fd00:10:244:1::\"", nil},
+		{"IPv6SubnetMax", &raw.IPv6SubnetMax, wantString + " such as \"fd00:10:244:ffff::\"", nil},
 		{name: "Backend", sub: func(path string, data json.RawMessage) error {
 			b := &rawBackend{}
 			raw.Backend = b
@@ -119,75 +153,25 @@ func oneValue(data []byte) error {
 }
 
 func (raw rawConfig) resolve() (*Config, error) {
-	if raw.Network == "" {
-		return nil, fmt.Errorf("%w: Network is missing (e.g. \"Network\": \"10.244.0.0/16\")", ErrInvalidConfig)
+	cfg := &Config{EnableIPv4: raw.EnableIPv4 == nil || *raw.EnableIPv4, EnableIPv6: raw.EnableIPv6}
+	if !cfg.EnableIPv4 && !cfg.EnableIPv6 {
+		return nil, fmt.Errorf("%w: EnableIPv4 and EnableIPv6 are both false: enable at least one family", ErrInvalidConfig)
 	}
-	network, err := netip.ParsePrefix(raw.Network)
-	if err != nil || !network.Addr().Is4() {
-		return nil, fmt.Errorf("%w: Network %q is not an IPv4 prefix such as 10.244.0.0/16", ErrInvalidConfig, raw.Network)
+	var err error
+	if cfg.EnableIPv4 {
+		if cfg.Pool, err = ipv4.resolve(raw.Network, raw.SubnetLen, raw.SubnetMin, raw.SubnetMax); err != nil {
+			return nil, err
+		}
 	}
-	if network != network.Masked() {
-		return nil, fmt.Errorf("%w: Network %q has host bits set; did you mean %s?", ErrInvalidConfig, raw.Network, network.Masked())
-	}
-	cfg := &Config{Network: network, SubnetLen: raw.SubnetLen}
-	if err := cfg.resolveSubnetLen(); err != nil {
-		return nil, err
-	}
-	if cfg.SubnetMin, err = cfg.boundary("SubnetMin", raw.SubnetMin, cfg.firstUsable()); err != nil {
-		return nil, err
-	}
-	if cfg.SubnetMax, err = cfg.boundary("SubnetMax", raw.SubnetMax, cfg.last()); err != nil {
-		return nil, err
-	}
-	if cfg.SubnetMin.Compare(cfg.SubnetMax) > 0 {
-		return nil, fmt.Errorf("%w: SubnetMin %s is above SubnetMax %s", ErrInvalidConfig, cfg.SubnetMin, cfg.SubnetMax)
+	if cfg.EnableIPv6 {
+		if cfg.IPv6, err = ipv6.resolve(raw.IPv6Network, raw.IPv6SubnetLen, raw.IPv6SubnetMin, raw.IPv6SubnetMax); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Backend, err = raw.Backend.resolve(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-// resolveSubnetLen applies flannel's rule: a /24 per host when the network
-// is a /22 or larger, else a quarter of the network; at least four subnets.
-func (c *Config) resolveSubnetLen() error {
-	bits := c.Network.Bits()
-	if c.SubnetLen == 0 {
-		switch {
-		case bits > 28:
-			return fmt.Errorf("%w: Network %s is too small: use a /28 or larger", ErrInvalidConfig, c.Network)
-		case bits <= 22:
-			c.SubnetLen = 24
-		default:
-			c.SubnetLen = bits + 2
-		}
-		return nil
-	}
-	if c.SubnetLen < 0 || c.SubnetLen > 30 {
-		return fmt.Errorf("%w: SubnetLen %d is outside 1..30 (a host needs at least a /30)", ErrInvalidConfig, c.SubnetLen)
-	}
-	if c.SubnetLen < bits+2 {
-		return fmt.Errorf("%w: SubnetLen %d leaves fewer than four subnets in Network %s: use %d or more", ErrInvalidConfig, c.SubnetLen, c.Network, bits+2)
-	}
-	return nil
-}
-
-// boundary parses SubnetMin or SubnetMax, or returns def when absent.
-func (c *Config) boundary(field, value string, def netip.Addr) (netip.Addr, error) {
-	if value == "" {
-		return def, nil
-	}
-	addr, err := netip.ParseAddr(value)
-	if err != nil || !addr.Is4() {
-		return netip.Addr{}, fmt.Errorf("%w: %s %q is not an IPv4 address", ErrInvalidConfig, field, value)
-	}
-	if !c.Network.Contains(addr) {
-		return netip.Addr{}, fmt.Errorf("%w: %s %s is outside Network %s", ErrInvalidConfig, field, addr, c.Network)
-	}
-	if aligned := netip.PrefixFrom(addr, c.SubnetLen).Masked().Addr(); aligned != addr {
-		return netip.Addr{}, fmt.Errorf("%w: %s %s is not on a /%d boundary (nearest below: %s)", ErrInvalidConfig, field, addr, c.SubnetLen, aligned)
-	}
-	return addr, nil
 }
 
 func (b *rawBackend) resolve() (BackendConfig, error) {
@@ -221,51 +205,37 @@ func (b *rawBackend) resolve() (BackendConfig, error) {
 	return out, nil
 }
 
-// subnetSize is the number of addresses in one subnet.
-func (c *Config) subnetSize() uint32 { return 1 << (32 - c.SubnetLen) }
-
-// firstUsable is the second subnet of the network: the first is skipped, as
-// flannel does, so no lease's network address equals the cluster network's.
-func (c *Config) firstUsable() netip.Addr {
-	return addrFromUint(addrToUint(c.Network.Addr()) + c.subnetSize())
-}
-
-// last is the network address of the last subnet in the network.
-func (c *Config) last() netip.Addr {
-	hostBits := 32 - c.Network.Bits()
-	end := addrToUint(c.Network.Addr()) | uint32(uint64(1)<<hostBits-1)
-	return addrFromUint(end - c.subnetSize() + 1)
-}
-
-// Contains reports whether p is a subnet this network can lease: inside
-// Network, with exactly SubnetLen bits, on its boundary.
-func (c *Config) Contains(p netip.Prefix) bool {
-	return p.IsValid() && p.Bits() == c.SubnetLen && p.Masked() == p && c.Network.Contains(p.Addr())
-}
-
-// InRange reports whether p is a subnet the allocator may hand out: between
-// SubnetMin and SubnetMax.
-func (c *Config) InRange(p netip.Prefix) bool {
-	return c.Contains(p) && p.Addr().Compare(c.SubnetMin) >= 0 && p.Addr().Compare(c.SubnetMax) <= 0
-}
-
-func addrToUint(a netip.Addr) uint32 {
-	b := a.As4()
-	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-}
-
-func addrFromUint(u uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(u >> 24), byte(u >> 16), byte(u >> 8), byte(u)})
-}
-
 // MarshalJSON renders the effective config (defaults filled in) in flannel's
-// format, so it can be stored back as it is.
+// format, so it can be stored back as it is. A family that is off is left
+// out (EnableIPv4 is written only when false).
 func (c Config) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
+	type v4 struct {
 		Network   string
 		SubnetLen int
 		SubnetMin string
 		SubnetMax string
-		Backend   BackendConfig
-	}{c.Network.String(), c.SubnetLen, c.SubnetMin.String(), c.SubnetMax.String(), c.Backend})
+	}
+	type v6 struct {
+		EnableIPv6    bool
+		IPv6Network   string
+		IPv6SubnetLen int
+		IPv6SubnetMin string
+		IPv6SubnetMax string
+	}
+	var out struct {
+		EnableIPv4 *bool `json:",omitempty"`
+		*v4
+		*v6
+		Backend BackendConfig
+	}
+	if c.EnableIPv4 {
+		out.v4 = &v4{c.Network.String(), c.SubnetLen, c.SubnetMin.String(), c.SubnetMax.String()}
+	} else {
+		out.EnableIPv4 = new(bool)
+	}
+	if c.EnableIPv6 {
+		out.v6 = &v6{true, c.IPv6.Network.String(), c.IPv6.SubnetLen, c.IPv6.SubnetMin.String(), c.IPv6.SubnetMax.String()}
+	}
+	out.Backend = c.Backend
+	return json.Marshal(out)
 }

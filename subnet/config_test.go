@@ -1,8 +1,11 @@
 package subnet
 
 import (
+	"encoding/json"
 	"errors"
+	"math"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -18,37 +21,61 @@ func TestParseConfigDefaults(t *testing.T) {
 		{
 			name: "flannel defaults for a /16",
 			json: `{"Network":"10.244.0.0/16"}`,
-			want: Config{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24,
-				SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0"),
+			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24,
+				SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0")},
 				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
 		},
 		{
 			name: "a /24 network is split in four",
 			json: `{"Network":"10.1.2.0/24","Backend":{"Type":"vxlan"}}`,
-			want: Config{Network: mustPrefix("10.1.2.0/24"), SubnetLen: 26,
-				SubnetMin: mustAddr("10.1.2.64"), SubnetMax: mustAddr("10.1.2.192"),
+			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.1.2.0/24"), SubnetLen: 26,
+				SubnetMin: mustAddr("10.1.2.64"), SubnetMax: mustAddr("10.1.2.192")},
 				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
 		},
 		{
 			name: "a /22 still gets /24 subnets",
 			json: `{"Network":"10.0.0.0/22"}`,
-			want: Config{Network: mustPrefix("10.0.0.0/22"), SubnetLen: 24,
-				SubnetMin: mustAddr("10.0.1.0"), SubnetMax: mustAddr("10.0.3.0"),
+			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.0.0.0/22"), SubnetLen: 24,
+				SubnetMin: mustAddr("10.0.1.0"), SubnetMax: mustAddr("10.0.3.0")},
 				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
 		},
 		{
 			name: "explicit values and unknown fields",
 			json: `{"Network":"10.244.0.0/16","SubnetLen":25,"SubnetMin":"10.244.10.0","SubnetMax":"10.244.20.128",
 				"EnableIPv6":false,"Backend":{"Type":"VXLAN","VNI":42,"Port":4789,"DirectRouting":true,"MTU":1400,"GBP":false}}`,
-			want: Config{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 25,
-				SubnetMin: mustAddr("10.244.10.0"), SubnetMax: mustAddr("10.244.20.128"),
+			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 25,
+				SubnetMin: mustAddr("10.244.10.0"), SubnetMax: mustAddr("10.244.20.128")},
 				Backend: BackendConfig{Type: "vxlan", VNI: 42, Port: 4789, DirectRouting: true, MTU: 1400}},
+		},
+		{
+			name: "dual stack: flannel's IPv6 defaults for a /48",
+			json: `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`,
+			want: Config{EnableIPv4: true, EnableIPv6: true,
+				Pool:    Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24, SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0")},
+				IPv6:    Pool{Network: mustPrefix("fd00:10:244::/48"), SubnetLen: 64, SubnetMin: mustAddr("fd00:10:244:1::"), SubnetMax: mustAddr("fd00:10:244:ffff::")},
+				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
+		},
+		{
+			name: "IPv6 only; a small IPv6 network is split in four",
+			json: `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::100/120","Network":"ignored when IPv4 is off"}`,
+			want: Config{EnableIPv6: true,
+				IPv6:    Pool{Network: mustPrefix("fd00::100/120"), SubnetLen: 122, SubnetMin: mustAddr("fd00::140"), SubnetMax: mustAddr("fd00::1c0")},
+				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
+		},
+		{
+			name: "explicit IPv6 values",
+			json: `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48","IPv6SubnetLen":80,
+				"IPv6SubnetMin":"fd00:10:244:7::","IPv6SubnetMax":"fd00:10:244:7:1::"}`,
+			want: Config{EnableIPv4: true, EnableIPv6: true,
+				Pool:    Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24, SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0")},
+				IPv6:    Pool{Network: mustPrefix("fd00:10:244::/48"), SubnetLen: 80, SubnetMin: mustAddr("fd00:10:244:7::"), SubnetMax: mustAddr("fd00:10:244:7:1::")},
+				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
 		},
 		{
 			name: "port 0 means the default, as in flannel",
 			json: `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":0}}`,
-			want: Config{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24,
-				SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0"),
+			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 24,
+				SubnetMin: mustAddr("10.244.1.0"), SubnetMax: mustAddr("10.244.255.0")},
 				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
 		},
 	}
@@ -93,6 +120,19 @@ func TestParseConfigErrorsNameFieldAndValue(t *testing.T) {
 		{"mtu too small", `{"Network":"10.0.0.0/16","Backend":{"MTU":100}}`, []string{"Backend.MTU 100"}},
 		{"wrong type", `{"Network":"10.0.0.0/16","SubnetLen":"24"}`, []string{`"SubnetLen": want a whole number such as 24, got "24"`}},
 		{"huge", `{"Network":"10.0.0.0/16","x":"` + strings.Repeat("a", MaxConfigSize) + `"}`, []string{"limit"}},
+		{"no family", `{"Network":"10.0.0.0/16","EnableIPv4":false}`, []string{"EnableIPv4 and EnableIPv6 are both false"}},
+		{"ipv6 without network", `{"Network":"10.0.0.0/16","EnableIPv6":true}`, []string{"IPv6Network is missing", "fd00:10:244::/48"}},
+		{"ipv6 network is ipv4", `{"Network":"10.0.0.0/16","EnableIPv6":true,"IPv6Network":"10.1.0.0/16"}`, []string{`IPv6Network "10.1.0.0/16" is not an IPv6 prefix`}},
+		{"ipv6 network mapped ipv4", `{"Network":"10.0.0.0/16","EnableIPv6":true,"IPv6Network":"::ffff:10.1.0.0/112"}`, []string{"IPv6Network", "not an IPv6 prefix"}},
+		{"ipv6 host bits", `{"Network":"10.0.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::1/48"}`, []string{"IPv6Network", "host bits", "fd00::/48"}},
+		{"ipv6 network too small", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/125"}`, []string{"IPv6Network fd00::/125 is too small", "/124"}},
+		{"ipv6 subnetlen too long", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetLen":127}`, []string{"IPv6SubnetLen 127", "1..126"}},
+		{"ipv6 too few subnets", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetLen":49}`, []string{"IPv6SubnetLen 49", "use 50"}},
+		{"ipv6 subnetmin ipv4", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetMin":"10.0.0.0"}`, []string{`IPv6SubnetMin "10.0.0.0" is not an IPv6 address`}},
+		{"ipv6 subnetmin outside", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetMin":"fd01::"}`, []string{"IPv6SubnetMin fd01::", "outside IPv6Network"}},
+		{"ipv6 subnetmax unaligned", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetMax":"fd00:0:0:5::1"}`, []string{"IPv6SubnetMax fd00:0:0:5::1", "/64 boundary", "fd00:0:0:5::"}},
+		{"ipv6 min above max", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48","IPv6SubnetMin":"fd00:0:0:9::","IPv6SubnetMax":"fd00:0:0:3::"}`, []string{"IPv6SubnetMin fd00:0:0:9::", "above"}},
+		{"ipv4 still checked in dual stack", `{"Network":"10.0.0.0/29","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, []string{"Network 10.0.0.0/29 is too small"}},
 	}
 	for _, tt := range append(tests, jsonTypeErrors...) {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,6 +176,12 @@ var jsonTypeErrors = []struct {
 	{"Backend.Port string", `{"Network":"10.0.0.0/16","Backend":{"Port":"8472"}}`, []string{`"Backend.Port": want a whole number in 1..65535, got "8472"`}},
 	{"Backend.DirectRouting string", `{"Network":"10.0.0.0/16","Backend":{"DirectRouting":"yes"}}`, []string{`"Backend.DirectRouting": want true or false, got "yes"`}},
 	{"Backend.MTU object", `{"Network":"10.0.0.0/16","Backend":{"MTU":{}}}`, []string{`"Backend.MTU": want a whole number`, "got {}"}},
+	{"EnableIPv6 string", `{"Network":"10.0.0.0/16","EnableIPv6":"true"}`, []string{`"EnableIPv6": want true or false, got "true"`}},
+	{"EnableIPv4 number", `{"Network":"10.0.0.0/16","EnableIPv4":1}`, []string{`"EnableIPv4": want true or false, got 1`}},
+	{"IPv6Network number", `{"Network":"10.0.0.0/16","EnableIPv6":true,"IPv6Network":6}`, []string{`"IPv6Network": want a string such as "fd00:10:244::/48", got 6`}},
+	{"IPv6SubnetLen string", `{"Network":"10.0.0.0/16","IPv6SubnetLen":"64"}`, []string{`"IPv6SubnetLen": want a whole number such as 64, got "64"`}},
+	{"IPv6SubnetMin number", `{"Network":"10.0.0.0/16","IPv6SubnetMin":1}`, []string{`"IPv6SubnetMin": want a string`}},
+	{"IPv6SubnetMax array", `{"Network":"10.0.0.0/16","IPv6SubnetMax":[]}`, []string{`"IPv6SubnetMax": want a string`}},
 	{"long value shortened", `{"Network":"` + strings.Repeat("9", 100) + `","SubnetLen":"` + strings.Repeat("9", 100) + `"}`, []string{`"SubnetLen"`, "..."}},
 }
 
@@ -168,6 +214,9 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"Network":"10.1.2.0/24","SubnetLen":30,"SubnetMin":"10.1.2.4","SubnetMax":"10.1.2.252"}`))
 	f.Add([]byte(`{"Network":"0.0.0.0/0"}`))
 	f.Add([]byte(`{"Network":"10.0.0.0/28","Backend":{"VNI":16777215,"Port":65535,"MTU":65485}}`))
+	f.Add([]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`))
+	f.Add([]byte(`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"::/0","IPv6SubnetLen":126}`))
+	f.Add([]byte(`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/124","IPv6SubnetMin":"fd00::4"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -176,17 +225,41 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			return
 		}
-		// Whatever is accepted must be self-consistent.
-		if !cfg.InRange(netip.PrefixFrom(cfg.SubnetMin, cfg.SubnetLen)) || !cfg.InRange(netip.PrefixFrom(cfg.SubnetMax, cfg.SubnetLen)) {
-			t.Fatalf("accepted config with SubnetMin/SubnetMax out of range: %+v", cfg)
+		// Whatever is accepted must be self-consistent, and survive being
+		// written back (config set stores the rendered form).
+		if cfg.EnableIPv4 {
+			checkPool(t, cfg.Pool)
 		}
-		if n := cfg.Count(); n < 1 {
-			t.Fatalf("accepted config with %d subnets: %+v", n, cfg)
+		if cfg.EnableIPv6 {
+			checkPool(t, cfg.IPv6)
 		}
-		if got := cfg.SubnetAt(cfg.Count() - 1).Addr(); got != cfg.SubnetMax {
-			t.Fatalf("last subnet %s != SubnetMax %s", got, cfg.SubnetMax)
+		out, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParseConfig(out)
+		if err != nil || !reflect.DeepEqual(again, cfg) {
+			t.Fatalf("rendered config %s parses to %+v (%v), not %+v", out, again, err, cfg)
 		}
 	})
+}
+
+// checkPool fails unless p's bounds are subnets it hands out and its
+// arithmetic reaches SubnetMax from SubnetMin.
+func checkPool(t *testing.T, p Pool) {
+	t.Helper()
+	if !p.InRange(netip.PrefixFrom(p.SubnetMin, p.SubnetLen)) || !p.InRange(netip.PrefixFrom(p.SubnetMax, p.SubnetLen)) {
+		t.Fatalf("pool with SubnetMin/SubnetMax out of range: %+v", p)
+	}
+	n := p.Count()
+	if n < 1 {
+		t.Fatalf("pool with %d subnets: %+v", n, p)
+	}
+	if n < math.MaxInt {
+		if got := p.SubnetAt(n - 1).Addr(); got != p.SubnetMax {
+			t.Fatalf("last subnet %s != SubnetMax %s", got, p.SubnetMax)
+		}
+	}
 }
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }

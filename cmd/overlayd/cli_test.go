@@ -92,6 +92,17 @@ func TestConfigPutGetValidate(t *testing.T) {
 	if r := run(t, "http://127.0.0.1:1", `{"Network":"10.1.0.0/24"}`, "config", "validate", "-f", "-"); r.code != exitOK || !strings.Contains(r.out, "SubnetLen              26") {
 		t.Errorf("validate: %+v", r)
 	}
+	// A dual-stack config is valid, but not one this version runs: neither
+	// validated nor stored.
+	dual := `{"Network":"10.1.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`
+	for _, args := range [][]string{{"config", "validate", "-f", "-"}, {"config", "put", "-f", "-"}} {
+		if r := run(t, srv.Endpoint, dual, args...); r.code == exitOK || !strings.Contains(r.err, "EnableIPv6 is true, but this version carries IPv4 only") {
+			t.Errorf("%v of a dual-stack config: %+v", args, r)
+		}
+	}
+	if r := run(t, srv.Endpoint, "", "config", "get", "--raw"); strings.Contains(r.out, "EnableIPv6") {
+		t.Errorf("the dual-stack config was stored: %q", r.out)
+	}
 }
 
 // seed starts two live hosts, one dead host's lease, a reservation and a

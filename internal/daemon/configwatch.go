@@ -49,6 +49,9 @@ func (w *configWatch) update(u etcdv3.ConfigUpdate) string {
 // configDrift says how now differs from run in what a running daemon uses,
 // and what to do; "" if it does not.
 func configDrift(run, now *subnet.Config, lease netip.Prefix) string {
+	if err := now.Supported(); err != nil {
+		return err.Error() + "; restore the previous config"
+	}
 	if !now.Contains(lease) {
 		return fmt.Sprintf("this host's lease %s is not a /%d inside Network %s: it is stranded. "+
 			"Restore the previous config (`overlayd config put -f old.json`), or drain this host, run `overlayd teardown` and start overlayd again to lease a subnet of the new network",

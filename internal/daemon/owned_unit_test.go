@@ -36,6 +36,7 @@ func TestConfigDrift(t *testing.T) {
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":4789}}`, "Backend.Port 8472 -> 4789: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}`, "Backend.MTU 0 -> 1400: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`, "Backend.DirectRouting false -> true: "},
+		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv6 is true, but this version carries IPv4 only"},
 	} {
 		got := configDrift(run, mustConfig(t, tc.now), lease)
 		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {

@@ -34,8 +34,10 @@ func (d *daemon) join(ctx context.Context) error {
 	d.reg = etcdv3.NewRegistry(cli, d.cfg.Prefix)
 
 	if err := d.steps.retry(ctx, "read the network config", func(ctx context.Context) (err error) {
-		d.netCfg, _, err = d.reg.GetConfig(ctx)
-		return err
+		if d.netCfg, _, err = d.reg.GetConfig(ctx); err != nil {
+			return err
+		}
+		return d.netCfg.Supported()
 	}); err != nil {
 		return err
 	}

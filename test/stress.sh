@@ -4,8 +4,10 @@
 #
 # A deadline in a test is a bound on "this never happens"; this is how we
 # check that the bounds hold on a 2-core machine that is also doing other
-# work. The hogs are `yes` processes this script starts, bounded by
-# `timeout` so they end even if the script is killed, and stopped by PID.
+# work. The hogs are `yes` processes this script starts and stops by PID,
+# bounded by `timeout` so they end even if the script is killed; --foreground
+# keeps them in the script's process group, so a kill of the group (Ctrl-C)
+# reaches them at once.
 #
 #   RUNS=10 HOGS=2 test/stress.sh [make target, default: test]
 set -uo pipefail
@@ -28,7 +30,7 @@ trap stop_hogs EXIT
 trap 'exit 130' INT TERM
 
 for _ in $(seq "$hogs"); do
-	timeout 6h yes >/dev/null &
+	timeout --foreground 6h yes >/dev/null &
 	pids+=($!)
 done
 echo "stress: $runs run(s) of make $target with $hogs CPU hog(s) (PIDs ${pids[*]:-none}); logs in $logdir"

@@ -41,8 +41,10 @@ type Event struct {
 
 // SameAttrs reports whether two lease values say the same thing.
 func SameAttrs(a, b LeaseAttrs) bool {
-	return a.PublicIP == b.PublicIP && a.BackendType == b.BackendType && a.NodeID == b.NodeID &&
-		a.Hostname == b.Hostname && bytes.Equal(bytes.TrimSpace(a.BackendData), bytes.TrimSpace(b.BackendData))
+	return a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 && a.BackendType == b.BackendType &&
+		a.NodeID == b.NodeID && a.Hostname == b.Hostname &&
+		bytes.Equal(bytes.TrimSpace(a.BackendData), bytes.TrimSpace(b.BackendData)) &&
+		bytes.Equal(bytes.TrimSpace(a.BackendV6Data), bytes.TrimSpace(b.BackendV6Data))
 }
 
 // Diff returns the events that turn the lease set old into cur, sorted by

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/overlaynet/overlay/backend"
 )
@@ -21,10 +19,12 @@ const MaxLeaseValueSize = 16 << 10
 var ErrInvalidLease = errors.New("invalid lease")
 
 // Lease is one host's claim on a subnet: the key <prefix>/subnets/<a.b.c.d>-<len>
-// and its value.
+// (with "&<IPv6 subnet>-<len>" appended in a dual-stack network) and its
+// value.
 type Lease struct {
-	Subnet netip.Prefix
-	Attrs  LeaseAttrs
+	Subnet     netip.Prefix
+	IPv6Subnet netip.Prefix // zero unless the key names an IPv6 subnet
+	Attrs      LeaseAttrs
 
 	// Reserved is true for a key with no etcd lease: it never expires.
 	Reserved bool
@@ -37,9 +37,14 @@ type Lease struct {
 // LeaseAttrs is the lease value, flannel's LeaseAttrs plus our own optional
 // fields (flannel ignores them when it reads our leases).
 type LeaseAttrs struct {
-	PublicIP    string
+	PublicIP string
+	// PublicIPv6 is the host's IPv6 underlay address, the endpoint of its
+	// IPv6 VXLAN device; set in dual-stack leases only.
+	PublicIPv6  string          `json:",omitempty"`
 	BackendType string          `json:",omitempty"`
 	BackendData json.RawMessage `json:",omitempty"`
+	// BackendV6Data is the IPv6 device's VXLANData, dual-stack leases only.
+	BackendV6Data json.RawMessage `json:",omitempty"`
 	// NodeID names the overlayd host that owns the lease; absent in leases
 	// written by flanneld, where PublicIP is the identity.
 	NodeID   string `json:",omitempty"`
@@ -60,32 +65,11 @@ func (l Lease) Unclaimed() bool {
 	return l.Reserved && (len(data) == 0 || bytes.Equal(data, []byte("null")))
 }
 
-// Key returns the lease key suffix for a subnet, e.g. "10.244.7.0-24".
-func Key(p netip.Prefix) string {
-	return p.Addr().String() + "-" + strconv.Itoa(p.Bits())
-}
+// Subnets returns the subnets l's key names.
+func (l Lease) Subnets() Subnets { return Subnets{IPv4: l.Subnet, IPv6: l.IPv6Subnet} }
 
-// ParseKey decodes a key suffix such as "10.244.7.0-24". It accepts only the
-// canonical form that Key produces.
-func ParseKey(s string) (netip.Prefix, error) {
-	addrPart, bitsPart, ok := strings.Cut(s, "-")
-	if !ok {
-		return netip.Prefix{}, fmt.Errorf("%w: key %q is not <a.b.c.d>-<len>", ErrInvalidLease, s)
-	}
-	addr, err := netip.ParseAddr(addrPart)
-	if err != nil || !addr.Is4() {
-		return netip.Prefix{}, fmt.Errorf("%w: key %q does not start with an IPv4 address", ErrInvalidLease, s)
-	}
-	bits, err := strconv.Atoi(bitsPart)
-	if err != nil || bits < 0 || bits > 32 || strconv.Itoa(bits) != bitsPart {
-		return netip.Prefix{}, fmt.Errorf("%w: key %q has no prefix length 0..32 after '-'", ErrInvalidLease, s)
-	}
-	p := netip.PrefixFrom(addr, bits)
-	if p.Masked() != p {
-		return netip.Prefix{}, fmt.Errorf("%w: key %q has host bits set", ErrInvalidLease, s)
-	}
-	return p, nil
-}
+// Key returns l's key suffix, e.g. "10.244.7.0-24".
+func (l Lease) Key() string { return l.Subnets().Key() }
 
 // NewVXLANAttrs builds the value this host writes for its lease.
 func NewVXLANAttrs(publicIP netip.Addr, vni int, mac net.HardwareAddr, nodeID, hostname string) LeaseAttrs {
@@ -108,22 +92,29 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	}
 	if err := decodeObject("", value, []field{
 		{"PublicIP", &a.PublicIP, wantString + " such as \"198.18.0.7\"", nil},
+		{"PublicIPv6", &a.PublicIPv6, wantString + " such as \"2001:db8::7\"", nil},
 		{"BackendType", &a.BackendType, wantString + " such as \"vxlan\"", nil},
 		{"BackendData", &a.BackendData, "an object", nil},
+		{"BackendV6Data", &a.BackendV6Data, "an object", nil},
 		{"NodeID", &a.NodeID, wantString, nil},
 		{"Hostname", &a.Hostname, wantString, nil},
 	}); err != nil {
 		return a, fmt.Errorf("%w: value: %w", ErrInvalidLease, err)
 	}
-	if a.PublicIP == "" && a.NodeID == "" {
-		return a, fmt.Errorf("%w: value names no host (no PublicIP or NodeID)", ErrInvalidLease)
+	if a.PublicIP == "" && a.PublicIPv6 == "" && a.NodeID == "" {
+		return a, fmt.Errorf("%w: value names no host (no PublicIP, PublicIPv6 or NodeID)", ErrInvalidLease)
 	}
 	return a, nil
 }
 
 // PublicAddr parses PublicIP; the zero Addr means absent or unparsable.
-func (a LeaseAttrs) PublicAddr() netip.Addr {
-	addr, err := netip.ParseAddr(a.PublicIP)
+func (a LeaseAttrs) PublicAddr() netip.Addr { return parseAddr(a.PublicIP) }
+
+// PublicAddrV6 parses PublicIPv6 the same way.
+func (a LeaseAttrs) PublicAddrV6() netip.Addr { return parseAddr(a.PublicIPv6) }
+
+func parseAddr(s string) netip.Addr {
+	addr, err := netip.ParseAddr(s)
 	if err != nil {
 		return netip.Addr{}
 	}
@@ -131,12 +122,19 @@ func (a LeaseAttrs) PublicAddr() netip.Addr {
 }
 
 // VXLAN parses BackendData as vxlan data.
-func (a LeaseAttrs) VXLAN() (VXLANData, error) {
+func (a LeaseAttrs) VXLAN() (VXLANData, error) { return decodeVXLAN("BackendData", a.BackendData) }
+
+// VXLANv6 parses BackendV6Data, the IPv6 device's vxlan data.
+func (a LeaseAttrs) VXLANv6() (VXLANData, error) {
+	return decodeVXLAN("BackendV6Data", a.BackendV6Data)
+}
+
+func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
 	var d VXLANData
-	if len(bytes.TrimSpace(a.BackendData)) == 0 || bytes.Equal(bytes.TrimSpace(a.BackendData), []byte("null")) {
-		return d, fmt.Errorf("%w: BackendData is missing", ErrInvalidLease)
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return d, fmt.Errorf("%w: %s is missing", ErrInvalidLease, name)
 	}
-	if err := decodeObject("BackendData.", a.BackendData, []field{
+	if err := decodeObject(name+".", raw, []field{
 		{"VNI", &d.VNI, wantNumber, nil},
 		{"VtepMAC", &d.VtepMAC, wantString + " such as \"0e:00:00:00:00:07\"", nil},
 	}); err != nil {
@@ -159,7 +157,7 @@ func (a LeaseAttrs) OwnedBy(nodeID string, publicIP netip.Addr) bool {
 // a multicast or zero address) is nobody's claim, and the lease's owner may
 // overwrite it.
 func (a LeaseAttrs) NamesAHost() bool {
-	return a.NodeID != "" || checkPublicIP(a.PublicAddr(), a.PublicIP) == nil
+	return a.NodeID != "" || checkPublicIP(ipv4, a.PublicIP) == nil || checkPublicIP(ipv6, a.PublicIPv6) == nil
 }
 
 // orphanError marks a lease that does not fit the network config; it is
@@ -170,10 +168,11 @@ func (e *orphanError) Error() string { return e.msg }
 func (e *orphanError) Unwrap() error { return ErrInvalidLease }
 
 // ErrOrphaned marks a lease that does not fit the current network config:
-// its subnet is outside Network or of another length, or its VNI is not the
-// network's (the config changed after it was written). No host can use it;
-// `overlayd lease revoke` removes it. errors.Is(err, ErrInvalidLease)
-// holds too.
+// its subnet is outside Network or of another length, its key names an
+// address family the network does not carry (or lacks one it does), or its
+// VNI is not the network's (the config changed after it was written). No
+// host can use it; `overlayd lease revoke` removes it.
+// errors.Is(err, ErrInvalidLease) holds too.
 var ErrOrphaned error = &orphanError{"lease does not fit the network config"}
 
 func orphaned(format string, args ...any) error {
@@ -183,23 +182,45 @@ func orphaned(format string, args ...any) error {
 // Orphaned says why l does not fit this network config, or nil: the
 // checks of Peer that depend on the config rather than on the lease alone.
 func (c *Config) Orphaned(l Lease) error {
-	switch {
-	case !l.Subnet.IsValid() || !l.Subnet.Addr().Is4():
-		return orphaned("subnet %s is not an IPv4 subnet", l.Subnet)
-	case !c.Network.Contains(l.Subnet.Addr()):
-		return orphaned("subnet %s is outside Network %s", l.Subnet, c.Network)
-	case !c.Contains(l.Subnet):
-		return orphaned("subnet %s is not a /%d (SubnetLen %d)", l.Subnet, c.SubnetLen, c.SubnetLen)
+	if err := c.fits(ipv4, c.EnableIPv4, &c.Pool, l.Subnet); err != nil {
+		return err
+	}
+	if err := c.fits(ipv6, c.EnableIPv6, &c.IPv6, l.IPv6Subnet); err != nil {
+		return err
 	}
 	if d, err := l.Attrs.VXLAN(); err == nil && d.VNI != 0 && d.VNI != c.Backend.VNI {
 		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.VNI, c.Backend.VNI)
+	}
+	if d, err := l.Attrs.VXLANv6(); err == nil && d.VNI != 0 && d.VNI != c.Backend.VNI {
+		return orphaned("its IPv6 VNI %d is not the network's Backend.VNI %d", d.VNI, c.Backend.VNI)
+	}
+	return nil
+}
+
+// fits says why a lease's subnet s of family f does not fit pool, which
+// the network carries if enabled.
+func (c *Config) fits(f family, enabled bool, pool *Pool, s netip.Prefix) error {
+	switch {
+	case !enabled && !s.IsValid():
+		return nil
+	case !enabled:
+		return orphaned("its key names the %s subnet %s, but the network carries no %s", f.name(), s, f.name())
+	case !s.IsValid():
+		return orphaned("its key names no %s subnet, but the network carries %s", f.name(), f.name())
+	case !f.is(s.Addr()):
+		return orphaned("subnet %s is not an %s subnet", s, f.name())
+	case !pool.Network.Contains(s.Addr()):
+		return orphaned("subnet %s is outside %s %s", s, f.network, pool.Network)
+	case !pool.Contains(s):
+		return orphaned("subnet %s is not a /%d (%s %d)", s, pool.SubnetLen, f.subnetLen, pool.SubnetLen)
 	}
 	return nil
 }
 
 // CheckClaim validates what every lease and reservation says about its host
-// and subnet: the subnet fits this network, PublicIP is a usable VTEP
-// address outside the network, NodeID (if any) is one overlayd accepts.
+// and subnets: they fit this network, each public address (PublicIP,
+// and PublicIPv6 in a network that carries IPv6) is a usable VTEP address
+// outside the network, NodeID (if any) is one overlayd accepts.
 // Peer applies it to what the daemon reads; `overlayd lease reserve`
 // applies it to what it writes, so the CLI never writes what a daemon
 // would skip.
@@ -207,15 +228,14 @@ func (c *Config) CheckClaim(l Lease) error {
 	if err := c.Orphaned(l); err != nil {
 		return err
 	}
-	// A reservation may name only its node, whose address is not known yet:
-	// that host adopts it by NodeID.
-	if !(l.Unclaimed() && l.Attrs.PublicIP == "" && l.Attrs.NodeID != "") {
-		ip := l.Attrs.PublicAddr()
-		if err := checkPublicIP(ip, l.Attrs.PublicIP); err != nil {
+	// A reservation may name only its node, whose addresses are not known
+	// yet: that host adopts it by NodeID.
+	if !(l.Unclaimed() && l.Attrs.PublicIP == "" && l.Attrs.PublicIPv6 == "" && l.Attrs.NodeID != "") {
+		if err := c.checkVTEP(ipv4, c.EnableIPv4, &c.Pool, l.Attrs.PublicIP); err != nil {
 			return err
 		}
-		if c.Network.Contains(ip) {
-			return fmt.Errorf("%w: PublicIP %s is inside the overlay network %s", ErrInvalidLease, ip, c.Network)
+		if err := c.checkVTEP(ipv6, c.EnableIPv6, &c.IPv6, l.Attrs.PublicIPv6); err != nil {
+			return err
 		}
 	}
 	if l.Attrs.NodeID != "" {
@@ -226,35 +246,71 @@ func (c *Config) CheckClaim(l Lease) error {
 	return nil
 }
 
+// checkVTEP checks a lease's public address of family f, raw as written,
+// if the network carries f.
+func (c *Config) checkVTEP(f family, enabled bool, pool *Pool, raw string) error {
+	if !enabled {
+		return nil
+	}
+	if err := checkPublicIP(f, raw); err != nil {
+		return err
+	}
+	if ip := parseAddr(raw); pool.Network.Contains(ip) {
+		return fmt.Errorf("%w: %s %s is inside the overlay network %s", ErrInvalidLease, f.publicIP(), ip, pool.Network)
+	}
+	return nil
+}
+
 // Peer validates a lease read from etcd for programming into the kernel. The
 // lease is untrusted: anything that could misroute traffic is rejected with
 // an error naming the field. This is the one place peers are validated: the
-// backends take the result as it is.
-func (c *Config) Peer(l Lease) (backend.Peer, error) {
+// backends take the result as it is. It returns the peer as the IPv4 and as
+// the IPv6 data plane take it (the zero Peer for a family the network does
+// not carry).
+func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
 	if err := c.CheckClaim(l); err != nil {
-		return backend.Peer{}, err
+		return v4, v6, err
 	}
 	if l.Attrs.BackendType != DefaultBackendType {
-		return backend.Peer{}, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
+		return v4, v6, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
 	}
-	data, err := l.Attrs.VXLAN()
+	if c.EnableIPv4 {
+		if v4, err = peerOf(l.Subnet, l.Attrs.PublicAddr(), l.Attrs.VXLAN); err != nil {
+			return v4, v6, err
+		}
+	}
+	if c.EnableIPv6 {
+		if v6, err = peerOf(l.IPv6Subnet, l.Attrs.PublicAddrV6(), l.Attrs.VXLANv6); err != nil {
+			return v4, v6, err
+		}
+	}
+	return v4, v6, nil
+}
+
+// peerOf is one family's peer, given a subnet and public address CheckClaim
+// accepted and the family's backend data.
+func peerOf(s netip.Prefix, public netip.Addr, data func() (VXLANData, error)) (backend.Peer, error) {
+	d, err := data()
 	if err != nil {
 		return backend.Peer{}, err
 	}
-	hw, err := ParseVtepMAC(data.VtepMAC)
+	hw, err := ParseVtepMAC(d.VtepMAC)
 	if err != nil {
 		return backend.Peer{}, err
 	}
 	mac, _ := backend.MACFrom(hw) // ParseVtepMAC checked the length
-	return backend.Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), VtepMAC: mac}, nil
+	return backend.Peer{Subnet: s, PublicIP: public, VtepMAC: mac}, nil
 }
 
-func checkPublicIP(ip netip.Addr, raw string) error {
-	if !ip.IsValid() {
-		return fmt.Errorf("%w: PublicIP %q is not an IPv4 address", ErrInvalidLease, raw)
+// checkPublicIP checks a lease's public address of family f, raw as
+// written in the lease.
+func checkPublicIP(f family, raw string) error {
+	ip := parseAddr(raw)
+	if !f.is(ip.WithZone("")) { // a zone gets its own message below
+		return fmt.Errorf("%w: %s %q is not an %s address", ErrInvalidLease, f.publicIP(), raw, f.name())
 	}
 	if err := CheckVTEPAddr(ip); err != nil {
-		return fmt.Errorf("%w: PublicIP %w", ErrInvalidLease, err)
+		return fmt.Errorf("%w: %s %w", ErrInvalidLease, f.publicIP(), err)
 	}
 	return nil
 }
@@ -265,8 +321,12 @@ func checkPublicIP(ip netip.Addr, raw string) error {
 func CheckVTEPAddr(ip netip.Addr) error {
 	var what string
 	switch {
-	case !ip.Is4():
-		return fmt.Errorf("%s is not an IPv4 address", ip)
+	case !ip.IsValid():
+		return errors.New("is not an IP address")
+	case ip.Zone() != "":
+		what = "an address with a zone"
+	case ip.Is4In6():
+		what = "an IPv4-mapped IPv6 address"
 	case ip.IsUnspecified():
 		what = "the unspecified address"
 	case ip.IsLoopback():
@@ -277,7 +337,7 @@ func CheckVTEPAddr(ip netip.Addr) error {
 		what = "the broadcast address"
 	case ip.IsLinkLocalUnicast():
 		what = "a link-local address"
-	case ip.As4()[0] == 0 || ip.As4()[0] >= 240:
+	case ip.Is4() && (ip.As4()[0] == 0 || ip.As4()[0] >= 240):
 		what = "a reserved address"
 	default:
 		return nil

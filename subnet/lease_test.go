@@ -66,7 +66,7 @@ func TestPeerValidation(t *testing.T) {
 		return Lease{Subnet: mustPrefix("10.244.7.0/24"), Attrs: LeaseAttrs{PublicIP: "198.18.0.7", BackendType: "vxlan",
 			BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"}`), NodeID: "n7"}}
 	}
-	p, err := cfg.Peer(good())
+	p, _, err := cfg.Peer(good())
 	if err != nil {
 		t.Fatalf("Peer(good) = %v", err)
 	}
@@ -102,7 +102,7 @@ func TestPeerValidation(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := good()
 			mutate(&l)
-			if _, err := cfg.Peer(l); !errors.Is(err, ErrInvalidLease) {
+			if _, _, err := cfg.Peer(l); !errors.Is(err, ErrInvalidLease) {
 				t.Errorf("Peer() error = %v, want ErrInvalidLease", err)
 			}
 		})
@@ -197,12 +197,15 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 	f.Add("10.244.7.0-25", []byte(`{"PublicIP":"0.0.0.0","BackendType":"vxlan","BackendData":null}`))
 	f.Add("../../x-24", []byte(`{}`))
 	f.Add("10.244.0.0-24", []byte(`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"01:00:00:00:00:07"}}`))
-	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
-	if err != nil {
-		f.Fatal(err)
+	f.Add("10.244.7.0-24&fd00:10:244:7::-64", []byte(`{"PublicIP":"198.18.0.7","PublicIPv6":"2001:db8::7","BackendType":"vxlan",`+
+		`"BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:07"}}`))
+	f.Add("10.244.7.0-24&fd00:10:244::-64", []byte(`{"PublicIP":"198.18.0.7","PublicIPv6":"fe80::1","BackendType":"vxlan"}`))
+	configs := []*Config{
+		mustConfig(f, `{"Network":"10.244.0.0/16"}`),
+		mustConfig(f, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`),
 	}
 	f.Fuzz(func(t *testing.T, key string, value []byte) {
-		p, kerr := ParseKey(key)
+		sn, kerr := ParseLeaseKey(key)
 		attrs, verr := DecodeAttrs(value)
 		if kerr != nil || verr != nil {
 			if kerr != nil && !errors.Is(kerr, ErrInvalidLease) || verr != nil && !errors.Is(verr, ErrInvalidLease) {
@@ -210,19 +213,32 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 			}
 			return
 		}
-		if Key(p) != key {
-			t.Fatalf("accepted non-canonical key %q (canonical %q)", key, Key(p))
+		if sn.Key() != key {
+			t.Fatalf("accepted non-canonical key %q (canonical %q)", key, sn.Key())
 		}
-		peer, err := cfg.Peer(Lease{Subnet: p, Attrs: attrs})
-		if err != nil {
-			return
-		}
-		// Anything accepted for programming is safe to program.
-		if !cfg.Contains(peer.Subnet) || !peer.PublicIP.Is4() || peer.PublicIP.IsUnspecified() ||
-			peer.PublicIP.IsMulticast() || peer.PublicIP.IsLoopback() || len(peer.VtepMAC) != 6 || peer.VtepMAC[0]&1 == 1 {
-			t.Fatalf("unsafe peer accepted: %+v", peer)
+		for _, cfg := range configs {
+			v4, v6, err := cfg.Peer(Lease{Subnet: sn.IPv4, IPv6Subnet: sn.IPv6, Attrs: attrs})
+			if err != nil {
+				continue
+			}
+			// Anything accepted for programming is safe to program.
+			checkPeerSafe(t, &cfg.Pool, v4)
+			if cfg.EnableIPv6 {
+				checkPeerSafe(t, &cfg.IPv6, v6)
+			} else if v6 != (backend.Peer{}) {
+				t.Fatalf("IPv6 peer %+v from an IPv4-only network", v6)
+			}
 		}
 	})
+}
+
+func checkPeerSafe(t *testing.T, pool *Pool, p backend.Peer) {
+	t.Helper()
+	ip := p.PublicIP
+	if !pool.Contains(p.Subnet) || ip.Is6() != p.Subnet.Addr().Is6() || ip.Is4In6() || ip.Zone() != "" || ip.IsUnspecified() ||
+		ip.IsMulticast() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || pool.Network.Contains(ip) || p.VtepMAC.IsZero() || p.VtepMAC[0]&1 == 1 {
+		t.Fatalf("unsafe peer accepted: %+v", p)
+	}
 }
 
 func TestCheckClaimIsPeerWithoutTheBackend(t *testing.T) {
@@ -271,7 +287,7 @@ func TestCheckClaimIsPeerWithoutTheBackend(t *testing.T) {
 				t.Errorf("errors.Is(%v, ErrOrphaned) = %v, want %v", err, got, tt.orphan)
 			}
 			// The daemon's read path refuses it the same way.
-			if _, perr := cfg.Peer(l); perr == nil || perr.Error() != err.Error() {
+			if _, _, perr := cfg.Peer(l); perr == nil || perr.Error() != err.Error() {
 				t.Errorf("Peer = %v, want the CheckClaim error %v", perr, err)
 			}
 		})

@@ -48,6 +48,14 @@ func (f family) name() string {
 	return "IPv4"
 }
 
+// publicIP names the lease field holding a host's underlay address of f.
+func (f family) publicIP() string {
+	if f.v6 {
+		return "PublicIPv6"
+	}
+	return "PublicIP"
+}
+
 func (f family) is(a netip.Addr) bool {
 	return a.IsValid() && a.Is6() == f.v6 && !a.Is4In6() && a.Zone() == ""
 }

@@ -63,7 +63,7 @@ func leaseState(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
 	if l.Unclaimed() {
 		err = cfg.CheckClaim(l)
 	} else {
-		_, err = cfg.Peer(l)
+		_, _, err = cfg.Peer(l)
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):

@@ -114,7 +114,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		s.reserved[l.Subnet] = true
 		return out
 	}
-	peer, err := s.cfg.Peer(l)
+	peer, _, err := s.cfg.Peer(l) // the IPv6 peer waits for the IPv6 data plane
 	switch {
 	case l.Subnet == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value

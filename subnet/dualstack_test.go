@@ -1,0 +1,181 @@
+package subnet
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/overlaynet/overlay/backend"
+)
+
+func TestLeaseKeyForms(t *testing.T) {
+	for key, want := range map[string]Subnets{
+		"10.244.7.0-24":                    {IPv4: mustPrefix("10.244.7.0/24")},
+		"10.244.7.0-24&fd00:10:244:7::-64": {IPv4: mustPrefix("10.244.7.0/24"), IPv6: mustPrefix("fd00:10:244:7::/64")},
+		"10.1.2.64-26&2001:db8::40-122":    {IPv4: mustPrefix("10.1.2.64/26"), IPv6: mustPrefix("2001:db8::40/122")},
+	} {
+		got, err := ParseLeaseKey(key)
+		if err != nil || got != want {
+			t.Errorf("ParseLeaseKey(%q) = %v, %v; want %v", key, got, err, want)
+		}
+		if got.Key() != key {
+			t.Errorf("%v.Key() = %q, want %q", got, got.Key(), key)
+		}
+		if l := (Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6}); l.Key() != key || l.Subnets() != want {
+			t.Errorf("Lease.Key() = %q, want %q", l.Key(), key)
+		}
+	}
+}
+
+func TestParseLeaseKeyRejectsNonCanonical(t *testing.T) {
+	for _, k := range []string{
+		"&fd00::-64", "fd00::-64", "10.244.7.0-24&", "10.244.7.0-24&fd00::", "10.244.7.0-24&fd00::-",
+		"10.244.7.0-24&FD00::-64",               // upper case
+		"10.244.7.0-24&fd00:0::-64",             // not the shortest form
+		"10.244.7.0-24&fd00::1-64",              // host bits
+		"10.244.7.0-24&fd00::-129",              // too long
+		"10.244.7.0-24&fd00::-064",              // leading zero
+		"10.244.7.0-24&::ffff:10.0.0.0-120",     // an IPv4-mapped address
+		"10.244.7.0-24&fe80::%eth0-64",          // a zone
+		"10.244.7.0-24&10.245.7.0-24",           // two IPv4 subnets
+		"10.244.7.0-24&fd00::-64&fd01::-64",     // three parts
+		"10.244.7.0-24&fd00:10:244:7::-64&",     // trailing separator
+		"10.244.7.0-24&fd00:10:244:7::-64 ",     // trailing space
+		"10.244.7.0-24&fd00:10:244:7::-64/../x", // path tricks
+	} {
+		if s, err := ParseLeaseKey(k); !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("ParseLeaseKey(%q) = %v, %v; want ErrInvalidLease", k, s, err)
+		}
+	}
+}
+
+func TestParseKeyRefusesDualStackKeys(t *testing.T) {
+	_, err := ParseKey("10.244.7.0-24&fd00:10:244:7::-64")
+	if !errors.Is(err, ErrInvalidLease) || !strings.Contains(err.Error(), "this version carries IPv4 only") {
+		t.Errorf("ParseKey(dual-stack key) = %v, want an invalid lease error saying why", err)
+	}
+}
+
+// A dual-stack value as flanneld writes it decodes, and ours keeps
+// flannel's field names.
+func TestDualStackAttrsAreFlannelCompatible(t *testing.T) {
+	flannel := `{"PublicIP":"198.18.0.7","PublicIPv6":"2001:db8::7","BackendType":"vxlan",` +
+		`"BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:07"}}`
+	a, err := DecodeAttrs([]byte(flannel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.PublicAddrV6() != mustAddr("2001:db8::7") {
+		t.Errorf("PublicAddrV6 = %v", a.PublicAddrV6())
+	}
+	if d, err := a.VXLANv6(); err != nil || d != (VXLANData{VNI: 1, VtepMAC: "0e:00:00:00:06:07"}) {
+		t.Errorf("VXLANv6 = %+v, %v", d, err)
+	}
+	b, err := a.Marshal()
+	if err != nil || string(b) != flannel {
+		t.Errorf("Marshal = %s, %v; want flannel's value back:\n%s", b, err, flannel)
+	}
+	// A host named only by its IPv6 address is a host.
+	if _, err := DecodeAttrs([]byte(`{"PublicIPv6":"2001:db8::7"}`)); err != nil {
+		t.Errorf("DecodeAttrs(PublicIPv6 only) = %v", err)
+	}
+	for _, changed := range []func(*LeaseAttrs){
+		func(c *LeaseAttrs) { c.PublicIPv6 = "2001:db8::8" },
+		func(c *LeaseAttrs) { c.BackendV6Data = []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:08"}`) },
+	} {
+		c := a
+		changed(&c)
+		if SameAttrs(a, c) {
+			t.Errorf("SameAttrs missed a change: %+v", c)
+		}
+	}
+}
+
+func dualStackConfig(t *testing.T) *Config {
+	return mustConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`)
+}
+
+func goodDualStackLease() Lease {
+	return Lease{Subnet: mustPrefix("10.244.7.0/24"), IPv6Subnet: mustPrefix("fd00:10:244:7::/64"), Attrs: LeaseAttrs{
+		PublicIP: "198.18.0.7", PublicIPv6: "2001:db8::7", BackendType: "vxlan", NodeID: "n7",
+		BackendData:   []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"}`),
+		BackendV6Data: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:07"}`),
+	}}
+}
+
+func TestDualStackPeerValidation(t *testing.T) {
+	cfg := dualStackConfig(t)
+	v4, v6, err := cfg.Peer(goodDualStackLease())
+	if err != nil {
+		t.Fatalf("Peer(good) = %v", err)
+	}
+	if want := (backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 0, 7}}); v4 != want {
+		t.Errorf("IPv4 peer = %+v, want %+v", v4, want)
+	}
+	if want := (backend.Peer{Subnet: mustPrefix("fd00:10:244:7::/64"), PublicIP: mustAddr("2001:db8::7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 6, 7}}); v6 != want {
+		t.Errorf("IPv6 peer = %+v, want %+v", v6, want)
+	}
+
+	v6data := func(s string) func(*Lease) { return func(l *Lease) { l.Attrs.BackendV6Data = []byte(s) } }
+	public6 := func(s string) func(*Lease) { return func(l *Lease) { l.Attrs.PublicIPv6 = s } }
+	for _, tt := range []struct {
+		name   string
+		mutate func(*Lease)
+		want   string
+		orphan bool
+	}{
+		{"no IPv6 subnet", func(l *Lease) { l.IPv6Subnet = netip.Prefix{} }, "names no IPv6 subnet, but the network carries IPv6", true},
+		{"IPv6 subnet outside IPv6Network", func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:245:7::/64") }, "outside IPv6Network fd00:10:244::/48", true},
+		{"IPv6 subnet of another length", func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:244:7::/80") }, "is not a /64 (IPv6SubnetLen 64)", true},
+		{"IPv4 subnet in the IPv6 half", func(l *Lease) { l.IPv6Subnet = mustPrefix("10.244.8.0/24") }, "is not an IPv6 subnet", true},
+		{"other IPv6 VNI", v6data(`{"VNI":2,"VtepMAC":"0e:00:00:00:06:07"}`), "IPv6 VNI 2 is not the network's Backend.VNI 1", true},
+		{"no PublicIPv6", public6(""), `PublicIPv6 "" is not an IPv6 address`, false},
+		{"PublicIPv6 an IPv4 address", public6("198.18.0.7"), "is not an IPv6 address", false},
+		{"PublicIPv6 garbage", public6("eve"), "is not an IPv6 address", false},
+		{"PublicIPv6 unspecified", public6("::"), "the unspecified address", false},
+		{"PublicIPv6 loopback", public6("::1"), "a loopback address", false},
+		{"PublicIPv6 multicast", public6("ff02::1"), "a multicast address", false},
+		{"PublicIPv6 link-local", public6("fe80::7"), "a link-local address", false},
+		{"PublicIPv6 with a zone", public6("2001:db8::7%eth0"), "a zone", false},
+		{"PublicIPv6 IPv4-mapped", public6("::ffff:198.18.0.7"), "is not an IPv6 address", false},
+		{"PublicIPv6 in the overlay", public6("fd00:10:244:9::9"), "PublicIPv6 fd00:10:244:9::9 is inside the overlay network", false},
+		{"no BackendV6Data", v6data(""), "BackendV6Data is missing", false},
+		{"BackendV6Data garbage", v6data(`[1]`), `"BackendV6Data": want a JSON object`, false},
+		{"IPv6 MAC multicast", v6data(`{"VNI":1,"VtepMAC":"01:00:5e:00:00:01"}`), "multicast", false},
+		{"IPv6 MAC garbage", v6data(`{"VNI":1,"VtepMAC":"zz"}`), "not a 6-byte MAC", false},
+		{"bad IPv4 half", func(l *Lease) { l.Attrs.PublicIP = "127.0.0.1" }, "PublicIP 127.0.0.1 is a loopback address", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := goodDualStackLease()
+			tt.mutate(&l)
+			_, _, err := cfg.Peer(l)
+			if err == nil || !errors.Is(err, ErrInvalidLease) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Peer = %v, want an invalid lease error with %q", err, tt.want)
+			}
+			if got := errors.Is(err, ErrOrphaned); got != tt.orphan {
+				t.Errorf("errors.Is(%v, ErrOrphaned) = %v, want %v", err, got, tt.orphan)
+			}
+		})
+	}
+}
+
+// A key's families must be the network's: a dual-stack key in an
+// IPv4-only network is left over from a config change, like a subnet
+// outside Network, and so is an IPv4-only key in a dual-stack network.
+func TestLeaseFamiliesMustBeTheNetworks(t *testing.T) {
+	l := goodDualStackLease()
+	err := mustConfig(t, `{"Network":"10.244.0.0/16"}`).CheckClaim(l)
+	if !errors.Is(err, ErrOrphaned) || !strings.Contains(err.Error(), "names the IPv6 subnet fd00:10:244:7::/64, but the network carries no IPv6") {
+		t.Errorf("dual-stack lease in an IPv4 network: %v", err)
+	}
+	l.IPv6Subnet, l.Attrs.PublicIPv6, l.Attrs.BackendV6Data = netip.Prefix{}, "", nil
+	if err := dualStackConfig(t).CheckClaim(l); !errors.Is(err, ErrOrphaned) {
+		t.Errorf("IPv4 lease in a dual-stack network: %v, want orphaned", err)
+	}
+	// A reservation that names only its node needs neither address.
+	r := Lease{Subnet: l.Subnet, IPv6Subnet: mustPrefix("fd00:10:244:7::/64"), Reserved: true, Attrs: LeaseAttrs{NodeID: "n7"}}
+	if err := dualStackConfig(t).CheckClaim(r); err != nil {
+		t.Errorf("dual-stack reservation by node: %v", err)
+	}
+}

@@ -68,8 +68,11 @@ func TestReservationsAndOrphansAreNotInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	h1.start(t)
-	h1.env(t)
-	if _, err := c.reg.Create(tctx(t), netip.MustParsePrefix("10.244.51.0/24"), subnet.LeaseAttrs{PublicIP: "198.18.0.9", NodeID: "later", BackendType: "vxlan"}, 0); err != nil {
+	later := netip.MustParsePrefix("10.244.51.0/24")
+	if h1.env(t).Lease() == later { // h1's random pick: reserve another
+		later = netip.MustParsePrefix("10.244.52.0/24")
+	}
+	if _, err := c.reg.Create(tctx(t), later, subnet.LeaseAttrs{PublicIP: "198.18.0.9", NodeID: "later", BackendType: "vxlan"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	// A lease of the old network, left by a config change.

@@ -3,6 +3,8 @@ package subnet
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 )
@@ -31,12 +33,12 @@ func (t EventType) String() string {
 	return "unknown"
 }
 
-// Event is one change to the lease set. For Removed, Lease is the last value
-// known; for Changed, Old is the previous value.
+// Event is one change to the lease set. For Removed, Lease names the
+// subnet only: the value is gone, and a watcher does not keep values (see
+// Fingerprint).
 type Event struct {
 	Type  EventType
 	Lease Lease
-	Old   Lease
 }
 
 // SameAttrs reports whether two lease values say the same thing.
@@ -47,27 +49,68 @@ func SameAttrs(a, b LeaseAttrs) bool {
 		bytes.Equal(bytes.TrimSpace(a.BackendV6Data), bytes.TrimSpace(b.BackendV6Data))
 }
 
-// Diff returns the events that turn the lease set old into cur, sorted by
-// subnet. It is how a watcher that lost events (compaction, reconnect) tells
-// its consumer exactly what changed, attribute changes included.
-func Diff(old, cur map[netip.Prefix]Lease) []Event {
+// fingerprintSeed is drawn per process, so a lease value cannot be crafted
+// to collide with another and hide a change.
+var fingerprintSeed = maphash.MakeSeed()
+
+// Fingerprint sums up what a lease says (its subnets, its value as
+// SameAttrs compares it, and whether it is a reservation) in 64 bits. A
+// watcher keeps a fingerprint per lease instead of the lease: at thousands
+// of leases the values would be most of a host's memory. Leases that
+// SameAttrs finds equal have equal fingerprints; others differ but with
+// probability 2^-64.
+func Fingerprint(l Lease) uint64 {
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	var reserved byte
+	if l.Reserved {
+		reserved = 1
+	}
+	h.WriteByte(reserved)
+	for _, field := range [...]string{l.IPv6Subnet.String(), l.Attrs.PublicIP, l.Attrs.PublicIPv6, l.Attrs.BackendType,
+		l.Attrs.NodeID, l.Attrs.Hostname} {
+		writeField(&h, []byte(field))
+	}
+	writeField(&h, bytes.TrimSpace(l.Attrs.BackendData))
+	writeField(&h, bytes.TrimSpace(l.Attrs.BackendV6Data))
+	return h.Sum64()
+}
+
+// writeField writes b with its length first, so that no two sequences of
+// fields hash the same bytes.
+func writeField(h *maphash.Hash, b []byte) {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+	h.Write(n[:])
+	h.Write(b)
+}
+
+// Diff returns the events that turn the lease set known (each lease's
+// Fingerprint by subnet) into cur, sorted by subnet, and cur's
+// fingerprints. It is how a watcher that lost events (compaction,
+// reconnect) tells its consumer exactly what changed, attribute changes
+// included.
+func Diff(known map[netip.Prefix]uint64, cur []Lease) ([]Event, map[netip.Prefix]uint64) {
 	var events []Event
-	for p, l := range cur {
-		prev, ok := old[p]
+	next := make(map[netip.Prefix]uint64, len(cur))
+	for _, l := range cur {
+		fp := Fingerprint(l)
+		next[l.Subnet] = fp
+		prev, ok := known[l.Subnet]
 		switch {
 		case !ok:
 			events = append(events, Event{Type: Added, Lease: l})
-		case !SameAttrs(prev.Attrs, l.Attrs) || prev.Reserved != l.Reserved:
-			events = append(events, Event{Type: Changed, Lease: l, Old: prev})
+		case prev != fp:
+			events = append(events, Event{Type: Changed, Lease: l})
 		}
 	}
-	for p, l := range old {
-		if _, ok := cur[p]; !ok {
-			events = append(events, Event{Type: Removed, Lease: l})
+	for p := range known {
+		if _, ok := next[p]; !ok {
+			events = append(events, Event{Type: Removed, Lease: Lease{Subnet: p}})
 		}
 	}
 	slices.SortFunc(events, func(a, b Event) int {
 		return cmp.Or(a.Lease.Subnet.Addr().Compare(b.Lease.Subnet.Addr()), cmp.Compare(a.Lease.Subnet.Bits(), b.Lease.Subnet.Bits()))
 	})
-	return events
+	return events, next
 }

@@ -178,17 +178,59 @@ func TestDiff(t *testing.T) {
 	e1 := l("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05")
 	same := e1
 	same.ModRevision = 99 // rewritten with the same value: no event
-	old := map[netip.Prefix]Lease{a1.Subnet: a1, b1.Subnet: b1, c1.Subnet: c1, e1.Subnet: e1}
-	cur := map[netip.Prefix]Lease{b2.Subnet: b2, c2.Subnet: c2, d1.Subnet: d1, same.Subnet: same}
-	got := Diff(old, cur)
+	known := map[netip.Prefix]uint64{}
+	for _, l := range []Lease{a1, b1, c1, e1} {
+		known[l.Subnet] = Fingerprint(l)
+	}
+	reserved := d1
+	reserved.Reserved = true // the same value, but the key lost its etcd lease: a change
+	got, next := Diff(known, []Lease{b2, c2, reserved, same})
 	want := []Event{
-		{Type: Removed, Lease: a1},
-		{Type: Changed, Lease: b2, Old: b1},
-		{Type: Changed, Lease: c2, Old: c1},
-		{Type: Added, Lease: d1},
+		{Type: Removed, Lease: Lease{Subnet: a1.Subnet}},
+		{Type: Changed, Lease: b2},
+		{Type: Changed, Lease: c2},
+		{Type: Added, Lease: reserved},
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Diff mismatch (-want +got):\n%s", diff)
+	}
+	if len(next) != 4 || next[same.Subnet] != Fingerprint(e1) {
+		t.Errorf("Diff's fingerprints: %v", next)
+	}
+	if again, _ := Diff(next, []Lease{b2, c2, d1, same}); len(again) != 1 || again[0].Type != Changed {
+		t.Errorf("a reservation that became a lease: %v", again)
+	}
+}
+
+// The fingerprint sees every field that SameAttrs compares, and nothing
+// else of the value.
+func TestFingerprintFollowsSameAttrs(t *testing.T) {
+	base := goodDualStackLease()
+	for name, change := range map[string]func(*Lease){
+		"PublicIP":      func(l *Lease) { l.Attrs.PublicIP = "198.18.0.8" },
+		"PublicIPv6":    func(l *Lease) { l.Attrs.PublicIPv6 = "2001:db8::8" },
+		"BackendType":   func(l *Lease) { l.Attrs.BackendType = "host-gw" },
+		"BackendData":   func(l *Lease) { l.Attrs.BackendData = []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:08"}`) },
+		"BackendV6Data": func(l *Lease) { l.Attrs.BackendV6Data = []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:08"}`) },
+		"NodeID":        func(l *Lease) { l.Attrs.NodeID = "n8" },
+		"Hostname":      func(l *Lease) { l.Attrs.Hostname = "h8" },
+		"Reserved":      func(l *Lease) { l.Reserved = true },
+		"IPv6Subnet":    func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:244:8::/64") },
+		"fields shifted": func(l *Lease) { // the same bytes split differently between two fields
+			l.Attrs.NodeID, l.Attrs.Hostname = "n", "7"+l.Attrs.Hostname
+		},
+	} {
+		l := base
+		change(&l)
+		if Fingerprint(l) == Fingerprint(base) {
+			t.Errorf("%s changed, the fingerprint did not", name)
+		}
+	}
+	same := base
+	same.Attrs.BackendData = []byte("  " + string(base.Attrs.BackendData) + "\n")
+	same.ModRevision, same.EtcdLease = 99, 7
+	if !SameAttrs(same.Attrs, base.Attrs) || Fingerprint(same) != Fingerprint(base) {
+		t.Errorf("a rewrite of the same value (other revision, etcd lease, white space) changed the fingerprint")
 	}
 }
 

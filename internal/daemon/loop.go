@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -63,7 +64,7 @@ func (d *daemon) loop(ctx context.Context) error {
 // onBatch applies one batch of lease events to the peer set and hands the
 // result to the backend.
 func (d *daemon) onBatch(b etcdv3.Batch) {
-	logEvents(d.log, b, d.lease.Subnet)
+	logEvents(d.log, b, d.lease.Subnet, d.peers.valid)
 	now := time.Now()
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
@@ -88,14 +89,24 @@ func (d *daemon) publishPeers() {
 	m.leasesReserved.Set(float64(c.reserved))
 }
 
-func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix) {
+// logEvents logs each peer's arrival, change and departure. It runs before
+// the batch is applied, so a removed peer (whose event names only its
+// subnet) is named by what the peer set last held of it.
+func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix, last map[netip.Prefix]backend.Peer) {
 	for _, ev := range b.Events {
 		if ev.Lease.Subnet == own {
 			continue
 		}
-		attrs := []any{"peer", ev.Lease.Subnet, "public_ip", ev.Lease.Attrs.PublicIP, "node_id", ev.Lease.Attrs.NodeID}
-		if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
-			attrs = append(attrs, "vtep_mac", d.VtepMAC)
+		attrs := []any{"peer", ev.Lease.Subnet}
+		if ev.Type == subnet.Removed {
+			if p, ok := last[ev.Lease.Subnet]; ok {
+				attrs = append(attrs, "public_ip", p.PublicIP.String(), "vtep_mac", p.VtepMAC.String())
+			}
+		} else {
+			attrs = append(attrs, "public_ip", ev.Lease.Attrs.PublicIP, "node_id", ev.Lease.Attrs.NodeID)
+			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
+				attrs = append(attrs, "vtep_mac", d.VtepMAC)
+			}
 		}
 		log.Info("peer "+ev.Type.String(), attrs...)
 	}

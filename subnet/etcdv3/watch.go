@@ -113,9 +113,9 @@ func (o *WatchOptions) defaults() {
 // so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[netip.Prefix]subnet.Lease, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[netip.Prefix]uint64, len(snap.Leases))}
 	for _, l := range snap.Leases {
-		w.known[l.Subnet] = l
+		w.known[l.Subnet] = subnet.Fingerprint(l)
 	}
 	w.setInvalid(snap.Invalid)
 	out := make(chan Batch)
@@ -127,11 +127,14 @@ func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) 
 }
 
 type watcher struct {
-	reg   *Registry
-	opts  WatchOptions
-	log   *slog.Logger
-	rev   int64
-	known map[netip.Prefix]subnet.Lease
+	reg  *Registry
+	opts WatchOptions
+	log  *slog.Logger
+	rev  int64
+	// known holds each lease's subnet.Fingerprint, not the lease: what
+	// the consumer needs of a value it gets in the event, and at thousands
+	// of leases the values would be most of the host's memory.
+	known map[netip.Prefix]uint64
 	// invalid holds the keys whose current value is invalid (nil while
 	// there are none, as in a healthy cluster), so that their deletion can
 	// be reported.
@@ -291,10 +294,11 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 		}
 		p, err := subnet.ParseKey(strings.TrimPrefix(key, w.reg.SubnetsPrefix()))
 		prev, had := w.known[p]
+		gone := subnet.Event{Type: subnet.Removed, Lease: subnet.Lease{Subnet: p}}
 		switch {
 		case ev.Type == clientv3.EventTypeDelete && had:
 			delete(w.known, p)
-			b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
+			b.Events = append(b.Events, gone)
 			continue
 		case ev.Type == clientv3.EventTypeDelete:
 			if w.invalid[key] {
@@ -313,17 +317,18 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			invalid(err)
 			if had {
 				delete(w.known, p)
-				b.Events = append(b.Events, subnet.Event{Type: subnet.Removed, Lease: prev})
+				b.Events = append(b.Events, gone)
 			}
 			continue
 		}
 		delete(w.invalid, key)
-		w.known[p] = l
+		fp := subnet.Fingerprint(l)
+		w.known[p] = fp
 		switch {
 		case !had:
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Added, Lease: l})
-		case !subnet.SameAttrs(prev.Attrs, l.Attrs) || prev.Reserved != l.Reserved:
-			b.Events = append(b.Events, subnet.Event{Type: subnet.Changed, Lease: l, Old: prev})
+		case fp != prev:
+			b.Events = append(b.Events, subnet.Event{Type: subnet.Changed, Lease: l})
 		}
 	}
 	if len(b.Events) > 0 || len(b.Invalid) > 0 || len(b.Deleted) > 0 {
@@ -341,12 +346,9 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch) error {
 	if err != nil {
 		return err
 	}
-	cur := make(map[netip.Prefix]subnet.Lease, len(snap.Leases))
-	for _, l := range snap.Leases {
-		cur[l.Subnet] = l
-	}
-	b := Batch{Events: subnet.Diff(w.known, cur), Invalid: snap.Invalid, Revision: snap.Revision, Resync: true}
-	w.known, w.rev = cur, snap.Revision
+	events, known := subnet.Diff(w.known, snap.Leases)
+	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true}
+	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
 	send(ctx, out, b)
 	return nil

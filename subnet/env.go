@@ -30,6 +30,11 @@ type Env struct {
 	// IPMasq tells whether overlayd masquerades traffic leaving the cluster
 	// network itself (OVERLAY_IPMASQ), so the bridge plugin must not.
 	IPMasq bool
+	// IPv6Network and IPv6Subnet are the IPv6 counterparts of Network and
+	// Subnet (OVERLAY_IPV6_NETWORK, OVERLAY_IPV6_SUBNET), in a dual-stack
+	// network only; both zero otherwise.
+	IPv6Network netip.Prefix
+	IPv6Subnet  netip.Prefix
 }
 
 // ErrEnvInvalid marks a subnet.env that exists but cannot be used.
@@ -38,37 +43,76 @@ var ErrEnvInvalid = errors.New("invalid subnet.env")
 // NewEnv builds the Env for a lease: OVERLAY_SUBNET is the lease's first
 // usable address.
 func NewEnv(network, lease netip.Prefix, mtu int, ipMasq bool) Env {
-	return Env{Network: network, Subnet: netip.PrefixFrom(lease.Masked().Addr().Next(), lease.Bits()), MTU: mtu, IPMasq: ipMasq}
+	return Env{Network: network, Subnet: firstUsable(lease), MTU: mtu, IPMasq: ipMasq}
+}
+
+// WithIPv6 adds the IPv6 network and lease of a dual-stack host.
+func (e Env) WithIPv6(network, lease netip.Prefix) Env {
+	e.IPv6Network, e.IPv6Subnet = network, firstUsable(lease)
+	return e
+}
+
+func firstUsable(lease netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(lease.Masked().Addr().Next(), lease.Bits())
 }
 
 // Lease returns the leased subnet (the network address form of Subnet).
 func (e Env) Lease() netip.Prefix { return e.Subnet.Masked() }
 
-// Validate reports whether the values are coherent: both prefixes IPv4, the
-// subnet inside the network, an MTU a link can carry.
+// IPv6Lease returns the leased IPv6 subnet, or the zero Prefix.
+func (e Env) IPv6Lease() netip.Prefix {
+	if !e.IPv6Subnet.IsValid() {
+		return netip.Prefix{}
+	}
+	return e.IPv6Subnet.Masked()
+}
+
+// Validate reports whether the values are coherent: the IPv4 prefixes and,
+// if given, the IPv6 ones of their family, each subnet inside its network,
+// an MTU a link can carry.
 func (e Env) Validate() error {
-	switch {
-	case !e.Network.IsValid() || !e.Network.Addr().Is4():
-		return fmt.Errorf("%w: OVERLAY_NETWORK %q is not an IPv4 prefix", ErrEnvInvalid, e.Network)
-	case !e.Subnet.IsValid() || !e.Subnet.Addr().Is4():
-		return fmt.Errorf("%w: OVERLAY_SUBNET %q is not an IPv4 prefix", ErrEnvInvalid, e.Subnet)
-	case e.Subnet.Bits() < e.Network.Bits() || !e.Network.Contains(e.Subnet.Addr()):
-		return fmt.Errorf("%w: OVERLAY_SUBNET %s is not inside OVERLAY_NETWORK %s", ErrEnvInvalid, e.Subnet, e.Network)
-	case e.MTU < 576 || e.MTU > 65535:
+	if err := checkEnvPair(ipv4, "OVERLAY_NETWORK", e.Network, "OVERLAY_SUBNET", e.Subnet); err != nil {
+		return err
+	}
+	if e.IPv6Network.IsValid() || e.IPv6Subnet.IsValid() {
+		if err := checkEnvPair(ipv6, "OVERLAY_IPV6_NETWORK", e.IPv6Network, "OVERLAY_IPV6_SUBNET", e.IPv6Subnet); err != nil {
+			return err
+		}
+	}
+	if e.MTU < 576 || e.MTU > 65535 {
 		return fmt.Errorf("%w: OVERLAY_MTU %d is outside 576..65535", ErrEnvInvalid, e.MTU)
 	}
 	return nil
 }
 
-// Marshal renders the file in the contract's key order.
+// checkEnvPair checks a network and the subnet inside it, of family f.
+func checkEnvPair(f family, networkKey string, network netip.Prefix, subnetKey string, subnet netip.Prefix) error {
+	switch {
+	case !network.IsValid() || !f.is(network.Addr()):
+		return fmt.Errorf("%w: %s %q is not an %s prefix", ErrEnvInvalid, networkKey, network, f.name())
+	case !subnet.IsValid() || !f.is(subnet.Addr()):
+		return fmt.Errorf("%w: %s %q is not an %s prefix", ErrEnvInvalid, subnetKey, subnet, f.name())
+	case subnet.Bits() < network.Bits() || !network.Contains(subnet.Addr()):
+		return fmt.Errorf("%w: %s %s is not inside %s %s", ErrEnvInvalid, subnetKey, subnet, networkKey, network)
+	}
+	return nil
+}
+
+// Marshal renders the file in the contract's key order; the IPv6 keys, if
+// any, come last, so an IPv4-only file is what it always was.
 func (e Env) Marshal() []byte {
-	return fmt.Appendf(nil, "OVERLAY_NETWORK=%s\nOVERLAY_SUBNET=%s\nOVERLAY_MTU=%d\nOVERLAY_IPMASQ=%t\n",
+	b := fmt.Appendf(nil, "OVERLAY_NETWORK=%s\nOVERLAY_SUBNET=%s\nOVERLAY_MTU=%d\nOVERLAY_IPMASQ=%t\n",
 		e.Network, e.Subnet, e.MTU, e.IPMasq)
+	if e.IPv6Network.IsValid() {
+		b = fmt.Appendf(b, "OVERLAY_IPV6_NETWORK=%s\nOVERLAY_IPV6_SUBNET=%s\n", e.IPv6Network, e.IPv6Subnet)
+	}
+	return b
 }
 
 // ParseEnv parses subnet.env. Blank lines and # comments are ignored, unknown
-// keys are ignored (a newer daemon may add some), and every one of the four
-// contract keys must be present and valid.
+// keys are ignored (a newer daemon may add some), every one of the four
+// contract keys must be present and valid, and the two IPv6 keys come
+// together or not at all.
 func ParseEnv(data []byte) (Env, error) {
 	var e Env
 	seen := map[string]bool{}
@@ -92,6 +136,10 @@ func ParseEnv(data []byte) (Env, error) {
 			e.MTU, err = strconv.Atoi(val)
 		case "OVERLAY_IPMASQ":
 			e.IPMasq, err = strconv.ParseBool(val)
+		case "OVERLAY_IPV6_NETWORK":
+			e.IPv6Network, err = netip.ParsePrefix(val)
+		case "OVERLAY_IPV6_SUBNET":
+			e.IPv6Subnet, err = netip.ParsePrefix(val)
 		default:
 			continue
 		}
@@ -107,6 +155,9 @@ func ParseEnv(data []byte) (Env, error) {
 		if !seen[k] {
 			return Env{}, fmt.Errorf("%w: %s is missing", ErrEnvInvalid, k)
 		}
+	}
+	if seen["OVERLAY_IPV6_NETWORK"] != seen["OVERLAY_IPV6_SUBNET"] {
+		return Env{}, fmt.Errorf("%w: OVERLAY_IPV6_NETWORK and OVERLAY_IPV6_SUBNET come together: one is missing", ErrEnvInvalid)
 	}
 	if err := e.Validate(); err != nil {
 		return Env{}, err

@@ -74,3 +74,37 @@ func TestWriteEnvRefusesInvalid(t *testing.T) {
 		t.Errorf("an invalid env must not be written")
 	}
 }
+
+func TestDualStackEnv(t *testing.T) {
+	e := NewEnv(mustPrefix("10.244.0.0/16"), mustPrefix("10.244.7.0/24"), 1450, true).
+		WithIPv6(mustPrefix("fd00:10:244::/48"), mustPrefix("fd00:10:244:7::/64"))
+	want := "OVERLAY_NETWORK=10.244.0.0/16\nOVERLAY_SUBNET=10.244.7.1/24\nOVERLAY_MTU=1450\nOVERLAY_IPMASQ=true\n" +
+		"OVERLAY_IPV6_NETWORK=fd00:10:244::/48\nOVERLAY_IPV6_SUBNET=fd00:10:244:7::1/64\n"
+	if got := string(e.Marshal()); got != want {
+		t.Errorf("subnet.env\n got %q\nwant %q", got, want)
+	}
+	got, err := ParseEnv([]byte(want))
+	if err != nil || got != e {
+		t.Fatalf("ParseEnv = %+v, %v; want %+v", got, err, e)
+	}
+	if got.IPv6Lease() != mustPrefix("fd00:10:244:7::/64") || got.Lease() != mustPrefix("10.244.7.0/24") {
+		t.Errorf("leases %s and %s", got.Lease(), got.IPv6Lease())
+	}
+	if v4 := NewEnv(mustPrefix("10.244.0.0/16"), mustPrefix("10.244.7.0/24"), 1450, true); v4.IPv6Lease().IsValid() {
+		t.Errorf("an IPv4-only env has the IPv6 lease %s", v4.IPv6Lease())
+	}
+	for name, text := range map[string]string{
+		"network without subnet":  strings.Replace(want, "OVERLAY_IPV6_SUBNET=fd00:10:244:7::1/64\n", "", 1),
+		"subnet without network":  strings.Replace(want, "OVERLAY_IPV6_NETWORK=fd00:10:244::/48\n", "", 1),
+		"IPv4 in the IPv6 keys":   strings.Replace(want, "fd00:10:244::/48", "10.245.0.0/16", 1),
+		"subnet outside":          strings.Replace(want, "fd00:10:244:7::1/64", "fd00:10:245:7::1/64", 1),
+		"subnet wider":            strings.Replace(want, "fd00:10:244:7::1/64", "fd00:10:244:7::1/32", 1),
+		"IPv4-mapped":             strings.Replace(want, "fd00:10:244::/48", "::ffff:10.244.0.0/112", 1),
+		"IPv6 subnet not a cidr":  strings.Replace(want, "fd00:10:244:7::1/64", "fd00:10:244:7::1", 1),
+		"IPv6 network is garbage": strings.Replace(want, "fd00:10:244::/48", "eve", 1),
+	} {
+		if _, err := ParseEnv([]byte(text)); !errors.Is(err, ErrEnvInvalid) || !strings.Contains(err.Error(), "IPV6") {
+			t.Errorf("%s: ParseEnv error = %v, want ErrEnvInvalid naming the IPv6 key", name, err)
+		}
+	}
+}

@@ -107,6 +107,7 @@ type cacheFile struct {
 	ContainerID string          `json:"containerID"`
 	IfName      string          `json:"ifName"`
 	Lease       string          `json:"lease"`
+	IPv6Lease   string          `json:"ipv6Lease,omitempty"` // dual-stack hosts only
 	Config      json.RawMessage `json:"config"`
 }
 
@@ -152,10 +153,14 @@ func (c Cache) Publish(a Attachment, d Delegate) (*atomicfile.Pending, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, err := json.Marshal(cacheFile{
+	f := cacheFile{
 		Format: CacheFormat, Network: a.Network, ContainerID: a.ContainerID, IfName: a.IfName,
 		Lease: d.Lease.String(), Config: d.Config,
-	})
+	}
+	if d.IPv6Lease.IsValid() {
+		f.IPv6Lease = d.IPv6Lease.String()
+	}
+	data, err := json.Marshal(f)
 	if err != nil {
 		return nil, fmt.Errorf("encode cache entry for %s: %w", a, err)
 	}
@@ -284,6 +289,12 @@ func decodeEntry(data []byte) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("%w: lease: %v", ErrCacheCorrupt, err)
 	}
+	var lease6 netip.Prefix
+	if f.IPv6Lease != "" {
+		if lease6, err = netip.ParsePrefix(f.IPv6Lease); err != nil || !lease6.Addr().Is6() {
+			return Entry{}, fmt.Errorf("%w: ipv6Lease %q is not an IPv6 prefix", ErrCacheCorrupt, f.IPv6Lease)
+		}
+	}
 	var conf struct {
 		Type       string `json:"type"`
 		Name       string `json:"name"`
@@ -298,7 +309,7 @@ func decodeEntry(data []byte) (Entry, error) {
 	if !validPluginName(conf.Type) || conf.Name != a.Network || conf.CNIVersion == "" {
 		return Entry{}, fmt.Errorf("%w: delegate configuration lacks a valid type, name or cniVersion", ErrCacheCorrupt)
 	}
-	return Entry{Attachment: a, Delegate: Delegate{Type: conf.Type, Lease: lease, Config: f.Config}}, nil
+	return Entry{Attachment: a, Delegate: Delegate{Type: conf.Type, Lease: lease, IPv6Lease: lease6, Config: f.Config}}, nil
 }
 
 // Remove deletes the entry of a; a missing entry is not an error.

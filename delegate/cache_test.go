@@ -232,3 +232,36 @@ func TestCacheList(t *testing.T) {
 		t.Errorf("List of a missing dir = %v, %v; want nothing", l, err)
 	}
 }
+
+// A dual-stack entry keeps its IPv6 lease; an IPv4-only entry is written as
+// before (no ipv6Lease member), and an entry with a broken one is corrupt.
+func TestCacheIPv6Lease(t *testing.T) {
+	c := Cache{Dir: t.TempDir()}
+	a := Attachment{Network: "overlay", ContainerID: "c1", IfName: "eth0"}
+	d := testDelegate(t, "overlay")
+	p, _ := c.Path(a)
+	if err := c.Write(a, d); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(p); strings.Contains(string(data), "ipv6Lease") {
+		t.Errorf("IPv4-only entry mentions an IPv6 lease: %s", data)
+	}
+	d.IPv6Lease = netip.MustParsePrefix("fd00:10:244:7::/64")
+	if err := c.Write(a, d); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Read(a)
+	if err != nil || got.Delegate.IPv6Lease != d.IPv6Lease || got.Delegate.Lease != d.Lease {
+		t.Fatalf("Read = %+v, %v; want the leases %s and %s", got.Delegate, err, d.Lease, d.IPv6Lease)
+	}
+	good, _ := os.ReadFile(p)
+	for _, bad := range []string{`"x"`, `"10.245.0.0/16"`, `7`} {
+		data := strings.Replace(string(good), `"ipv6Lease":"fd00:10:244:7::/64"`, `"ipv6Lease":`+bad, 1)
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Read(a); !errors.Is(err, ErrCacheCorrupt) {
+			t.Errorf("ipv6Lease %s: Read = %v, want ErrCacheCorrupt", bad, err)
+		}
+	}
+}

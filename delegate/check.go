@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -39,10 +40,15 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
 	}
-	if env.Lease() != e.Delegate.Lease {
-		return cniError(CodeLeaseChanged, nil,
-			"the host's lease changed from %s to %s since %s was added: its address no longer routes; recreate the pod",
-			e.Delegate.Lease, env.Lease(), att)
+	for _, l := range []struct{ what, was, now string }{
+		{"lease", e.Delegate.Lease.String(), env.Lease().String()},
+		{"IPv6 lease", orNone(e.Delegate.IPv6Lease), orNone(env.IPv6Lease())},
+	} {
+		if l.was != l.now {
+			return cniError(CodeLeaseChanged, nil,
+				"the host's %s changed from %s to %s since %s was added: its address no longer routes; recreate the pod",
+				l.what, l.was, l.now, att)
+		}
 	}
 	cfg, err := withPrevResult(e.Delegate.Config, conf.CNIVersion, conf.PrevResult)
 	if err != nil {
@@ -118,4 +124,12 @@ func checkResultLists(raw []byte) error {
 		}
 	}
 	return nil
+}
+
+// orNone names a lease for a message; the zero Prefix is "none".
+func orNone(p netip.Prefix) string {
+	if !p.IsValid() {
+		return "none"
+	}
+	return p.String()
 }

@@ -462,7 +462,7 @@ func tcpReach(t *testing.T, from, to ns.NetNS, addr netip.Addr) error {
 	t.Helper()
 	var ln net.Listener
 	if err := to.Do(func(ns.NetNS) (err error) {
-		ln, err = net.Listen("tcp4", net.JoinHostPort(addr.String(), "0"))
+		ln, err = net.Listen("tcp", net.JoinHostPort(addr.String(), "0"))
 		return err
 	}); err != nil {
 		return fmt.Errorf("listen in pod: %w", err)
@@ -478,7 +478,7 @@ func tcpReach(t *testing.T, from, to ns.NetNS, addr netip.Addr) error {
 		accepted <- err
 	}()
 	err := from.Do(func(ns.NetNS) error {
-		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
 		if err != nil {
 			return err
 		}

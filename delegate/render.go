@@ -12,8 +12,10 @@ import (
 type Delegate struct {
 	// Type is the delegate plugin to run (the config's "type").
 	Type string
-	// Lease is the host's lease the configuration was rendered from.
-	Lease netip.Prefix
+	// Lease is the host's lease the configuration was rendered from, and
+	// IPv6Lease its IPv6 lease on a dual-stack host (else zero).
+	Lease     netip.Prefix
+	IPv6Lease netip.Prefix
 	// Config is the delegate's network configuration, compact JSON with
 	// sorted keys.
 	Config []byte
@@ -35,8 +37,9 @@ var legacyRangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
 //     of an earlier lease instead of failing every ADD);
 //   - always ours: name, cniVersion, type (delegate.type, default bridge);
 //   - ipam: the user's ipam base with type host-local, ranges = the lease
-//     and routes = the cluster network first, then the user's routes
-//     (duplicates dropped);
+//     (and on a dual-stack host a second range set, the IPv6 lease, so a
+//     pod gets an address of each family) and routes = the cluster
+//     network(s) first, then the user's routes (duplicates dropped);
 //   - runtimeConfig and args as the runtime gave them.
 //
 // Render is pure: the same inputs always give the same bytes.
@@ -44,8 +47,13 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 	if err := env.Validate(); err != nil {
 		return Delegate{}, err
 	}
-	lease := env.Lease()
-	network := env.Network.Masked()
+	lease, lease6 := env.Lease(), env.IPv6Lease()
+	networks := []netip.Prefix{env.Network.Masked()}
+	ranges := [][]map[string]string{{{"subnet": lease.String()}}}
+	if lease6.IsValid() {
+		networks = append(networks, env.IPv6Network.Masked())
+		ranges = append(ranges, []map[string]string{{"subnet": lease6.String()}})
+	}
 
 	// enc encodes one value; only a malformed raw value (never produced by
 	// ParseConf) can fail, and the first failure is reported below.
@@ -86,13 +94,17 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 		delete(ipam, k)
 	}
 	ipam["type"] = enc("host-local")
-	ipam["ranges"] = enc([][]map[string]string{{{"subnet": lease.String()}}})
+	ipam["ranges"] = enc(ranges)
 	userRoutes, err := ipamRoutes(c.IPAM)
 	if err != nil {
 		return Delegate{}, err
 	}
-	routes := []json.RawMessage{enc(map[string]string{"dst": network.String()})}
-	seen := map[string]bool{network.String() + " via ": true}
+	var routes []json.RawMessage
+	seen := map[string]bool{}
+	for _, n := range networks {
+		routes = append(routes, enc(map[string]string{"dst": n.String()}))
+		seen[n.String()+" via "] = true
+	}
 	for _, r := range userRoutes {
 		key := r.dst.String() + " via " + r.gw
 		if seen[key] {
@@ -114,5 +126,5 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 	if encErr != nil {
 		return Delegate{}, invalidf("cannot encode the delegate configuration: %v", encErr)
 	}
-	return Delegate{Type: c.DelegateType, Lease: lease, Config: data}, nil
+	return Delegate{Type: c.DelegateType, Lease: lease, IPv6Lease: lease6, Config: data}, nil
 }

@@ -29,6 +29,7 @@ func TestRenderGolden(t *testing.T) {
 		name   string
 		conf   string
 		ipMasq bool
+		dual   bool // a dual-stack host: a second range set and route
 	}{
 		{
 			// The configuration of deploy/cni/10-overlay.conflist, as
@@ -66,17 +67,33 @@ func TestRenderGolden(t *testing.T) {
 				"args":{"cni":{"ips":["10.244.7.9"]}}}`,
 			ipMasq: true,
 		},
+		{
+			name: "dual-stack",
+			conf: `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","delegate":{"hairpinMode":true,"isDefaultGateway":true},
+				"ipam":{"routes":[{"dst":"10.244.0.0/16"},{"dst":"192.168.0.0/16"}]}}`,
+			ipMasq: true,
+			dual:   true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConf([]byte(tc.conf))
 			if err != nil {
 				t.Fatalf("ParseConf: %v", err)
 			}
-			d, err := Render(c, testEnv(tc.ipMasq))
+			env := testEnv(tc.ipMasq)
+			wantLease6 := netip.Prefix{}
+			if tc.dual {
+				wantLease6 = netip.MustParsePrefix("fd00:10:244:7::/64")
+				env = env.WithIPv6(netip.MustParsePrefix("fd00:10:244::/48"), wantLease6)
+			}
+			d, err := Render(c, env)
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
-			again, err := Render(c, testEnv(tc.ipMasq))
+			if d.IPv6Lease != wantLease6 {
+				t.Errorf("IPv6Lease = %s, want %s", d.IPv6Lease, wantLease6)
+			}
+			again, err := Render(c, env)
 			if err != nil || !bytes.Equal(d.Config, again.Config) {
 				t.Fatalf("Render is not deterministic: %s vs %s (%v)", d.Config, again.Config, err)
 			}

@@ -55,17 +55,21 @@ func TestSweepHostLocal(t *testing.T) {
 		"10.244.7.6":         "oldformat-stale",
 		"10.244.7.7":         "", // torn write: not understood, kept
 		"notes.txt":          "stale\r\neth0",
+		// A dual-stack pod's IPv6 reservations, in the same store.
+		"last_reserved_ip.1": "fd00:10:244:7::3",
+		"fd00:10:244:7::2":   "valid\r\neth0",
+		"fd00:10:244:7::3":   "stale\r\neth0",
 	})
 	valid := NewValidSet([][2]string{{"valid", "eth0"}, {"oldformat-valid", "eth0"}})
 	released, err := SweepHostLocal(dir, valid)
 	if err != nil {
 		t.Fatalf("SweepHostLocal: %v", err)
 	}
-	wantReleased := []netip.Addr{netip.MustParseAddr("10.244.7.3"), netip.MustParseAddr("10.244.7.4"), netip.MustParseAddr("10.244.7.6")}
+	wantReleased := []netip.Addr{netip.MustParseAddr("10.244.7.3"), netip.MustParseAddr("10.244.7.4"), netip.MustParseAddr("10.244.7.6"), netip.MustParseAddr("fd00:10:244:7::3")}
 	if diff := cmp.Diff(wantReleased, released, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 		t.Errorf("released (-want +got):\n%s", diff)
 	}
-	want := []string{"10.244.7.2", "10.244.7.5", "10.244.7.7", "last_reserved_ip.0", "lock", "notes.txt"}
+	want := []string{"10.244.7.2", "10.244.7.5", "10.244.7.7", "fd00:10:244:7::2", "last_reserved_ip.0", "last_reserved_ip.1", "lock", "notes.txt"}
 	if diff := cmp.Diff(want, dirNames(t, dir)); diff != "" {
 		t.Errorf("directory after sweep (-want +got):\n%s", diff)
 	}

@@ -72,9 +72,9 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	name := DeviceName(cfg.VNI)
+	name := cfg.fam.deviceName(cfg.VNI)
 	log = log.With("component", "vxlan", "device", name)
-	mac, _ := backend.MACFrom(VtepMAC(cfg.NodeID, cfg.VNI))
+	mac, _ := backend.MACFrom(cfg.fam.vtepMAC(cfg.NodeID, cfg.VNI))
 	b := &Backend{
 		cfg:    cfg,
 		log:    log,
@@ -123,12 +123,16 @@ func (b *Backend) EnsureDevice(ctx context.Context) (DeviceInfo, error) {
 	return b.rec.ensureDevice()
 }
 
-// SetPeers implements backend.Backend. Invalid peers (non-IPv4, bad MAC,
-// overlapping our lease, duplicates) are dropped, logged once and counted
-// in Status.InvalidPeers. A set equal to the current one (in any order) is
-// a no-op.
+// Family is the address family of the overlay b programs, chosen by its
+// Config.
+func (b *Backend) Family() Family { return b.cfg.fam }
+
+// SetPeers implements backend.Backend. Invalid peers (of the other family,
+// bad MAC, overlapping our lease, duplicates) are dropped, logged once and
+// counted in Status.InvalidPeers. A set equal to the current one (in any
+// order) is a no-op.
 func (b *Backend) SetPeers(peers []Peer) {
-	specs, rejected, idx := validatePeers(peers, b.cfg.OwnSubnet, b.cfg.LocalIP)
+	specs, rejected, idx := validatePeers(peers, b.cfg.fam, b.cfg.OwnSubnet, b.cfg.LocalIP)
 	b.mu.Lock()
 	if slices.Equal(specs, b.desired) && maps.Equal(rejected, b.invalid) {
 		b.mu.Unlock()

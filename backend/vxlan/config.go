@@ -70,15 +70,27 @@ const (
 	// Overhead is what VXLAN over IPv4 adds to every packet: outer IPv4
 	// (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 	Overhead = 50
+	// OverheadV6 is what VXLAN over IPv6 adds: outer IPv6 (40) + UDP (8)
+	// + VXLAN (8) + inner Ethernet (14).
+	OverheadV6 = 70
 )
 
 // Config is the data plane's configuration. The zero values of VNI, Port,
 // MTU and the timers select the defaults.
+//
+// The family of LocalIP and OwnSubnet chooses the overlay: both IPv4 for
+// the IPv4 one (device overlay.<VNI>), both IPv6 for the IPv6 one
+// (overlay-v6.<VNI>); a dual-stack host runs one Backend of each, with the
+// same VNI and port. Mixed families are a configuration error. A Config
+// with only one of them (as for Teardown) takes that one's family; with
+// neither, IPv4.
 type Config struct {
 	VNI           int  // VXLAN network identifier; 0 means DefaultVNI
 	Port          int  // UDP destination port; 0 means DefaultPort
 	DirectRouting bool // route straight over the underlay to peers on a connected subnet
-	MTU           int  // overlay device MTU; 0 means the underlay's MTU minus Overhead
+	// MTU is the overlay device's MTU; 0 means the underlay's MTU minus
+	// Overhead (IPv4) or OverheadV6 (IPv6).
+	MTU int
 
 	// The underlay: the link encapsulated packets leave by, given by name
 	// or by index (name wins if both are set), and our public address on it.
@@ -107,21 +119,77 @@ type Config struct {
 	// kernel for the first time: after the pass that wrote it, or the first
 	// pass that found it already there. It must not block.
 	OnPeerProgrammed func(p backend.Peer, at time.Time)
+
+	fam Family // set by withDefaults from LocalIP and OwnSubnet
 }
 
-// DeviceName is the name of the VXLAN device for a VNI: overlay.<VNI>.
+// DeviceName is the name of the IPv4 VXLAN device for a VNI: overlay.<VNI>.
 func DeviceName(vni int) string { return "overlay." + strconv.Itoa(vni) }
 
-// VtepMAC derives the MAC of this host's VTEP from its node ID and the VNI:
-// the first six bytes of a SHA-256, made locally administered and unicast.
-// The same host therefore gets the same MAC across daemon restarts and
-// reboots, and peers' neighbour entries stay valid when the device is
-// recreated.
-func VtepMAC(nodeID string, vni int) net.HardwareAddr {
-	sum := sha256.Sum256([]byte("overlay-vtep\x00" + nodeID + "\x00" + strconv.Itoa(vni)))
+// DeviceNameV6 is the name of the IPv6 VXLAN device for a VNI:
+// overlay-v6.<VNI> (flannel's is flannel-v6.<VNI>).
+func DeviceNameV6(vni int) string { return "overlay-v6." + strconv.Itoa(vni) }
+
+// VtepMAC derives the MAC of this host's IPv4 VTEP from its node ID and the
+// VNI: the first six bytes of a SHA-256, made locally administered and
+// unicast. The same host therefore gets the same MAC across daemon
+// restarts and reboots, and peers' neighbour entries stay valid when the
+// device is recreated.
+func VtepMAC(nodeID string, vni int) net.HardwareAddr { return vtepMAC("overlay-vtep", nodeID, vni) }
+
+// VtepMACv6 is VtepMAC for the IPv6 VTEP. It is derived with another salt:
+// the host's two devices need distinct MACs (each peer's FDB of a device
+// maps a MAC to one remote), and VtepMAC's values, which running hosts
+// publish, must not change.
+func VtepMACv6(nodeID string, vni int) net.HardwareAddr {
+	return vtepMAC("overlay-vtep-v6", nodeID, vni)
+}
+
+func vtepMAC(salt, nodeID string, vni int) net.HardwareAddr {
+	sum := sha256.Sum256([]byte(salt + "\x00" + nodeID + "\x00" + strconv.Itoa(vni)))
 	mac := net.HardwareAddr(sum[:6:6])
 	mac[0] = mac[0]&^0x01 | 0x02
 	return mac
+}
+
+// deviceName and vtepMAC are the device name and MAC of the overlay of
+// family fam.
+func (fam Family) deviceName(vni int) string {
+	if fam == IPv6 {
+		return DeviceNameV6(vni)
+	}
+	return DeviceName(vni)
+}
+
+func (fam Family) vtepMAC(nodeID string, vni int) net.HardwareAddr {
+	if fam == IPv6 {
+		return VtepMACv6(nodeID, vni)
+	}
+	return VtepMAC(nodeID, vni)
+}
+
+// overhead is what VXLAN over the underlay of family fam adds.
+func (fam Family) overhead() int {
+	if fam == IPv6 {
+		return OverheadV6
+	}
+	return Overhead
+}
+
+// family picks the overlay's family from LocalIP and OwnSubnet (see
+// Config).
+func (c Config) family() (Family, error) {
+	local, own := c.LocalIP, c.OwnSubnet.Addr()
+	switch {
+	case local.IsValid() && own.IsValid() && familyOf(local) != familyOf(own):
+		return IPv4, fmt.Errorf("LocalIP %v is %v but OwnSubnet %v is %v: give both of one family (IPv4 for %s, IPv6 for %s)",
+			local, familyOf(local), c.OwnSubnet, familyOf(own), DeviceName(c.VNI), DeviceNameV6(c.VNI))
+	case local.IsValid():
+		return familyOf(local), nil
+	case own.IsValid():
+		return familyOf(own), nil
+	}
+	return IPv4, nil
 }
 
 // withDefaults fills in defaults and checks what every operation needs.
@@ -157,21 +225,34 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Underlay == "" && c.UnderlayIndex <= 0 {
 		errs = append(errs, errors.New("no underlay link: set Underlay (name) or UnderlayIndex"))
 	}
+	var err error
+	if c.fam, err = c.family(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return c, fmt.Errorf("vxlan config: %w", err)
 	}
 	return c, nil
 }
 
+// has reports whether a is an address of family fam proper: an
+// IPv4-mapped IPv6 address is neither family's.
+func (fam Family) has(a netip.Addr) bool {
+	if fam == IPv6 {
+		return a.Is6() && !a.Is4In6()
+	}
+	return a.Is4()
+}
+
 // checkDevice checks what creating the device needs beyond withDefaults
 // (teardown can do without it).
 func (c Config) checkDevice() error {
 	var errs []error
-	if !c.LocalIP.IsValid() || !c.LocalIP.Is4() || c.LocalIP.IsUnspecified() {
-		errs = append(errs, fmt.Errorf("LocalIP %v is not a usable IPv4 address", c.LocalIP))
+	if a := c.LocalIP; !c.fam.has(a) || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+		errs = append(errs, fmt.Errorf("LocalIP %v is not a usable %v address", c.LocalIP, c.fam))
 	}
-	if !c.OwnSubnet.IsValid() || !c.OwnSubnet.Addr().Is4() || c.OwnSubnet.Masked() != c.OwnSubnet {
-		errs = append(errs, fmt.Errorf("OwnSubnet %v is not an IPv4 network prefix", c.OwnSubnet))
+	if !c.OwnSubnet.IsValid() || !c.fam.has(c.OwnSubnet.Addr()) || c.OwnSubnet.Masked() != c.OwnSubnet {
+		errs = append(errs, fmt.Errorf("OwnSubnet %v is not an %v network prefix", c.OwnSubnet, c.fam))
 	}
 	if c.NodeID == "" {
 		errs = append(errs, errors.New("NodeID is empty (it seeds the VTEP MAC)"))

@@ -19,7 +19,7 @@ type deviceDiff struct {
 	SetMAC  bool
 	SetUp   bool
 	AddAddr bool
-	DelAddr []netip.Prefix // IPv4 addresses that are not ours
+	DelAddr []netip.Prefix // addresses of the device's family that are not ours
 }
 
 // Reason describes the diff for a log line, "" when the device matches.
@@ -46,10 +46,12 @@ func (d deviceDiff) Reason() string {
 	return strings.Join(r, ", ")
 }
 
-// compareDevice compares the device we have (and its IPv4 addresses) with
-// the one we want. Identity attributes (kind, VNI, port, local address,
-// underlay, learning, external mode, default remote) force a recreation;
-// MTU, MAC, addresses and the up flag are fixed in place.
+// compareDevice compares the device we have (and its addresses of our
+// family) with the one we want. Identity attributes (kind, VNI, port, local
+// address, underlay, learning, external mode, default remote) force a
+// recreation; MTU, MAC, addresses and the up flag are fixed in place. The
+// IPv6 link-local addresses the kernel gives every device are its own:
+// deleted, they would only come back.
 func compareDevice(want, have Link, wantAddr netip.Prefix, haveAddrs []netip.Prefix) deviceDiff {
 	var d deviceDiff
 	var why []string
@@ -90,6 +92,9 @@ func compareDevice(want, have Link, wantAddr netip.Prefix, haveAddrs []netip.Pre
 	d.SetUp = !have.Up
 	d.AddAddr = true
 	for _, a := range haveAddrs {
+		if a.Addr().Is6() && a.Addr().IsLinkLocalUnicast() {
+			continue
+		}
 		if a == wantAddr {
 			d.AddAddr = false
 		} else {
@@ -132,7 +137,7 @@ func (c *counters) write(f func() error) error {
 func (d *device) spec(underlay Link) Link {
 	mtu := d.cfg.MTU
 	if mtu == 0 {
-		mtu = underlay.MTU - Overhead
+		mtu = underlay.MTU - d.cfg.fam.overhead()
 	}
 	return Link{
 		Name:          d.name,
@@ -180,7 +185,9 @@ func (d *device) ensure() (dev, underlay Link, created bool, err error) {
 		return Link{}, Link{}, false, err
 	}
 	want := d.spec(underlay)
-	wantAddr := netip.PrefixFrom(d.cfg.OwnSubnet.Addr(), 32)
+	// Our subnet's network address as a host address (/32, /128), as
+	// flannel does.
+	wantAddr := netip.PrefixFrom(d.cfg.OwnSubnet.Addr(), d.cfg.OwnSubnet.Addr().BitLen())
 
 	have, err := d.nl.LinkByName(d.name)
 	switch {
@@ -195,7 +202,7 @@ func (d *device) ensure() (dev, underlay Link, created bool, err error) {
 		return Link{}, underlay, false, fmt.Errorf("look up device %s: %w", d.name, err)
 	}
 
-	addrs, err := retryDump(func() ([]netip.Prefix, error) { return d.nl.AddrList(have.Index) })
+	addrs, err := retryDump(func() ([]netip.Prefix, error) { return d.nl.AddrListFamily(have.Index, d.cfg.fam) })
 	if err != nil {
 		return Link{}, underlay, false, fmt.Errorf("list addresses of %s: %w", d.name, err)
 	}
@@ -275,11 +282,13 @@ func (d *device) create(want Link, wantAddr netip.Prefix) (Link, error) {
 // explainLinkAdd turns the kernel's terse refusal into what to do about it.
 func (d *device) explainLinkAdd(want Link, err error) error {
 	if errors.Is(err, syscall.EEXIST) {
-		// The name is free (we looked), so another VXLAN device holds the
-		// same VNI and port, typically flannel.1.
+		// The name is free (we looked), so another VXLAN device of our
+		// family holds the same VNI and port, typically flannel.1 (the
+		// other family's device, our twin, may: the kernel keeps them
+		// apart).
 		if links, lerr := d.nl.LinkList(); lerr == nil {
 			for _, l := range links {
-				if l.Kind == "vxlan" && l.VNI == want.VNI && l.Port == want.Port && l.Name != want.Name {
+				if l.Kind == "vxlan" && l.VNI == want.VNI && l.Port == want.Port && l.Name != want.Name && l.Family() == want.Family() {
 					return fmt.Errorf("create %s: device %s already uses VNI %d on port %d; delete it or choose another VNI/port: %w",
 						want.Name, l.Name, want.VNI, want.Port, err)
 				}

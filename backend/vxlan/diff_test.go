@@ -82,6 +82,13 @@ func TestDiff(t *testing.T) {
 	p3far := p3
 	p3far.PublicIP = netip.MustParseAddr("203.0.113.3") // not on the underlay's subnet
 
+	// The IPv6 overlay's peers.
+	q2, q3 := tSpec6(2), tSpec6(3)
+	q2newMAC := q2
+	q2newMAC.VtepMAC = tMAC(0x22)
+	q3far := q3
+	q3far.PublicIP = netip.MustParseAddr("2001:db8:ffff::3") // not on the underlay's subnet
+
 	foreignOnDev := Route{Dst: netip.MustParsePrefix("10.250.0.0/24"), LinkIndex: tDev, Protocol: 4}
 	foreignSameDst := Route{Dst: p3.Subnet, Gw: netip.MustParseAddr("192.0.2.1"), LinkIndex: tOther, Protocol: 4}
 	oursElsewhere := ourRoute("10.244.9.0/24", "10.244.9.0", tOther)
@@ -274,6 +281,56 @@ func TestDiff(t *testing.T) {
 			have:  merge(programmed(p3), kernelState{Routes: []Route{foreignSameDst}}),
 			confl: []netip.Prefix{p3.Subnet},
 		},
+		{
+			name: "IPv6: add two peers: neighbour, FDB, route in that order",
+			want: []Peer{q2, q3},
+			ops: []string{
+				"neigh-set fd00:10:244:2:: lladdr 0e:00:00:00:06:02 dev 10 state 0x80",
+				"neigh-set fd00:10:244:3:: lladdr 0e:00:00:00:06:03 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:06:02 dst 2001:db8::2 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:06:03 dst 2001:db8::3 dev 10 state 0x80",
+				"route-set fd00:10:244:2::/64 via fd00:10:244:2:: dev 10 onlink proto 115",
+				"route-set fd00:10:244:3::/64 via fd00:10:244:3:: dev 10 onlink proto 115",
+			},
+		},
+		{
+			name: "IPv6: converged: nothing to do",
+			want: []Peer{q2, q3},
+			have: merge(programmed(q2), programmed(q3), underlayConnected6),
+		},
+		{
+			name: "IPv6: remove a peer: route, FDB, neighbour; the kernel's own neighbours stay",
+			want: []Peer{q2},
+			have: merge(programmed(q2), programmed(q3), kernelState{Neighs: []Neigh{
+				{LinkIndex: tDev, IP: netip.MustParseAddr("ff02::16"), MAC: MAC{0x33, 0x33, 0, 0, 0, 0x16}, State: 0x40}, // NOARP
+			}}),
+			ops: []string{
+				"route-del fd00:10:244:3::/64 via fd00:10:244:3:: dev 10 onlink proto 115",
+				"fdb-del 0e:00:00:00:06:03 dst 2001:db8::3 dev 10 state 0x80",
+				"neigh-del fd00:10:244:3:: lladdr 0e:00:00:00:06:03 dev 10 state 0x80",
+			},
+		},
+		{
+			name: "IPv6: MAC change replaces the neighbour and drops the old FDB entry",
+			want: []Peer{q2newMAC},
+			have: programmed(q2),
+			ops: []string{
+				"fdb-del 0e:00:00:00:06:02 dst 2001:db8::2 dev 10 state 0x80",
+				"neigh-set fd00:10:244:2:: lladdr 0e:00:00:00:00:22 dev 10 state 0x80",
+				"fdb-set 0e:00:00:00:00:22 dst 2001:db8::2 dev 10 state 0x80",
+			},
+		},
+		{
+			name:   "IPv6 DirectRouting: a peer on the underlay's subnet (a connected route has no scope) is routed directly",
+			want:   []Peer{q2, q3far},
+			have:   merge(programmed(q2), programmed(q3far), underlayConnected6),
+			direct: true,
+			ops: []string{
+				"fdb-del 0e:00:00:00:06:02 dst 2001:db8::2 dev 10 state 0x80",
+				"neigh-del fd00:10:244:2:: lladdr 0e:00:00:00:06:02 dev 10 state 0x80",
+				"route-set fd00:10:244:2::/64 via 2001:db8::2 dev 2 proto 115",
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,29 +375,38 @@ func TestViewFollowsWritesAndScopedDiffConverges(t *testing.T) {
 	moved.PublicIP = netip.MustParseAddr("198.18.9.9")
 	remac := tSpec(2)
 	remac.VtepMAC = tMAC(0x22)
-	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {remac, moved, tSpec(4)}, {tSpec(4)}}
+	moved6 := tSpec6(3)
+	moved6.PublicIP = netip.MustParseAddr("2001:db8::99")
+	remac6 := tSpec6(2)
+	remac6.VtepMAC = tMAC(0x22)
+	setsOf := map[Family][][]Peer{
+		IPv4: {nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {remac, moved, tSpec(4)}, {tSpec(4)}},
+		IPv6: {nil, {tSpec6(2)}, {tSpec6(2), tSpec6(3)}, {remac6, moved6, tSpec6(0x10)}, {tSpec6(0x10)}},
+	}
 	env := diffEnv{Dev: tDev, Underlay: tUnderlay}
 	cmpView := cmp.Options{cmp.AllowUnexported(view{}, vroute{}, vneigh{}, vfdb{}, ip16{}, prefix16{}), cmpopts.EquateEmpty(),
 		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })}
-	for i, from := range sets {
-		for j, to := range sets {
-			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
-				first := diff(from, viewOf(kernelState{}, env, 0))
-				k := applyModel(kernelState{}, first.ops())
-				v := viewOf(k, env, 0)
-				gone, come := specDelta(from, to)
-				scoped := diff(come, v.scoped(gone, come))
-				for _, o := range scoped.ops() {
-					k = applyModel(k, []op{o})
-					v.record(o)
-				}
-				if d := cmp.Diff(viewOf(k, env, 0), v, cmpView); d != "" {
-					t.Errorf("view after the writes differs from a listing (-listed +view):\n%s", d)
-				}
-				if again := diff(to, viewOf(k, env, 0)); len(again.ops()) != 0 {
-					t.Errorf("a full pass after the scoped one still plans %v", opStrings(again.ops()))
-				}
-			})
+	for fam, sets := range setsOf {
+		for i, from := range sets {
+			for j, to := range sets {
+				t.Run(fmt.Sprintf("%v/%d->%d", fam, i, j), func(t *testing.T) {
+					first := diff(from, viewOf(kernelState{}, env, 0))
+					k := applyModel(kernelState{}, first.ops())
+					v := viewOf(k, env, 0)
+					gone, come := specDelta(from, to)
+					scoped := diff(come, v.scoped(gone, come))
+					for _, o := range scoped.ops() {
+						k = applyModel(k, []op{o})
+						v.record(o)
+					}
+					if d := cmp.Diff(viewOf(k, env, 0), v, cmpView); d != "" {
+						t.Errorf("view after the writes differs from a listing (-listed +view):\n%s", d)
+					}
+					if again := diff(to, viewOf(k, env, 0)); len(again.ops()) != 0 {
+						t.Errorf("a full pass after the scoped one still plans %v", opStrings(again.ops()))
+					}
+				})
+			}
 		}
 	}
 }
@@ -389,38 +455,56 @@ func delRoute(rs []Route, dst netip.Prefix) []Route {
 	return out
 }
 
-// TestValidatePeers covers what the backend checks: this host and the set.
-// The values of each peer are validated where the lease enters
-// (subnet.TestPeerValidation: prefix length, public IP, MAC).
+// TestValidatePeers covers what the backend checks: this host and the set,
+// for either family. The values of each peer are validated where the lease
+// enters (subnet.TestPeerValidation: prefix length, public IP, MAC).
 func TestValidatePeers(t *testing.T) {
-	own := netip.MustParsePrefix("10.244.1.0/24")
-	local := netip.MustParseAddr("198.18.0.1")
-	good := func(n int) Peer {
-		s := tSpec(n)
-		return Peer{Subnet: s.Subnet, PublicIP: s.PublicIP, VtepMAC: s.VtepMAC}
-	}
-	mod := func(n int, f func(*Peer)) Peer { p := good(n); f(&p); return p }
+	own := map[Family]netip.Prefix{IPv4: netip.MustParsePrefix("10.244.1.0/24"), IPv6: netip.MustParsePrefix("fd00:10:244:1::/64")}
+	local := map[Family]netip.Addr{IPv4: netip.MustParseAddr("198.18.0.1"), IPv6: netip.MustParseAddr("2001:db8::1")}
+	spec := map[Family]func(int) Peer{IPv4: tSpec, IPv6: tSpec6}
+	mod := func(fam Family, n int, f func(*Peer)) Peer { p := spec[fam](n); f(&p); return p }
 	tests := []struct {
 		name   string
+		fam    Family
 		peer   Peer
 		reason string
 	}{
-		{"IPv6 subnet", mod(5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "not an IPv4 peer with a VTEP MAC"},
-		{"no public IP", mod(5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv4 peer with a VTEP MAC"},
-		{"no MAC", mod(5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv4 peer with a VTEP MAC"},
-		{"our public IP", mod(5, func(p *Peer) { p.PublicIP = local }), "public IP is our own"},
-		{"our subnet", mod(5, func(p *Peer) { p.Subnet = own }), "subnet overlaps our own lease"},
-		{"duplicate subnet", mod(2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
-		{"same network address", mod(2, func(p *Peer) {
+		{"IPv6 subnet", IPv4, mod(IPv4, 5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "not an IPv4 peer with a VTEP MAC"},
+		{"IPv6 peer", IPv4, tSpec6(5), "not an IPv4 peer with a VTEP MAC"},
+		{"no public IP", IPv4, mod(IPv4, 5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv4 peer with a VTEP MAC"},
+		{"no MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv4 peer with a VTEP MAC"},
+		{"our public IP", IPv4, mod(IPv4, 5, func(p *Peer) { p.PublicIP = local[IPv4] }), "public IP is our own"},
+		{"our subnet", IPv4, mod(IPv4, 5, func(p *Peer) { p.Subnet = own[IPv4] }), "subnet overlaps our own lease"},
+		{"duplicate subnet", IPv4, mod(IPv4, 2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
+		{"same network address", IPv4, mod(IPv4, 2, func(p *Peer) {
 			p.Subnet = netip.MustParsePrefix("10.244.2.0/25")
 			p.VtepMAC = tMAC(0x55)
 		}), "network address used by another peer's subnet"},
-		{"duplicate MAC", mod(5, func(p *Peer) { p.VtepMAC = tMAC(2) }), "VTEP MAC used by another peer"},
+		{"duplicate MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.VtepMAC = tMAC(2) }), "VTEP MAC used by another peer"},
+
+		{"IPv4 peer", IPv6, tSpec(5), "not an IPv6 peer with a VTEP MAC"},
+		{"IPv4 public IP", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.MustParseAddr("198.18.0.5") }), "not an IPv6 peer with a VTEP MAC"},
+		{"IPv4-mapped public IP", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.MustParseAddr("::ffff:198.18.0.5") }), "not an IPv6 peer with a VTEP MAC"},
+		{"IPv4-mapped subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("::ffff:10.244.5.0/120") }), "not an IPv6 peer with a VTEP MAC"},
+		{"zoned public IP", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.MustParseAddr("fe80::5%ul0") }), "not an IPv6 peer with a VTEP MAC"},
+		{"no public IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv6 peer with a VTEP MAC"},
+		{"no subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = netip.Prefix{} }), "not an IPv6 peer with a VTEP MAC"},
+		{"no MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv6 peer with a VTEP MAC"},
+		{"our public IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = local[IPv6] }), "public IP is our own"},
+		{"our IPv6 subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = own[IPv6] }), "subnet overlaps our own lease"},
+		{"inside our IPv6 subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00:10:244:1:8000::/80") }), "subnet overlaps our own lease"},
+		{"duplicate IPv6 subnet", IPv6, mod(IPv6, 2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
+		{"same IPv6 network address", IPv6, mod(IPv6, 2, func(p *Peer) {
+			p.Subnet = netip.MustParsePrefix("fd00:10:244:2::/80")
+			p.VtepMAC = tMAC(0x55)
+		}), "network address used by another peer's subnet"},
+		{"duplicate MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.VtepMAC = tSpec6(2).VtepMAC }), "VTEP MAC used by another peer"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			specs, rejected, _ := validatePeers([]Peer{good(3), good(2), tt.peer}, own, local)
-			if d := cmp.Diff([]Peer{tSpec(2), tSpec(3)}, specs, cmp.Comparer(func(a, b Peer) bool { return a == b })); d != "" {
+		t.Run(tt.fam.String()+"/"+tt.name, func(t *testing.T) {
+			good := spec[tt.fam]
+			specs, rejected, _ := validatePeers([]Peer{good(3), good(2), tt.peer}, tt.fam, own[tt.fam], local[tt.fam])
+			if d := cmp.Diff([]Peer{good(2), good(3)}, specs, cmp.Comparer(func(a, b Peer) bool { return a == b })); d != "" {
 				t.Errorf("specs (-want +got):\n%s", d)
 			}
 			if len(rejected) != 1 {
@@ -551,7 +635,7 @@ func TestSpecDelta(t *testing.T) {
 // peer needs it, or if the notification does not say which entry it was.
 func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 	p := tSpec(2)
-	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.VtepMAC}}, netip.Prefix{}, netip.Addr{})
+	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.VtepMAC}}, IPv4, netip.Prefix{}, netip.Addr{})
 	b := &Backend{}
 	if b.wants(Event{Kind: EventRouteDel, Dst: p.Subnet}) {
 		t.Errorf("no peers desired yet, but a deletion wants a pass")

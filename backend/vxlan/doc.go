@@ -1,5 +1,6 @@
 // Package vxlan is the VXLAN data plane of the overlay: one VXLAN device per
-// host (the VTEP, named overlay.<VNI>) and, for every other host, three
+// host and address family (the VTEP, named overlay.<VNI>, and
+// overlay-v6.<VNI> on a dual-stack host) and, for every other host, three
 // kernel entries that carry a pod's packet to it.
 //
 // The packet path, for a pod on host A (lease 10.244.1.0/24, public address
@@ -19,6 +20,26 @@
 // on a subnet directly connected to the underlay gets just a route,
 // 10.244.2.0/24 via 198.18.0.2 dev <underlay> proto 115, and no
 // encapsulation.
+//
+// IPv6 is a second overlay of the same shape, run by a second Backend on a
+// dual-stack host; Config's LocalIP and OwnSubnet choose the family. Its
+// device is overlay-v6.<VNI>: same VNI and port, VXLAN over the IPv6
+// underlay (local = the host's public IPv6 address, MTU = underlay MTU −
+// OverheadV6, 70), with a MAC of its own (VtepMACv6: the peers' FDB of the
+// IPv6 device maps it to our IPv6 address) and the network address of the
+// host's IPv6 lease as a /128, added without duplicate address detection
+// so that it is usable at once (and, like the IPv4 /32, without a prefix
+// route). For host B with fd00:10:244:2::/64 at 2001:db8::2:
+//
+//	route  fd00:10:244:2::/64 via fd00:10:244:2:: dev overlay-v6.1 onlink proto 115
+//	neigh  fd00:10:244:2:: lladdr <B's IPv6 VTEP MAC> dev overlay-v6.1 PERMANENT
+//	fdb    <B's IPv6 VTEP MAC> dst 2001:db8::2 dev overlay-v6.1 self permanent
+//
+// Each Backend lists and writes only its family: routes of that family
+// (RouteProtocol, on its device or the underlay), neighbours of that family
+// and FDB entries on its own device. The two overlays of a host therefore
+// never see, let alone remove, each other's entries, though they share the
+// underlay, the route protocol and a netlink connection.
 //
 // The kernel state is reconciled, not scripted. The backend keeps one model
 // of the kernel, the view: an index of what it holds of ours, replaced by a

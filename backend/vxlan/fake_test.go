@@ -55,18 +55,17 @@ func reconcile(t testing.TB, b *vxlan.Backend) {
 }
 
 func TestFakeConvergeThenRestartWithZeroWrites(t *testing.T) {
-	f, cfg := fakeHost(t)
-	b := newBackend(t, cfg, f)
-	info, err := b.EnsureDevice(context.Background())
-	if err != nil {
-		t.Fatalf("EnsureDevice: %v", err)
-	}
-	if info.MTU != 1450 || info.VtepMAC.String() != vxlan.VtepMAC("host-a", 1).String() || info.Name != dev {
-		t.Errorf("EnsureDevice = %+v, want overlay.1 with MTU 1450 and the derived MAC", info)
-	}
-	b.SetPeers(peers(2, 3))
-	reconcile(t, b)
-	checkState(t, f, dev, fmt.Sprintf(`device overlay.1 vxlan vni 1 port 8472 local 198.18.0.1 underlay ul0 learning false mtu 1450 mac %s up
+	for _, tt := range []struct {
+		v6    bool
+		mtu   int
+		mac   string
+		peers func(...int) []backend.Peer
+		state string // with the device's MAC as %s
+		ops   []string
+	}{
+		{
+			v6: false, mtu: 1450, mac: vxlan.VtepMAC("host-a", 1).String(), peers: peers,
+			state: `device overlay.1 vxlan vni 1 port 8472 local 198.18.0.1 underlay ul0 learning false mtu 1450 mac %s up
 addr overlay.1 10.244.1.0/32
 route 10.244.2.0/24 via 10.244.2.0 dev overlay.1 onlink
 route 10.244.3.0/24 via 10.244.3.0 dev overlay.1 onlink
@@ -74,38 +73,85 @@ neigh 10.244.2.0 lladdr 0e:00:00:00:00:02 dev overlay.1
 neigh 10.244.3.0 lladdr 0e:00:00:00:00:03 dev overlay.1
 fdb 0e:00:00:00:00:02 dst 198.18.0.2 dev overlay.1
 fdb 0e:00:00:00:00:03 dst 198.18.0.3 dev overlay.1
-`, vxlan.VtepMAC("host-a", 1)))
-	if d := cmp.Diff([]string{
-		"LinkAdd overlay.1", "AddrReplace 3", "LinkSetUp 3",
-		"NeighSet 10.244.2.0", "NeighSet 10.244.3.0",
-		"FDBSet 0e:00:00:00:00:02", "FDBSet 0e:00:00:00:00:03",
-		"RouteReplace 10.244.2.0/24", "RouteReplace 10.244.3.0/24",
-	}, f.Ops()); d != "" {
-		t.Errorf("writes (-want +got):\n%s", d)
-	}
+`,
+			ops: []string{
+				"LinkAdd overlay.1", "AddrReplace 3", "LinkSetUp 3",
+				"NeighSet 10.244.2.0", "NeighSet 10.244.3.0",
+				"FDBSet 0e:00:00:00:00:02", "FDBSet 0e:00:00:00:00:03",
+				"RouteReplace 10.244.2.0/24", "RouteReplace 10.244.3.0/24",
+			},
+		},
+		{
+			v6: true, mtu: 1430, mac: vxlan.VtepMACv6("host-a", 1).String(), peers: peers6,
+			state: `device overlay-v6.1 vxlan vni 1 port 8472 local 2001:db8::1 underlay ul0 learning false mtu 1430 mac %s up
+addr overlay-v6.1 fd00:10:244:1::/128
+route fd00:10:244:2::/64 via fd00:10:244:2:: dev overlay-v6.1 onlink
+route fd00:10:244:3::/64 via fd00:10:244:3:: dev overlay-v6.1 onlink
+neigh fd00:10:244:2:: lladdr 0e:00:06:00:00:02 dev overlay-v6.1
+neigh fd00:10:244:3:: lladdr 0e:00:06:00:00:03 dev overlay-v6.1
+fdb 0e:00:06:00:00:02 dst 2001:db8::2 dev overlay-v6.1
+fdb 0e:00:06:00:00:03 dst 2001:db8::3 dev overlay-v6.1
+`,
+			ops: []string{
+				"LinkAdd overlay-v6.1", "AddrReplace 3", "LinkSetUp 3",
+				"NeighSet fd00:10:244:2::", "NeighSet fd00:10:244:3::",
+				"FDBSet 0e:00:06:00:00:02", "FDBSet 0e:00:06:00:00:03",
+				"RouteReplace fd00:10:244:2::/64", "RouteReplace fd00:10:244:3::/64",
+			},
+		},
+	} {
+		t.Run(fmt.Sprintf("IPv6=%t", tt.v6), func(t *testing.T) {
+			f, cfg, dev := fakeHostOf(t, tt.v6)
+			b := newBackend(t, cfg, f)
+			if info := ensure(t, b); info.MTU != tt.mtu || info.VtepMAC.String() != tt.mac || info.Name != dev {
+				t.Errorf("EnsureDevice = %+v, want %s with MTU %d and the derived MAC %s", info, dev, tt.mtu, tt.mac)
+			}
+			b.SetPeers(tt.peers(2, 3))
+			reconcile(t, b)
+			checkState(t, f, dev, fmt.Sprintf(tt.state, tt.mac))
+			if d := cmp.Diff(tt.ops, f.Ops()); d != "" {
+				t.Errorf("writes (-want +got):\n%s", d)
+			}
 
-	// A restarted daemon: a new backend on the converged namespace.
-	b2 := newBackend(t, cfg, f)
-	before := f.Writes()
-	if _, err := b2.EnsureDevice(context.Background()); err != nil {
-		t.Fatalf("EnsureDevice: %v", err)
-	}
-	b2.SetPeers(peers(3, 2))
-	reconcile(t, b2)
-	if n := f.Writes() - before; n != 0 {
-		t.Errorf("restart on a converged namespace made %d writes, want 0: %v", n, f.Ops())
-	}
-	s := b2.Status()
-	if !s.Ready() || s.PeersProgrammed != 2 || s.Writes != 0 || s.DriftRepairs != 0 {
-		t.Errorf("status after adoption = %+v", s)
+			// A restarted daemon: a new backend on the converged namespace.
+			b2 := newBackend(t, cfg, f)
+			before := f.Writes()
+			ensure(t, b2)
+			b2.SetPeers(tt.peers(3, 2))
+			reconcile(t, b2)
+			if n := f.Writes() - before; n != 0 {
+				t.Errorf("restart on a converged namespace made %d writes, want 0: %v", n, f.Ops())
+			}
+			s := b2.Status()
+			if !s.Ready() || s.PeersProgrammed != 2 || s.Writes != 0 || s.DriftRepairs != 0 || s.Device != dev {
+				t.Errorf("status after adoption = %+v", s)
+			}
+		})
 	}
 }
 
-// scenario is a starting namespace and a peer set to converge it to.
+// scenario is a starting namespace and a peer set to converge it to, on
+// the IPv4 overlay unless v6 says the IPv6 one.
 type scenario struct {
 	name  string
+	v6    bool
 	setup func(t *testing.T, f *vxlantest.Fake, cfg vxlan.Config)
 	peers []backend.Peer
+}
+
+// host is a fresh fake namespace for sc, and its device.
+func (sc scenario) host(t *testing.T) (*vxlantest.Fake, vxlan.Config, string) {
+	return fakeHostOf(t, sc.v6)
+}
+
+// fakeHostOf is fakeHost or, if v6, fakeHost6, with the overlay's device.
+func fakeHostOf(t *testing.T, v6 bool) (*vxlantest.Fake, vxlan.Config, string) {
+	if v6 {
+		f, cfg := fakeHost6(t)
+		return f, cfg, dev6
+	}
+	f, cfg := fakeHost(t)
+	return f, cfg, dev
 }
 
 var scenarios = []scenario{
@@ -141,9 +187,9 @@ func TestFakeEveryInjectedFailureRecovers(t *testing.T) {
 		name  string
 		errno syscall.Errno
 	}{{"EBUSY", syscall.EBUSY}, {"EEXIST", syscall.EEXIST}, {"ENOENT", syscall.ENOENT}, {"EPERM", syscall.EPERM}}
-	for _, sc := range scenarios {
+	for _, sc := range append(scenarios, scenarios6...) {
 		// An undisturbed run gives the golden state and the writes to fail.
-		f, cfg := fakeHost(t)
+		f, cfg, dev := sc.host(t)
 		sc.setup(t, f, cfg)
 		f.Ops()
 		b := newBackend(t, cfg, f)
@@ -163,7 +209,7 @@ func TestFakeEveryInjectedFailureRecovers(t *testing.T) {
 			for _, e := range errnos {
 				errno := e.errno
 				t.Run(fmt.Sprintf("%s/%s/%s", sc.name, w, e.name), func(t *testing.T) {
-					f, cfg := fakeHost(t)
+					f, cfg, dev := sc.host(t)
 					sc.setup(t, f, cfg)
 					b := newBackend(t, cfg, f)
 					b.SetPeers(sc.peers)
@@ -263,22 +309,29 @@ func TestFakeInterruptedDumpsAreRetried(t *testing.T) {
 }
 
 func TestFakeDirectRouting(t *testing.T) {
-	f, cfg := fakeHost(t)
-	cfg.DirectRouting = true
-	b := newBackend(t, cfg, f)
-	far := withIP(peer(3), "203.0.113.3") // behind a router: still VXLAN
-	ps := []backend.Peer{peer(2), far}
-	b.SetPeers(ps)
-	reconcile(t, b)
-	checkState(t, f, dev, goldenWith(cfg, ps, []netip.Prefix{peer(2).Subnet}, nil))
+	for _, v6 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("IPv6=%t", v6), func(t *testing.T) {
+			f, cfg, dev := fakeHostOf(t, v6)
+			cfg.DirectRouting = true
+			b := newBackend(t, cfg, f)
+			near, far := peer(2), withIP(peer(3), "198.19.0.3") // behind a router: still VXLAN
+			if v6 {
+				near, far = to6(near), to6(far)
+			}
+			ps := []backend.Peer{near, far}
+			b.SetPeers(ps)
+			reconcile(t, b)
+			checkState(t, f, dev, goldenWith(cfg, ps, []netip.Prefix{near.Subnet}, nil))
 
-	// Switching DirectRouting off (a restart with new config) moves the
-	// peer back onto VXLAN.
-	cfg.DirectRouting = false
-	b2 := newBackend(t, cfg, f)
-	b2.SetPeers(ps)
-	reconcile(t, b2)
-	checkState(t, f, dev, golden(cfg, ps))
+			// Switching DirectRouting off (a restart with new config) moves the
+			// peer back onto VXLAN.
+			cfg.DirectRouting = false
+			b2 := newBackend(t, cfg, f)
+			b2.SetPeers(ps)
+			reconcile(t, b2)
+			checkState(t, f, dev, golden(cfg, ps))
+		})
+	}
 }
 
 func TestFakeForeignRoutesAreLeftAlone(t *testing.T) {
@@ -534,23 +587,29 @@ func TestRunRepairsDrift(t *testing.T) {
 		name   string
 		notify bool // the kernel notifies the deletion
 		resync time.Duration
+		v6     bool
 	}{
-		{"notified deletions are repaired at once", true, time.Hour},
-		{"silent drift is repaired by the periodic resync", false, 20 * time.Millisecond},
+		{"notified deletions are repaired at once", true, time.Hour, false},
+		{"silent drift is repaired by the periodic resync", false, 20 * time.Millisecond, false},
+		{"notified deletions on the IPv6 overlay are repaired at once", true, time.Hour, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f, cfg := fakeHost(t)
+			f, cfg, dev := fakeHostOf(t, tt.v6)
 			cfg.DisableWatch = false
 			cfg.ResyncInterval = tt.resync
 			b := newBackend(t, cfg, f)
-			b.SetPeers(peers(2, 3))
+			ps := peers(2, 3)
+			if tt.v6 {
+				ps = peers6(2, 3)
+			}
+			b.SetPeers(ps)
 			run(t, b)
 			waitSynced(t, b, 2)
 			want := state(t, f, dev)
 			d, _ := f.LinkByName(dev)
 			ext := f.External(tt.notify)
-			p := peer(3)
+			p := ps[1]
 			mac := p.VtepMAC
 			for _, err := range []error{
 				ext.RouteDel(vxlan.Route{Dst: p.Subnet}),

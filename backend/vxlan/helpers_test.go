@@ -36,10 +36,13 @@ func peer(n int) backend.Peer {
 	}
 }
 
-func peers(ns ...int) []backend.Peer {
+func peers(ns ...int) []backend.Peer { return peersOf(peer, ns) }
+
+// peersOf is the peers of the given numbers, made by one.
+func peersOf(one func(int) backend.Peer, ns []int) []backend.Peer {
 	var out []backend.Peer
 	for _, n := range ns {
-		out = append(out, peer(n))
+		out = append(out, one(n))
 	}
 	return out
 }
@@ -74,15 +77,21 @@ func golden(cfg vxlan.Config, ps []backend.Peer) string { return goldenWith(cfg,
 
 // goldenWith is golden where the peers in direct (by subnet) are routed
 // over the underlay, and with extra route lines (other programs' routes).
+// The family of cfg.LocalIP chooses the device: overlay.<VNI> for IPv4,
+// overlay-v6.<VNI> for IPv6.
 func goldenWith(cfg vxlan.Config, ps []backend.Peer, direct []netip.Prefix, extraRoutes []string) string {
 	vni := cmpOr(cfg.VNI, vxlan.DefaultVNI)
 	port := cmpOr(cfg.Port, vxlan.DefaultPort)
-	mtu := cmpOr(cfg.MTU, 1500-vxlan.Overhead)
-	dev := vxlan.DeviceName(vni)
+	dev, overhead, mac := vxlan.DeviceName(vni), vxlan.Overhead, vxlan.VtepMAC(cfg.NodeID, vni)
+	if cfg.LocalIP.Is6() {
+		dev, overhead, mac = vxlan.DeviceNameV6(vni), vxlan.OverheadV6, vxlan.VtepMACv6(cfg.NodeID, vni)
+	}
+	mtu := cmpOr(cfg.MTU, 1500-overhead)
+	own := cfg.OwnSubnet.Addr()
 	lines := []string{
 		fmt.Sprintf("device %s vxlan vni %d port %d local %s underlay ul0 learning false mtu %d mac %s up",
-			dev, vni, port, cfg.LocalIP, mtu, vxlan.VtepMAC(cfg.NodeID, vni)),
-		fmt.Sprintf("addr %s %s/32", dev, cfg.OwnSubnet.Addr()),
+			dev, vni, port, cfg.LocalIP, mtu, mac),
+		fmt.Sprintf("addr %s %s", dev, netip.PrefixFrom(own, own.BitLen())),
 	}
 	routes := slices.Clone(extraRoutes)
 	var neighs, fdbs []string

@@ -22,8 +22,8 @@ import (
 // rtnlConn). Notifications come through a socket of their own that a BPF
 // filter limits to what the reconciler acts on (see notifyFilter).
 //
-// A KernelNetlink is not safe for concurrent use; the Backend serialises its
-// calls.
+// A KernelNetlink is safe for concurrent use: the two Backends of a
+// dual-stack host may share one. Each request holds its socket's lock.
 type KernelNetlink struct {
 	ns netns.NsHandle // owned; the namespace the sockets live in
 	h  *netlink.Handle
@@ -91,8 +91,7 @@ func ipOf(a netip.Addr) net.IP {
 	if !a.IsValid() {
 		return nil
 	}
-	s := a.As4()
-	return net.IP(s[:])
+	return a.AsSlice()
 }
 
 func addrOf(ip net.IP) netip.Addr {
@@ -104,7 +103,7 @@ func addrOf(ip net.IP) netip.Addr {
 }
 
 func ipNetOf(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: ipOf(p.Addr()), Mask: net.CIDRMask(p.Bits(), 32)}
+	return &net.IPNet{IP: ipOf(p.Addr()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 func prefixOf(n *net.IPNet) netip.Prefix {
@@ -215,7 +214,12 @@ func (k *KernelNetlink) LinkSetMAC(index int, mac MAC) error {
 
 // AddrList implements Netlink.
 func (k *KernelNetlink) AddrList(index int) ([]netip.Prefix, error) {
-	as, err := k.h.AddrList(byIndex(index), netlink.FAMILY_V4)
+	return k.AddrListFamily(index, IPv4)
+}
+
+// AddrListFamily implements Netlink.
+func (k *KernelNetlink) AddrListFamily(index int, fam Family) ([]netip.Prefix, error) {
+	as, err := k.h.AddrList(byIndex(index), int(fam.af()))
 	out := make([]netip.Prefix, 0, len(as))
 	for _, a := range as {
 		if a.LinkIndex == index {
@@ -225,9 +229,18 @@ func (k *KernelNetlink) AddrList(index int) ([]netip.Prefix, error) {
 	return out, err
 }
 
-// AddrReplace implements Netlink.
+// AddrReplace implements Netlink. An IPv6 address skips duplicate address
+// detection: the device address is ours by construction (our lease), and
+// while tentative it could not be used, nor would routes through the
+// device work at once. Nor does it get a prefix route: like an IPv4 /32,
+// the /128 device address has none, so the main table holds no route of
+// the kernel's for it on our device.
 func (k *KernelNetlink) AddrReplace(index int, addr netip.Prefix) error {
-	return k.h.AddrReplace(byIndex(index), &netlink.Addr{IPNet: ipNetOf(addr)})
+	a := &netlink.Addr{IPNet: ipNetOf(addr)}
+	if addr.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD | unix.IFA_F_NOPREFIXROUTE
+	}
+	return k.h.AddrReplace(byIndex(index), a)
 }
 
 // AddrDel implements Netlink.
@@ -236,13 +249,21 @@ func (k *KernelNetlink) AddrDel(index int, addr netip.Prefix) error {
 }
 
 // RouteList implements Netlink.
-func (k *KernelNetlink) RouteList() ([]Route, error) { return k.rt.routeList() }
+func (k *KernelNetlink) RouteList() ([]Route, error) { return k.rt.routeList(IPv4) }
+
+// RouteListFamily implements Netlink.
+func (k *KernelNetlink) RouteListFamily(fam Family) ([]Route, error) { return k.rt.routeList(fam) }
 
 // Write implements Netlink: many requests per sendmsg (rtnlConn.writeBatch).
 func (k *KernelNetlink) Write(batch []Write) []error { return k.rt.writeBatch(batch) }
 
 // NeighList implements Netlink.
-func (k *KernelNetlink) NeighList(index int) ([]Neigh, error) { return k.rt.neighList(index) }
+func (k *KernelNetlink) NeighList(index int) ([]Neigh, error) { return k.rt.neighList(index, IPv4) }
+
+// NeighListFamily implements Netlink.
+func (k *KernelNetlink) NeighListFamily(index int, fam Family) ([]Neigh, error) {
+	return k.rt.neighList(index, fam)
+}
 
 // FDBList implements Netlink. Only a strict request makes the kernel filter
 // an AF_BRIDGE dump by device; without it every bridge port's entries on

@@ -149,33 +149,42 @@ func ensure(t testing.TB, b *vxlan.Backend) vxlan.DeviceInfo {
 }
 
 // counts lists the kernel through the test's own handle, independently of
-// the code under test: our routes, permanent neighbours and FDB entries on
-// the device.
+// the code under test: our IPv4 routes, permanent neighbours and FDB
+// entries on the device.
 func (tn *testNS) counts(t testing.TB, devIndex int) (routes, neighs, fdbs int) {
 	t.Helper()
-	rs, err := tn.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	rs, ns, fs := tn.ours(t, netlink.FAMILY_V4, devIndex)
+	return len(rs), len(ns), len(fs)
+}
+
+// ours lists, through the test's own handle, the routes of our protocol
+// (on any link) of family (netlink.FAMILY_V4 or _V6), and the permanent
+// neighbours of that family and the FDB entries of link index.
+func (tn *testNS) ours(t testing.TB, family, index int) (routes []netlink.Route, neighs, fdbs []netlink.Neigh) {
+	t.Helper()
+	routes, err := tn.h.RouteListFiltered(family, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
 		t.Fatalf("list routes: %v", err)
 	}
-	ns, err := tn.h.NeighList(devIndex, netlink.FAMILY_V4)
+	all, err := tn.h.NeighList(index, family)
 	if err != nil {
 		t.Fatalf("list neighbours: %v", err)
 	}
-	for _, n := range ns {
+	for _, n := range all {
 		if n.State&netlink.NUD_PERMANENT != 0 {
-			neighs++
+			neighs = append(neighs, n)
 		}
 	}
-	fs, err := tn.h.NeighList(devIndex, unix.AF_BRIDGE)
+	all, err = tn.h.NeighList(index, unix.AF_BRIDGE)
 	if err != nil {
 		t.Fatalf("list FDB: %v", err)
 	}
-	for _, f := range fs {
-		if f.LinkIndex == devIndex {
-			fdbs++
+	for _, f := range all {
+		if f.LinkIndex == index {
+			fdbs = append(fdbs, f)
 		}
 	}
-	return len(rs), neighs, fdbs
+	return routes, neighs, fdbs
 }
 
 func TestKernelProgramsAndRemoves200Peers(t *testing.T) {
@@ -311,14 +320,21 @@ func TestKernelDeviceSetDownIsRepaired(t *testing.T) {
 }
 
 func TestKernelRestartPerformsZeroWrites(t *testing.T) {
-	for _, direct := range []bool{false, true} {
-		t.Run(fmt.Sprintf("DirectRouting=%t", direct), func(t *testing.T) {
-			tn := newTestNS(t).withUnderlay(t)
-			cfg := kernelConfig(t)
+	for _, tt := range []struct{ v6, direct bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+		t.Run(fmt.Sprintf("IPv6=%t/DirectRouting=%t", tt.v6, tt.direct), func(t *testing.T) {
+			direct := tt.direct
+			tn := newTestNS(t).withUnderlay6(t)
+			cfg, dev, mtu := kernelConfig(t), dev, 1450
 			cfg.DirectRouting = direct
 			// Half the peers on the underlay's subnet (routed directly
 			// when DirectRouting is on), half behind it.
 			ps := append(peers(2, 3, 4, 5, 6, 7, 8, 9, 10, 11), manyPeers(10)...)
+			if tt.v6 {
+				cfg, dev, mtu = config6(cfg), dev6, 1430
+				for i, p := range ps {
+					ps[i] = to6(p)
+				}
+			}
 			first := newBackend(t, cfg, tn.nl)
 			first.SetPeers(ps)
 			reconcile(t, first)
@@ -331,11 +347,16 @@ func TestKernelRestartPerformsZeroWrites(t *testing.T) {
 			want := goldenWith(cfg, ps, directPeers, nil)
 			checkState(t, tn.nl, dev, want)
 
+			before, err := tn.h.LinkByName(dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+
 			c := &counting{Netlink: tn.nl}
 			cfg.DisableWatch = false
 			second := newBackend(t, cfg, c)
-			if info := ensure(t, second); info.MTU != 1450 {
-				t.Errorf("adopted MTU %d, want 1450", info.MTU)
+			if info := ensure(t, second); info.MTU != mtu || info.Index != before.Attrs().Index {
+				t.Errorf("adopted %+v, want MTU %d and the same device (index %d)", info, mtu, before.Attrs().Index)
 			}
 			slices.Reverse(ps) // order does not matter
 			second.SetPeers(ps)
@@ -356,6 +377,7 @@ func TestKernelFixesMismatchedDevice(t *testing.T) {
 	mac := vxlan.VtepMAC("host-a", 1)
 	tests := []struct {
 		name     string
+		v6       bool // of the IPv6 overlay
 		link     func(underlay int) netlink.Link
 		recreate bool
 		writes   uint64 // for in-place fixes
@@ -391,10 +413,32 @@ func TestKernelFixesMismatchedDevice(t *testing.T) {
 			},
 			writes: 4, // MTU, MAC, address, up
 		},
+		{
+			name: "IPv6: wrong port: recreated",
+			v6:   true,
+			link: func(ul int) netlink.Link {
+				return &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: dev6, MTU: 1430, HardwareAddr: vxlan.VtepMACv6("host-a", 1)},
+					VxlanId: 1, Port: 4789, SrcAddr: localIP6.AsSlice(), VtepDevIndex: ul}
+			},
+			recreate: true,
+		},
+		{
+			name: "IPv6: an IPv4 local address: recreated",
+			v6:   true,
+			link: func(ul int) netlink.Link {
+				return &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: dev6, MTU: 1430, HardwareAddr: vxlan.VtepMACv6("host-a", 1)},
+					VxlanId: 7, Port: 8472, SrcAddr: localIP.AsSlice(), VtepDevIndex: ul}
+			},
+			recreate: true,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tn := newTestNS(t).withUnderlay(t)
+			tn := newTestNS(t).withUnderlay6(t)
+			cfg, dev, ps := kernelConfig(t), dev, peers(2)
+			if tt.v6 {
+				cfg, dev, ps = config6(cfg), dev6, peers6(2)
+			}
 			ul, err := tn.h.LinkByName("ul0")
 			if err != nil {
 				t.Fatal(err)
@@ -406,7 +450,6 @@ func TestKernelFixesMismatchedDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := kernelConfig(t)
 			b := newBackend(t, cfg, tn.nl)
 			info := ensure(t, b)
 			s := b.Status()
@@ -418,28 +461,39 @@ func TestKernelFixesMismatchedDevice(t *testing.T) {
 				t.Errorf("not fixed in place: index %d (was %d), recreations %d, writes %d (want %d)",
 					info.Index, old.Attrs().Index, s.DeviceRecreations, s.Writes, tt.writes)
 			}
-			b.SetPeers(peers(2))
+			b.SetPeers(ps)
 			reconcile(t, b)
-			checkState(t, tn.nl, dev, golden(cfg, peers(2)))
+			checkState(t, tn.nl, dev, golden(cfg, ps))
 		})
 	}
 }
 
 func TestKernelTeardown(t *testing.T) {
-	tn := newTestNS(t).withUnderlay(t)
-	cfg := kernelConfig(t)
-	cfg.DirectRouting = true
-	b := newBackend(t, cfg, tn.nl)
-	b.SetPeers(append(peers(2, 3), manyPeers(3)...))
-	reconcile(t, b)
-	for i := range 2 {
-		if err := b.Teardown(context.Background()); err != nil {
-			t.Fatalf("Teardown #%d: %v", i+1, err)
-		}
-		checkState(t, tn.nl, dev, "no device overlay.1\n")
-	}
-	if _, err := tn.h.LinkByName("ul0"); err != nil {
-		t.Errorf("the underlay went too: %v", err)
+	for _, v6 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("IPv6=%t", v6), func(t *testing.T) {
+			tn := newTestNS(t).withUnderlay6(t)
+			cfg, dev, ps := kernelConfig(t), dev, append(peers(2, 3), manyPeers(3)...)
+			if v6 {
+				cfg, dev, ps = config6(cfg), dev6, append(peers6(2, 3), manyPeers6(3)...)
+			}
+			cfg.DirectRouting = true
+			b := newBackend(t, cfg, tn.nl)
+			b.SetPeers(ps)
+			reconcile(t, b)
+			for i := range 2 {
+				if err := b.Teardown(context.Background()); err != nil {
+					t.Fatalf("Teardown #%d: %v", i+1, err)
+				}
+				checkState(t, tn.nl, dev, "no device "+dev+"\n")
+			}
+			if _, err := tn.h.LinkByName("ul0"); err != nil {
+				t.Errorf("the underlay went too: %v", err)
+			}
+			rs, err := tn.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+			if err != nil || len(rs) != 0 {
+				t.Errorf("routes of ours left: %v (%v)", rs, err)
+			}
+		})
 	}
 }
 
@@ -468,69 +522,98 @@ func TestKernelTwoHostsReachEachOther(t *testing.T) {
 			start(a, hostA, hostB, "host-a")
 			start(b, hostB, hostA, "host-b")
 
-			// Listen on A's VTEP address, inside A.
-			var ln net.Listener
-			if err := a.ns.Do(func(ns.NetNS) error {
-				var err error
-				ln, err = net.Listen("tcp4", "10.244.1.0:0")
-				return err
-			}); err != nil {
-				t.Fatalf("listen in host A: %v", err)
-			}
-			defer ln.Close()
-			accepted := make(chan string, 1)
-			go func() {
-				c, err := ln.Accept()
-				if err != nil {
-					accepted <- "accept: " + err.Error()
-					return
-				}
-				defer c.Close()
-				accepted <- c.RemoteAddr().(*net.TCPAddr).IP.String()
-				io.Copy(c, c) // echo
-			}()
-
-			// Dial from B, retrying while the underlay resolves its ARP.
-			var conn net.Conn
-			waitFor(t, "a TCP connection from host B to 10.244.1.0", func() bool {
-				err := b.ns.Do(func(ns.NetNS) error {
-					var err error
-					conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 500*time.Millisecond)
-					return err
-				})
-				return err == nil
-			})
-			defer conn.Close()
-			conn.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := conn.Write([]byte("ping over the overlay")); err != nil {
-				t.Fatalf("write: %v", err)
-			}
-			buf := make([]byte, len("ping over the overlay"))
-			if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping over the overlay" {
-				t.Fatalf("echo: %q, %v", buf, err)
-			}
+			src := tcpEcho(t, a, b, netip.MustParseAddr("10.244.1.0"), netip.Addr{})
 			// Over VXLAN, B's packets leave overlay.1 with B's VTEP address
 			// as source; routed directly they leave ul0 with B's public one.
 			wantSrc := "10.244.2.0"
 			if direct {
 				wantSrc = "198.18.0.2"
 			}
-			if src := <-accepted; src != wantSrc {
+			if src != wantSrc {
 				t.Errorf("host A saw the connection from %s, want %s", src, wantSrc)
 			}
 		})
 	}
 }
 
+// tcpEcho listens on dst inside host a, connects from host b (from its
+// address from, if valid), has a message echoed over the connection, and
+// returns the address host a saw the connection come from. It dials again
+// while the underlay resolves its neighbours, for a bounded time.
+func tcpEcho(t *testing.T, a, b *testNS, dst, from netip.Addr) (seenFrom string) {
+	t.Helper()
+	var ln net.Listener
+	if err := a.ns.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(dst, 0).String())
+		return err
+	}); err != nil {
+		t.Fatalf("listen in host A: %v", err)
+	}
+	defer ln.Close()
+	accepted := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			accepted <- "accept: " + err.Error()
+			return
+		}
+		defer c.Close()
+		accepted <- c.RemoteAddr().(*net.TCPAddr).IP.String()
+		io.Copy(c, c) // echo
+	}()
+
+	d := net.Dialer{Timeout: 500 * time.Millisecond}
+	if from.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: from.AsSlice()}
+	}
+	var conn net.Conn
+	waitFor(t, fmt.Sprintf("a TCP connection from host B to %s", ln.Addr()), func() bool {
+		err := b.ns.Do(func(ns.NetNS) error {
+			var err error
+			conn, err = d.Dial("tcp", ln.Addr().String())
+			return err
+		})
+		return err == nil
+	})
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	const msg = "ping over the overlay"
+	if _, err := conn.Write([]byte(msg)); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != msg {
+		t.Fatalf("echo: %q, %v", buf, err)
+	}
+	return <-accepted
+}
+
 // BenchmarkKernelColdPass measures a cold start against the real kernel:
 // device creation, one listing of each kind and every peer's three writes.
+// The IPv4 overlay's figures keep their names (peers=N); the IPv6
+// overlay's are IPv6/peers=N.
 func BenchmarkKernelColdPass(b *testing.B) {
-	for _, n := range []int{1000, 5000} {
-		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
-			tn := newTestNS(b).withUnderlay(b)
+	for _, tt := range []struct {
+		v6 bool
+		n  int
+	}{{false, 1000}, {false, 5000}, {true, 1000}, {true, 5000}} {
+		name := fmt.Sprintf("peers=%d", tt.n)
+		if tt.v6 {
+			name = "IPv6/" + name
+		}
+		n := tt.n
+		b.Run(name, func(b *testing.B) {
+			tn := newTestNS(b).withUnderlay6(b)
 			cfg := kernelConfig(b)
 			cfg.Logger = nil
 			ps := manyPeers(n)
+			if tt.v6 {
+				cfg = config6(cfg)
+				for i, p := range ps {
+					ps[i] = to6(p)
+				}
+			}
 			b.ResetTimer()
 			for range b.N {
 				be, err := vxlan.New(cfg, tn.nl)

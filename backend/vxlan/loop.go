@@ -3,6 +3,7 @@ package vxlan
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/overlaynet/overlay/internal/lib/jitter"
@@ -123,14 +124,22 @@ func (b *Backend) onEvent(e Event) {
 			poke(b.notify)
 		}
 	case EventRouteDel:
-		if e.Protocol == RouteProtocol && b.wants(e) {
+		if e.Protocol == RouteProtocol && b.ofOurFamily(e.Dst.Addr()) && b.wants(e) {
 			poke(b.notify)
 		}
 	case EventNeighDel:
-		if int64(e.LinkIndex) == dev && b.wants(e) {
+		if int64(e.LinkIndex) == dev && (e.FDB || b.ofOurFamily(e.IP)) && b.wants(e) {
 			poke(b.notify)
 		}
 	}
+}
+
+// ofOurFamily reports whether a deleted entry's address may be of our
+// family (true when unknown): the other family's overlay, the twin of ours
+// on a dual-stack host, deletes its own entries, and the kernel deletes its
+// own neighbours of the other family on our device.
+func (b *Backend) ofOurFamily(a netip.Addr) bool {
+	return !a.IsValid() || familyOf(a) == b.cfg.fam
 }
 
 // wants reports whether a deleted entry may be one a desired peer needs

@@ -35,15 +35,23 @@ type Netlink interface {
 	LinkSetMTU(index, mtu int) error
 	LinkSetMAC(index int, mac MAC) error
 
-	// AddrList returns the IPv4 addresses of a link.
+	// AddrList returns the IPv4 addresses of a link; AddrListFamily
+	// those of either family. AddrReplace adds an IPv6 address without
+	// duplicate address detection (IFA_F_NODAD), usable at once, and
+	// without a prefix route (IFA_F_NOPREFIXROUTE).
 	AddrList(index int) ([]netip.Prefix, error)
+	AddrListFamily(index int, fam Family) ([]netip.Prefix, error)
 	AddrReplace(index int, addr netip.Prefix) error
 	AddrDel(index int, addr netip.Prefix) error
 
-	// RouteList returns the IPv4 routes of the main table.
+	// RouteList returns the IPv4 routes of the main table;
+	// RouteListFamily those of either family.
 	RouteList() ([]Route, error)
-	// NeighList returns the IPv4 neighbour entries of a link.
+	RouteListFamily(fam Family) ([]Route, error)
+	// NeighList returns the IPv4 neighbour entries of a link;
+	// NeighListFamily those of either family.
 	NeighList(index int) ([]Neigh, error)
+	NeighListFamily(index int, fam Family) ([]Neigh, error)
 	// FDBList returns the VXLAN forwarding entries of a link, one per
 	// remote (an entry with two remotes is listed twice).
 	FDBList(index int) ([]FDB, error)
@@ -55,10 +63,10 @@ type Netlink interface {
 	// sends many requests per sendmsg, the fake applies them one by one.
 	Write(batch []Write) []error
 
-	// Subscribe calls fn for link changes, route deletions and neighbour
-	// deletions until done is closed or the subscription breaks (for
-	// example when the socket buffer overflows); the returned channel is
-	// closed then. fn must not block.
+	// Subscribe calls fn for link changes, route deletions (of both
+	// families) and neighbour deletions until done is closed or the
+	// subscription breaks (for example when the socket buffer overflows);
+	// the returned channel is closed then. fn must not block.
 	Subscribe(done <-chan struct{}, fn func(Event)) (ended <-chan struct{}, err error)
 }
 
@@ -93,6 +101,33 @@ type Write struct {
 	FDB   FDB
 }
 
+// Family is the address family of an overlay: a Backend programs either
+// the IPv4 overlay or the IPv6 one, chosen by its Config (see
+// Config.OwnSubnet), and lists and writes only entries of its family.
+type Family uint8
+
+// The two families. The zero Family means IPv4 wherever one is expected.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// familyOf is the family of a valid address (an IPv4-mapped IPv6 address
+// is IPv6, as the kernel sees it).
+func familyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
 // ErrLinkNotFound is returned (wrapped) by LinkByName and LinkByIndex.
 var ErrLinkNotFound = errors.New("link not found")
 
@@ -123,7 +158,21 @@ type Link struct {
 	Group         netip.Addr // default remote or multicast group, if any
 }
 
-// Route is an IPv4 route of the main table.
+// Family is the family of a VXLAN device's underlay: that of its local
+// address, else of its default remote; IPv4 without either, as for the
+// kernel. The kernel lets one VXLAN device of each family use a VNI and
+// port.
+func (l Link) Family() Family {
+	switch {
+	case l.Local.IsValid():
+		return familyOf(l.Local)
+	case l.Group.IsValid():
+		return familyOf(l.Group)
+	}
+	return IPv4
+}
+
+// Route is a route of the main table, IPv4 or IPv6.
 type Route struct {
 	Dst       netip.Prefix
 	Gw        netip.Addr // zero for a directly connected route
@@ -158,7 +207,7 @@ func (r Route) String() string {
 // NUDPermanent is the neighbour state (NUD_*) of every entry we write.
 const NUDPermanent = 0x80
 
-// Neigh is an IPv4 neighbour (ARP) entry.
+// Neigh is a neighbour entry: ARP for IPv4, NDP for IPv6.
 type Neigh struct {
 	LinkIndex int
 	IP        netip.Addr
@@ -189,7 +238,7 @@ type EventKind uint8
 // Kinds of Event.
 const (
 	EventLink     EventKind = iota + 1 // a link was added, changed or deleted
-	EventRouteDel                      // an IPv4 route was deleted
+	EventRouteDel                      // a route (IPv4 or IPv6) was deleted
 	EventNeighDel                      // a neighbour or FDB entry was deleted
 )
 

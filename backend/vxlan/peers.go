@@ -7,17 +7,21 @@ import (
 	"slices"
 )
 
-// specDelta compares two peer sets sorted by subnet (validated, so IPv4): gone holds the peers
-// of old that new no longer has or has changed, come the peers of new that
-// old lacks or had otherwise.
+// specDelta compares two peer sets sorted by subnet (validated, so of one
+// family): gone holds the peers of old that new no longer has or has
+// changed, come the peers of new that old lacks or had otherwise.
 func specDelta(old, new []Peer) (gone, come []Peer) {
 	i, j := 0, 0
 	for i < len(old) || j < len(new) {
+		c := 0 // how old[i] compares with new[j] when both are there
+		if i < len(old) && j < len(new) {
+			c = compareSubnet(old[i].Subnet, new[j].Subnet)
+		}
 		switch {
-		case j == len(new) || i < len(old) && prefixKey(old[i].Subnet) < prefixKey(new[j].Subnet):
+		case j == len(new) || i < len(old) && c < 0:
 			gone = append(gone, old[i])
 			i++
-		case i == len(old) || prefixKey(old[i].Subnet) > prefixKey(new[j].Subnet):
+		case i == len(old) || c > 0:
 			come = append(come, new[j])
 			j++
 		default:
@@ -36,6 +40,15 @@ func specDelta(old, new []Peer) (gone, come []Peer) {
 func prefixKey(p netip.Prefix) uint64 {
 	a := p.Addr().As4()
 	return uint64(a[0])<<32 | uint64(a[1])<<24 | uint64(a[2])<<16 | uint64(a[3])<<8 | uint64(p.Bits())
+}
+
+// compareSubnet is comparePrefix with a fast path for two IPv4 prefixes,
+// which every lease event of the IPv4 overlay compares by the thousand.
+func compareSubnet(a, b netip.Prefix) int {
+	if a.Addr().Is4() && b.Addr().Is4() {
+		return cmp.Compare(prefixKey(a), prefixKey(b))
+	}
+	return comparePrefix(a, b)
 }
 
 func comparePrefix(a, b netip.Prefix) int {
@@ -74,12 +87,11 @@ func (x *peerIndex) hasMAC(m MAC) bool {
 
 // validatePeers sorts the daemon's peers by subnet and indexes them. Each
 // peer's values were validated where the lease entered (subnet.Config.Peer);
-// what is checked here needs this host or the whole set: a peer must not
-// overlap our lease or use our address, and the first of two peers claiming
-// one subnet, next hop or MAC (in subnet order) wins. A Peer that is not
-// IPv4 at all (a zero value from a caller's bug) is refused too, since the
-// sort below depends on it. Rejected peers are returned with the reason.
-func validatePeers(peers []Peer, own netip.Prefix, local netip.Addr) (specs []Peer, rejected map[string]string, idx peerIndex) {
+// what is checked here needs this host or the whole set: a peer must be of
+// the backend's family, must not overlap our lease or use our address, and
+// the first of two peers claiming one subnet, next hop or MAC (in subnet
+// order) wins. Rejected peers are returned with the reason.
+func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr) (specs []Peer, rejected map[string]string, idx peerIndex) {
 	reject := func(p Peer, why string) {
 		if rejected == nil {
 			rejected = make(map[string]string)
@@ -94,26 +106,37 @@ func validatePeers(peers []Peer, own netip.Prefix, local netip.Addr) (specs []Pe
 		}
 		return nil, rejected, peerIndex{}
 	}
-	// The valid peers, by subnet and then position: every subnet left is
-	// IPv4, so the order of comparePrefix is that of a 40-bit integer, and
-	// with the position in the low 24 bits one plain sort of integers
-	// orders them, equal subnets as given. This runs at every lease event,
-	// so it sorts 8-byte keys rather than stable-sorting the wide specs
-	// (Documentation/benchmarks.md, "events").
+	// keys are the valid peers, by subnet and then position; the position
+	// (below 1<<24) is in the low 24 bits of each.
 	keys := make([]uint64, 0, len(peers))
 	for i, p := range peers {
 		switch {
-		case !p.Subnet.Addr().Is4() || !p.PublicIP.Is4() || p.VtepMAC.IsZero():
-			reject(p, "not an IPv4 peer with a VTEP MAC")
+		case !fam.has(p.Subnet.Addr()) || !fam.has(p.PublicIP) || p.PublicIP.Zone() != "" || p.VtepMAC.IsZero():
+			reject(p, "not an "+fam.String()+" peer with a VTEP MAC")
 		case local.IsValid() && p.PublicIP == local:
 			reject(p, "public IP is our own")
 		case own.IsValid() && p.Subnet.Overlaps(own):
 			reject(p, "subnet overlaps our own lease")
+		case fam == IPv6:
+			keys = append(keys, uint64(i))
 		default:
+			// Every IPv4 subnet's order (comparePrefix's) is that of a
+			// 40-bit integer: with the position below it, one plain sort
+			// of integers orders them, equal subnets as given. This runs
+			// at every lease event, so it sorts 8-byte keys rather than
+			// stable-sorting the wide specs (Documentation/benchmarks.md,
+			// "events").
 			keys = append(keys, prefixKey(p.Subnet)<<24|uint64(i))
 		}
 	}
-	slices.Sort(keys)
+	if fam == IPv6 {
+		// 128-bit addresses fit no integer key: compare the subnets.
+		slices.SortFunc(keys, func(a, b uint64) int {
+			return cmp.Or(comparePrefix(peers[a].Subnet, peers[b].Subnet), cmp.Compare(a, b))
+		})
+	} else {
+		slices.Sort(keys)
+	}
 	// Subnets and next hops (network addresses) are unique among the
 	// accepted peers if each differs from the last accepted one: equal
 	// ones are adjacent in this order. MACs are not: a set remembers them.

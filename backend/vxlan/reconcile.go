@@ -183,15 +183,17 @@ func (rec *reconciler) noteConflicts(found []netip.Prefix, full bool) map[netip.
 	return conflicts
 }
 
-// readKernel lists the kernel's routes and the device's neighbours and FDB
-// entries.
+// readKernel lists the kernel's routes and the device's neighbours of our
+// family, and the device's FDB entries. The other family's overlay, the
+// twin of ours on a dual-stack host, is thus never seen, let alone
+// touched.
 func (rec *reconciler) readKernel(dev int) (kernelState, error) {
 	var s kernelState
 	var err error
-	if s.Routes, err = retryDump(rec.nl.RouteList); err != nil {
-		return s, fmt.Errorf("list routes: %w", err)
+	if s.Routes, err = retryDump(rec.listRoutes); err != nil {
+		return s, fmt.Errorf("list %v routes: %w", rec.cfg.fam, err)
 	}
-	if s.Neighs, err = retryDump(func() ([]Neigh, error) { return rec.nl.NeighList(dev) }); err != nil {
+	if s.Neighs, err = retryDump(func() ([]Neigh, error) { return rec.nl.NeighListFamily(dev, rec.cfg.fam) }); err != nil {
 		return s, fmt.Errorf("list neighbours of %s: %w", rec.dev.name, err)
 	}
 	if s.FDBs, err = retryDump(func() ([]FDB, error) { return rec.nl.FDBList(dev) }); err != nil {
@@ -199,6 +201,9 @@ func (rec *reconciler) readKernel(dev int) (kernelState, error) {
 	}
 	return s, nil
 }
+
+// listRoutes lists the main table's routes of our family.
+func (rec *reconciler) listRoutes() ([]Route, error) { return rec.nl.RouteListFamily(rec.cfg.fam) }
 
 // retryDump runs a listing again while the kernel reports it interrupted.
 func retryDump[T any](list func() ([]T, error)) ([]T, error) {
@@ -292,7 +297,7 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 	var next []Peer // nil while it equals want[:programmed]
 	j := 0
 	for i, w := range want {
-		for j < len(old) && prefixKey(old[j].Subnet) < prefixKey(w.Subnet) {
+		for j < len(old) && compareSubnet(old[j].Subnet, w.Subnet) < 0 {
 			j++
 		}
 		prev, had := Peer{}, j < len(old) && old[j].Subnet == w.Subnet

@@ -80,17 +80,32 @@ func rtAttrs(b []byte, fn func(typ uint16, val []byte)) {
 	}
 }
 
-func addr4(b []byte) netip.Addr {
-	if len(b) != 4 {
-		return netip.Addr{}
+// addrFrom decodes an address attribute: 4 bytes for IPv4, 16 for IPv6,
+// anything else is no address.
+func addrFrom(b []byte) netip.Addr {
+	switch len(b) {
+	case 4:
+		return netip.AddrFrom4([4]byte(b))
+	case 16:
+		return netip.AddrFrom16([16]byte(b))
 	}
-	return netip.AddrFrom4([4]byte(b))
+	return netip.Addr{}
 }
 
-// parseRoute decodes an IPv4 route message; ok is false for anything that
-// is not a route of the main table (or a cached clone).
-func parseRoute(p []byte) (r Route, ok bool) {
-	if len(p) < unix.SizeofRtMsg || p[0] != unix.AF_INET {
+// unspecified is the all-zeros address of family af, the destination of a
+// default route (which has no RTA_DST).
+func unspecified(af uint8) netip.Addr {
+	if af == unix.AF_INET6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// parseRoute decodes a route message of family af; ok is false for
+// anything that is not a route of that family in the main table (or is a
+// cached clone).
+func parseRoute(p []byte, af uint8) (r Route, ok bool) {
+	if len(p) < unix.SizeofRtMsg || p[0] != af {
 		return r, false
 	}
 	flags := ne.Uint32(p[8:12])
@@ -99,9 +114,9 @@ func parseRoute(p []byte) (r Route, ok bool) {
 	rtAttrs(p[unix.SizeofRtMsg:], func(typ uint16, val []byte) {
 		switch typ {
 		case unix.RTA_DST:
-			dst = addr4(val)
+			dst = addrFrom(val)
 		case unix.RTA_GATEWAY:
-			r.Gw = addr4(val)
+			r.Gw = addrFrom(val)
 		case unix.RTA_OIF:
 			if len(val) == 4 {
 				r.LinkIndex = int(ne.Uint32(val))
@@ -120,7 +135,7 @@ func parseRoute(p []byte) (r Route, ok bool) {
 		return r, false
 	}
 	if !dst.IsValid() {
-		dst = netip.IPv4Unspecified()
+		dst = unspecified(af)
 	}
 	r.Dst = netip.PrefixFrom(dst, int(p[1]))
 	r.OnLink = flags&unix.RTNH_F_ONLINK != 0
@@ -140,7 +155,7 @@ func parseNeigh(p []byte) (family uint8, link, state int, ip netip.Addr, mac MAC
 	rtAttrs(p[12:], func(typ uint16, val []byte) {
 		switch typ {
 		case unix.NDA_DST:
-			ip = addr4(val)
+			ip = addrFrom(val)
 		case unix.NDA_LLADDR:
 			if len(val) == 6 {
 				mac = MAC(val)
@@ -150,32 +165,34 @@ func parseNeigh(p []byte) (family uint8, link, state int, ip netip.Addr, mac MAC
 	return family, link, state, ip, mac, true
 }
 
-// routeList lists the IPv4 routes of the main table.
-func (c *rtnlConn) routeList() ([]Route, error) {
+// routeList lists the routes of family fam of the main table.
+func (c *rtnlConn) routeList(fam Family) ([]Route, error) {
 	var out []Route
+	af := fam.af()
 	err := c.dump(unix.RTM_GETROUTE, func() {
 		var m [unix.SizeofRtMsg]byte
-		m[0] = unix.AF_INET
+		m[0] = af
 		m[4] = unix.RT_TABLE_MAIN // a strict kernel dumps only this table
 		c.wbuf = append(c.wbuf, m[:]...)
 	}, unix.RTM_NEWROUTE, func(p []byte) {
-		if r, ok := parseRoute(p); ok {
+		if r, ok := parseRoute(p, af); ok {
 			out = append(out, r)
 		}
 	})
 	return out, err
 }
 
-// neighList lists the IPv4 neighbours of link index.
-func (c *rtnlConn) neighList(index int) ([]Neigh, error) {
+// neighList lists the neighbours of family fam of link index.
+func (c *rtnlConn) neighList(index int, fam Family) ([]Neigh, error) {
 	var out []Neigh
+	af := fam.af()
 	err := c.dump(unix.RTM_GETNEIGH, func() {
 		var m [12]byte
-		m[0] = unix.AF_INET
+		m[0] = af
 		c.wbuf = append(c.wbuf, m[:]...)
 		c.attrU32(unix.NDA_IFINDEX, uint32(index)) // a strict kernel filters by it
 	}, unix.RTM_NEWNEIGH, func(p []byte) {
-		if fam, link, state, ip, mac, ok := parseNeigh(p); ok && fam == unix.AF_INET && link == index && ip.IsValid() {
+		if got, link, state, ip, mac, ok := parseNeigh(p); ok && got == af && link == index && ip.IsValid() {
 			out = append(out, Neigh{LinkIndex: link, IP: ip, MAC: mac, State: state})
 		}
 	})

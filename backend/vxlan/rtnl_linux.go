@@ -150,6 +150,17 @@ func (c *rtnlConn) attr(typ uint16, val []byte) {
 	}
 }
 
+// attrAddr appends an address attribute: 4 bytes for IPv4, 16 for IPv6.
+func (c *rtnlConn) attrAddr(typ uint16, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		c.attr(typ, b[:])
+		return
+	}
+	b := a.As16()
+	c.attr(typ, b[:])
+}
+
 func (c *rtnlConn) attrU32(typ uint16, v uint32) {
 	var b [4]byte
 	ne.PutUint32(b[:], v)
@@ -157,6 +168,14 @@ func (c *rtnlConn) attrU32(typ uint16, v uint32) {
 }
 
 var ne = binary.NativeEndian
+
+// af is the family's AF_* number.
+func (f Family) af() uint8 {
+	if f == IPv6 {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
 
 // appendOp encodes one write as the netlink package would have (same
 // header fields and attributes), so the kernel sees the same requests.
@@ -168,10 +187,10 @@ func (c *rtnlConn) appendOp(w Write) error {
 		c.appendRoute(unix.RTM_DELROUTE, 0, unix.RTN_UNSPEC, w.Route)
 	case NeighSet:
 		n := w.Neigh
-		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_INET, n.LinkIndex, n.State, 0, n.IP, &n.MAC)
+		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, familyOf(n.IP).af(), n.LinkIndex, n.State, 0, n.IP, &n.MAC)
 	case NeighDel:
 		n := w.Neigh
-		c.appendNeigh(unix.RTM_DELNEIGH, 0, unix.AF_INET, n.LinkIndex, 0, 0, n.IP, nil)
+		c.appendNeigh(unix.RTM_DELNEIGH, 0, familyOf(n.IP).af(), n.LinkIndex, 0, 0, n.IP, nil)
 	case FDBSet:
 		f := w.FDB
 		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
@@ -187,7 +206,7 @@ func (c *rtnlConn) appendOp(w Write) error {
 func (c *rtnlConn) appendRoute(typ, flags uint16, rtype uint8, r Route) {
 	start := c.begin(typ, flags)
 	var m [unix.SizeofRtMsg]byte // struct rtmsg
-	m[0] = unix.AF_INET
+	m[0] = familyOf(r.Dst.Addr()).af()
 	m[1] = uint8(r.Dst.Bits())
 	m[4] = unix.RT_TABLE_MAIN
 	m[5] = uint8(r.Protocol)
@@ -197,11 +216,9 @@ func (c *rtnlConn) appendRoute(typ, flags uint16, rtype uint8, r Route) {
 		ne.PutUint32(m[8:], unix.RTNH_F_ONLINK)
 	}
 	c.wbuf = append(c.wbuf, m[:]...)
-	dst := r.Dst.Addr().As4()
-	c.attr(unix.RTA_DST, dst[:])
+	c.attrAddr(unix.RTA_DST, r.Dst.Addr())
 	if r.Gw.IsValid() {
-		gw := r.Gw.As4()
-		c.attr(unix.RTA_GATEWAY, gw[:])
+		c.attrAddr(unix.RTA_GATEWAY, r.Gw)
 	}
 	if r.Priority > 0 {
 		c.attrU32(unix.RTA_PRIORITY, uint32(r.Priority))
@@ -219,8 +236,7 @@ func (c *rtnlConn) appendNeigh(typ, flags uint16, family uint8, link, state int,
 	m[10] = ntf
 	c.wbuf = append(c.wbuf, m[:]...)
 	if ip.IsValid() {
-		a := ip.As4()
-		c.attr(unix.NDA_DST, a[:])
+		c.attrAddr(unix.NDA_DST, ip)
 	} else {
 		c.attr(unix.NDA_DST, nil)
 	}

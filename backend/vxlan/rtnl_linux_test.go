@@ -80,7 +80,7 @@ func TestRTNLBatchReportsEachWritesOutcome(t *testing.T) {
 			t.Errorf("write %d: %v, want %v", i, errs[i], want)
 		}
 	}
-	neighs, err := c.neighList(dev)
+	neighs, err := c.neighList(dev, IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestRTNLBatchReportsEachWritesOutcome(t *testing.T) {
 	if d := cmp.Diff([]FDB{fdb}, fdbs, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); d != "" {
 		t.Errorf("FDB (-want +got):\n%s", d)
 	}
-	routes, err := c.routeList()
+	routes, err := c.routeList(IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestRTNLBatchLargerThanOneSend(t *testing.T) {
 			t.Fatalf("write %d: %v", i, err)
 		}
 	}
-	neighs, err := c.neighList(dev)
+	neighs, err := c.neighList(dev, IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}

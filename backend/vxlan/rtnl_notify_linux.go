@@ -49,8 +49,8 @@ func notifyFilter() []unix.SockFilter {
 // overflow it (the kernel caps it at net.core.rmem_max).
 const subscribeBuffer = 1 << 20
 
-// openNotify opens a socket in ns that receives link, IPv4 route and
-// neighbour notifications, filtered by notifyFilter.
+// openNotify opens a socket in ns that receives link, route (of both
+// families) and neighbour notifications, filtered by notifyFilter.
 func openNotify(ns netns.NsHandle) (*os.File, error) {
 	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
@@ -69,7 +69,7 @@ func openNotify(ns netns.NsHandle) (*os.File, error) {
 		return nil, fmt.Errorf("attach notification filter: %w", err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, subscribeBuffer)
-	for _, g := range []int{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_NEIGH} {
+	for _, g := range []int{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_NEIGH} {
 		if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, g); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("join rtnetlink group %d: %w", g, err)
@@ -97,7 +97,7 @@ func parseEvent(typ uint16, p []byte) (Event, bool) {
 		})
 		return e, true
 	case unix.RTM_DELROUTE:
-		if len(p) < unix.SizeofRtMsg || p[0] != unix.AF_INET {
+		if len(p) < unix.SizeofRtMsg || (p[0] != unix.AF_INET && p[0] != unix.AF_INET6) {
 			return Event{}, false
 		}
 		e := Event{Kind: EventRouteDel, Protocol: int(p[5])}
@@ -105,7 +105,7 @@ func parseEvent(typ uint16, p []byte) (Event, bool) {
 		rtAttrs(p[unix.SizeofRtMsg:], func(t uint16, val []byte) {
 			switch t {
 			case unix.RTA_DST:
-				dst = addr4(val)
+				dst = addrFrom(val)
 			case unix.RTA_OIF:
 				if len(val) == 4 {
 					e.LinkIndex = int(ne.Uint32(val))
@@ -113,7 +113,7 @@ func parseEvent(typ uint16, p []byte) (Event, bool) {
 			}
 		})
 		if !dst.IsValid() {
-			dst = netip.IPv4Unspecified()
+			dst = unspecified(p[0])
 		}
 		e.Dst = netip.PrefixFrom(dst, int(p[1]))
 		return e, true
@@ -124,7 +124,7 @@ func parseEvent(typ uint16, p []byte) (Event, bool) {
 		}
 		e := Event{Kind: EventNeighDel, LinkIndex: link}
 		switch fam {
-		case unix.AF_INET:
+		case unix.AF_INET, unix.AF_INET6:
 			e.IP = ip
 		case unix.AF_BRIDGE:
 			e.FDB, e.MAC = true, mac

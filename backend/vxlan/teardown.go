@@ -8,8 +8,9 @@ import (
 )
 
 // teardown is Backend.Teardown under opMu: it lists what is ours (by route
-// protocol and device) rather than trusting the view, so it also removes
-// what a previous run left.
+// protocol, family and device) rather than trusting the view, so it also
+// removes what a previous run left, and nothing of the other family's
+// overlay.
 func (rec *reconciler) teardown() error {
 	rec.tornDown = true
 	rec.view = nil
@@ -25,9 +26,9 @@ func (rec *reconciler) teardown() error {
 	if ul, err := rec.dev.lookupUnderlay(); err == nil {
 		ulIdx = ul.Index
 	}
-	routes, err := retryDump(rec.nl.RouteList)
+	routes, err := retryDump(rec.listRoutes)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("list routes: %w", err))
+		errs = append(errs, fmt.Errorf("list %v routes: %w", rec.cfg.fam, err))
 	}
 	for _, r := range routes {
 		if r.Protocol == RouteProtocol && (r.LinkIndex == devIdx || r.LinkIndex == ulIdx) {
@@ -46,7 +47,7 @@ func (rec *reconciler) teardown() error {
 				errs = append(errs, fmt.Errorf("delete FDB entry %v: %w", f, err))
 			}
 		}
-		neighs, err := retryDump(func() ([]Neigh, error) { return rec.nl.NeighList(devIdx) })
+		neighs, err := retryDump(func() ([]Neigh, error) { return rec.nl.NeighListFamily(devIdx, rec.cfg.fam) })
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list neighbours of %s: %w", rec.dev.name, err))
 		}

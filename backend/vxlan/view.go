@@ -8,8 +8,8 @@ import (
 // kernelState is what a full pass reads back from the kernel: one dump of
 // each kind.
 type kernelState struct {
-	Routes []Route // every IPv4 route of the main table
-	Neighs []Neigh // IPv4 neighbours (any link; others are ignored)
+	Routes []Route // every route of the main table of the backend's family
+	Neighs []Neigh // neighbours of that family (any link; others are ignored)
 	FDBs   []FDB   // forwarding entries (any link; others are ignored)
 }
 
@@ -207,7 +207,7 @@ func viewOf(have kernelState, env diffEnv, sizeHint int) *view {
 			if m, ok := v.foreign[r.Dst]; !ok || r.Priority < m {
 				v.foreign[r.Dst] = r.Priority
 			}
-			if env.DirectRouting && r.LinkIndex == env.Underlay && !r.Gw.IsValid() && r.Scope == scopeLink {
+			if env.DirectRouting && r.LinkIndex == env.Underlay && isConnected(r) {
 				v.connected = append(v.connected, r.Dst)
 			}
 		}
@@ -228,6 +228,13 @@ func viewOf(have kernelState, env diffEnv, sizeHint int) *view {
 		}
 	}
 	return v
+}
+
+// isConnected reports whether r is a directly connected route: no gateway,
+// and for IPv4 link scope. IPv6 routes carry no scope (all are universe),
+// so a route without gateway is all it takes.
+func isConnected(r Route) bool {
+	return !r.Gw.IsValid() && (r.Scope == scopeLink || r.Dst.Addr().Is6())
 }
 
 // scoped is the part of v that concerns peers: the entries at their

@@ -185,6 +185,20 @@ func (f *Fake) FDBSet(e vxlan.FDB) error                   { return f.v().FDBSet
 func (f *Fake) FDBDel(e vxlan.FDB) error                   { return f.v().FDBDel(e) }
 func (f *Fake) Write(batch []vxlan.Write) []error          { return f.v().Write(batch) }
 
+// The listings of either family.
+
+func (f *Fake) AddrListFamily(i int, fam vxlan.Family) ([]netip.Prefix, error) {
+	return f.v().AddrListFamily(i, fam)
+}
+
+func (f *Fake) RouteListFamily(fam vxlan.Family) ([]vxlan.Route, error) {
+	return f.v().RouteListFamily(fam)
+}
+
+func (f *Fake) NeighListFamily(i int, fam vxlan.Family) ([]vxlan.Neigh, error) {
+	return f.v().NeighListFamily(i, fam)
+}
+
 // Subscribe implements vxlan.Netlink.
 func (f *Fake) Subscribe(done <-chan struct{}, fn func(vxlan.Event)) (<-chan struct{}, error) {
 	if err := f.v().begin("Subscribe", "", false); err != nil {
@@ -349,14 +363,18 @@ func (v *View) LinkAdd(l vxlan.Link) error {
 		if o.Name == l.Name {
 			return syscall.EEXIST
 		}
-		if o.Kind == "vxlan" && o.VNI == l.VNI && o.Port == l.Port {
+		if o.Kind == "vxlan" && o.VNI == l.VNI && o.Port == l.Port && o.Family() == l.Family() {
 			return syscall.EEXIST // the kernel's "VNI in use"
 		}
 	}
-	if l.MTU == 0 {
-		l.MTU = under.MTU - vxlan.Overhead
+	overhead := vxlan.Overhead
+	if l.Family() == vxlan.IPv6 {
+		overhead = vxlan.OverheadV6
 	}
-	if l.MTU > under.MTU-vxlan.Overhead {
+	if l.MTU == 0 {
+		l.MTU = under.MTU - overhead
+	}
+	if l.MTU > under.MTU-overhead {
 		return syscall.EINVAL
 	}
 	if l.MAC.IsZero() {
@@ -466,13 +484,30 @@ func (v *View) LinkSetMAC(i int, m vxlan.MAC) error {
 	return v.setLink("LinkSetMAC", i, func(l *vxlan.Link) { l.MAC = m })
 }
 
-func (v *View) AddrList(i int) ([]netip.Prefix, error) {
+func (v *View) AddrList(i int) ([]netip.Prefix, error) { return v.AddrListFamily(i, vxlan.IPv4) }
+
+// AddrListFamily implements vxlan.Netlink; its faults are AddrList's.
+func (v *View) AddrListFamily(i int, fam vxlan.Family) ([]netip.Prefix, error) {
 	if err := v.begin("AddrList", idx(i), false); err != nil {
 		return nil, err
 	}
 	v.f.mu.Lock()
 	defer v.f.mu.Unlock()
-	return slices.Clone(v.f.addrs[i]), nil
+	var out []netip.Prefix
+	for _, a := range v.f.addrs[i] {
+		if familyOf(a.Addr()) == fam {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// familyOf is the family of a valid address.
+func familyOf(a netip.Addr) vxlan.Family {
+	if a.Is4() {
+		return vxlan.IPv4
+	}
+	return vxlan.IPv6
 }
 
 func (f *Fake) addAddr(i int, a netip.Prefix) {
@@ -484,12 +519,19 @@ func (f *Fake) addAddr(i int, a netip.Prefix) {
 	}
 }
 
-// addConnected adds the kernel's route for an address's subnet.
+// addConnected adds the kernel's route for an address's subnet, none for a
+// host address (the backend adds its IPv6 one without a prefix route). An
+// IPv4 one has link scope and metric 0, an IPv6 one no scope (universe)
+// and metric 256, as the kernel's.
 func (f *Fake) addConnected(i int, a netip.Prefix) {
-	if a.Bits() < 32 {
-		k := routeKey{dst: a.Masked()}
-		f.routes[k] = vxlan.Route{Dst: a.Masked(), LinkIndex: i, Protocol: 2, Scope: 253}
+	if a.Bits() >= a.Addr().BitLen() {
+		return
 	}
+	r := vxlan.Route{Dst: a.Masked(), LinkIndex: i, Protocol: 2, Scope: 253}
+	if a.Addr().Is6() {
+		r.Scope, r.Priority = 0, 256
+	}
+	f.routes[routeKey{dst: r.Dst, prio: r.Priority}] = r
 }
 
 func (v *View) AddrReplace(i int, a netip.Prefix) error {
@@ -518,8 +560,10 @@ func (v *View) AddrDel(i int, a netip.Prefix) error {
 	if len(f.addrs[i]) == n {
 		return syscall.EADDRNOTAVAIL
 	}
-	if a.Bits() < 32 {
-		delete(f.routes, routeKey{dst: a.Masked()})
+	for k, r := range f.routes {
+		if r.LinkIndex == i && r.Protocol == 2 && r.Dst == a.Masked() && a.Bits() < a.Addr().BitLen() {
+			delete(f.routes, k)
+		}
 	}
 	return nil
 }

@@ -3,7 +3,9 @@ package vxlantest
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -19,19 +21,29 @@ import (
 //	neigh 10.244.2.0 lladdr 0e:... dev overlay.1
 //	fdb 0e:... dst 198.18.0.2 dev overlay.1
 //
-// Routes are those of our protocol on any link plus any route on the device;
-// our routes' metric is shown only if it is not vxlan.RouteMetric of their
-// destination. Neighbours: only permanent ones (the kernel's own come and
-// go). Without a
+// Addresses, routes and neighbours are those of the device's family (its
+// local address's; without a device, the family its name says:
+// vxlan.DeviceNameV6 names the IPv6 one), so the two devices of a
+// dual-stack host render apart. Routes are those of our protocol on any
+// link plus any route on the device; our routes' metric is shown only if
+// it is not vxlan.RouteMetric of their destination. Neighbours: only
+// permanent ones (the kernel's own come and go). The IPv6 link-local
+// address and route the kernel gives every device are left out. Without a
 // device, only the routes are rendered and the first line says so.
 func State(nl vxlan.Netlink, dev string) (string, error) {
 	var lines []string
 	d, err := nl.LinkByName(dev)
 	present := err == nil
+	fam := vxlan.IPv4
 	switch {
+	case present:
+		fam = d.Family()
 	case errors.Is(err, vxlan.ErrLinkNotFound):
 		lines = append(lines, "no device "+dev)
-	case err != nil:
+		if _, vni, _ := strings.Cut(dev, "."); dev == vxlan.DeviceNameV6(atoi(vni)) {
+			fam = vxlan.IPv6
+		}
+	default:
 		return "", fmt.Errorf("look up %s: %w", dev, err)
 	}
 	name := func(i int) string {
@@ -47,25 +59,27 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		}
 		lines = append(lines, fmt.Sprintf("device %s %s vni %d port %d local %s underlay %s learning %t mtu %d mac %s %s",
 			d.Name, d.Kind, d.VNI, d.Port, d.Local, name(d.UnderlayIndex), d.Learning, d.MTU, d.MAC, up))
-		addrs, err := nl.AddrList(d.Index)
+		addrs, err := nl.AddrListFamily(d.Index, fam)
 		if err != nil {
 			return "", fmt.Errorf("list addresses: %w", err)
 		}
 		var as []string
 		for _, a := range addrs {
-			as = append(as, fmt.Sprintf("addr %s %s", d.Name, a))
+			if !kernelsOwn(a) {
+				as = append(as, fmt.Sprintf("addr %s %s", d.Name, a))
+			}
 		}
 		slices.Sort(as)
 		lines = append(lines, as...)
 	}
 
-	routes, err := nl.RouteList()
+	routes, err := nl.RouteListFamily(fam)
 	if err != nil {
 		return "", fmt.Errorf("list routes: %w", err)
 	}
 	var rs []string
 	for _, r := range routes {
-		if r.Protocol != vxlan.RouteProtocol && !(present && r.LinkIndex == d.Index) {
+		if r.Protocol != vxlan.RouteProtocol && !(present && r.LinkIndex == d.Index && !kernelsOwn(r.Dst)) {
 			continue
 		}
 		s := "route " + r.Dst.String()
@@ -92,7 +106,7 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		return strings.Join(lines, "\n") + "\n", nil
 	}
 
-	neighs, err := nl.NeighList(d.Index)
+	neighs, err := nl.NeighListFamily(d.Index, fam)
 	if err != nil {
 		return "", fmt.Errorf("list neighbours: %w", err)
 	}
@@ -120,4 +134,13 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 	slices.Sort(fs)
 	lines = append(lines, fs...)
 	return strings.Join(lines, "\n") + "\n", nil
+}
+
+// kernelsOwn reports whether p is an IPv6 link-local address or route,
+// which the kernel gives every device.
+func kernelsOwn(p netip.Prefix) bool { return p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() }
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }

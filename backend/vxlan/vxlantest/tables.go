@@ -11,7 +11,10 @@ import (
 
 // The routing, neighbour and FDB tables of the fake namespace.
 
-func (v *View) RouteList() ([]vxlan.Route, error) {
+func (v *View) RouteList() ([]vxlan.Route, error) { return v.RouteListFamily(vxlan.IPv4) }
+
+// RouteListFamily implements vxlan.Netlink; its faults are RouteList's.
+func (v *View) RouteListFamily(fam vxlan.Family) ([]vxlan.Route, error) {
 	if err := v.begin("RouteList", "", false); err != nil {
 		return nil, err
 	}
@@ -19,7 +22,9 @@ func (v *View) RouteList() ([]vxlan.Route, error) {
 	defer v.f.mu.Unlock()
 	out := make([]vxlan.Route, 0, len(v.f.routes))
 	for _, r := range v.f.routes {
-		out = append(out, r)
+		if familyOf(r.Dst.Addr()) == fam {
+			out = append(out, r)
+		}
 	}
 	slices.SortFunc(out, func(a, b vxlan.Route) int {
 		return cmp.Or(a.Dst.Addr().Compare(b.Dst.Addr()), cmp.Compare(a.Dst.Bits(), b.Dst.Bits()), cmp.Compare(a.Priority, b.Priority))
@@ -52,7 +57,7 @@ func (v *View) RouteReplace(r vxlan.Route) error {
 
 func (f *Fake) connected(link int, a netip.Addr) bool {
 	for _, r := range f.routes {
-		if r.LinkIndex == link && !r.Gw.IsValid() && r.Scope == 253 && r.Dst.Contains(a) {
+		if r.LinkIndex == link && !r.Gw.IsValid() && (r.Scope == 253 || r.Dst.Addr().Is6()) && r.Dst.Contains(a) {
 			return true
 		}
 	}
@@ -90,7 +95,10 @@ func (v *View) RouteDel(r vxlan.Route) error {
 	return nil
 }
 
-func (v *View) NeighList(i int) ([]vxlan.Neigh, error) {
+func (v *View) NeighList(i int) ([]vxlan.Neigh, error) { return v.NeighListFamily(i, vxlan.IPv4) }
+
+// NeighListFamily implements vxlan.Netlink; its faults are NeighList's.
+func (v *View) NeighListFamily(i int, fam vxlan.Family) ([]vxlan.Neigh, error) {
 	if err := v.begin("NeighList", idx(i), false); err != nil {
 		return nil, err
 	}
@@ -98,7 +106,7 @@ func (v *View) NeighList(i int) ([]vxlan.Neigh, error) {
 	defer v.f.mu.Unlock()
 	var out []vxlan.Neigh
 	for k, n := range v.f.neighs {
-		if k.link == i {
+		if k.link == i && familyOf(n.IP) == fam {
 			out = append(out, n)
 		}
 	}

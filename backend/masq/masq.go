@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,15 +34,18 @@ const DefaultTimeout = 10 * time.Second
 // readAttempts bounds the retries of a read-back that raced another writer.
 const readAttempts = 5
 
-// Masq keeps table ip overlay in one network namespace equal to the rules for
-// one cluster network. Its methods are safe for concurrent use.
+// ourTableDesc names our table in messages.
+const ourTableDesc = "table inet " + TableName
+
+// Masq keeps table inet overlay in one network namespace equal to the rules
+// for the cluster networks, one per address family. Its methods are safe for
+// concurrent use.
 type Masq struct {
-	network netip.Prefix
-	device  string
-	ns      netns.NsHandle // owned: closed by Close
-	timeout time.Duration
-	log     *slog.Logger
-	desired *state
+	clusters []cluster      // IPv4 first
+	ns       netns.NsHandle // owned: closed by Close
+	timeout  time.Duration
+	log      *slog.Logger
+	desired  *state
 
 	mu      sync.Mutex
 	closed  bool
@@ -52,11 +56,23 @@ type Masq struct {
 type Option func(*options) error
 
 type options struct {
-	ns      netns.NsHandle
-	nsSet   bool
-	device  string
-	timeout time.Duration
-	log     *slog.Logger
+	networks []netip.Prefix // besides New's
+	ns       netns.NsHandle
+	nsSet    bool
+	device4  string
+	device6  string
+	timeout  time.Duration
+	log      *slog.Logger
+}
+
+// WithNetwork adds the cluster network of the other address family, for a
+// dual-stack cluster: New(10.244.0.0/16, WithNetwork(fd00:10:244::/48))
+// masquerades both. A second network of New's family is an error.
+func WithNetwork(p netip.Prefix) Option {
+	return func(o *options) error {
+		o.networks = append(o.networks, p)
+		return nil
+	}
 }
 
 // WithNetNS programs the network namespace ns instead of the one the calling
@@ -72,15 +88,26 @@ func WithNetNS(ns netns.NsHandle) Option {
 	}
 }
 
-// WithOverlayDevice names the VXLAN device (e.g. "overlay.1") and adds the
-// rule that masquerades traffic from outside the cluster network leaving
-// through it to pods on other hosts (see the package documentation).
+// WithOverlayDevice names the VXLAN device of the IPv4 network (e.g.
+// "overlay.1") and adds the rule that masquerades traffic from outside the
+// cluster network leaving through it to pods on other hosts (see the package
+// documentation). It needs an IPv4 cluster network.
 func WithOverlayDevice(name string) Option {
+	return deviceOption(name, "overlay device", func(o *options) *string { return &o.device4 })
+}
+
+// WithIPv6OverlayDevice is WithOverlayDevice for the IPv6 network's VXLAN
+// device (e.g. "overlay-v6.1"). It needs an IPv6 cluster network.
+func WithIPv6OverlayDevice(name string) Option {
+	return deviceOption(name, "IPv6 overlay device", func(o *options) *string { return &o.device6 })
+}
+
+func deviceOption(name, what string, field func(*options) *string) Option {
 	return func(o *options) error {
 		if err := validDeviceName(name); err != nil {
-			return fmt.Errorf("overlay device: %w: %w", err, ErrInvalidConfig)
+			return fmt.Errorf("%s: %w: %w", what, err, ErrInvalidConfig)
 		}
-		o.device = name
+		*field(o) = name
 		return nil
 	}
 }
@@ -104,17 +131,20 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// New returns a Masq for network, an IPv4 prefix such as 10.244.0.0/16 (host
-// bits are ignored). It touches nothing in the kernel: call Ensure.
+// New returns a Masq for the cluster network, an IPv4 prefix such as
+// 10.244.0.0/16 or an IPv6 one such as fd00:10:244::/48 (host bits are
+// ignored); WithNetwork adds the other family's. It touches nothing in the
+// kernel: call Ensure.
 func New(network netip.Prefix, opts ...Option) (*Masq, error) {
-	if !network.IsValid() || !network.Addr().Is4() || network.Bits() == 0 {
-		return nil, fmt.Errorf("cluster network %v: want an IPv4 prefix such as 10.244.0.0/16: %w", network, ErrInvalidConfig)
-	}
 	o := options{timeout: DefaultTimeout, log: slog.Default()}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
+	}
+	clusters, err := clustersOf(append([]netip.Prefix{network}, o.networks...), o.device4, o.device6)
+	if err != nil {
+		return nil, err
 	}
 	var ns netns.NsHandle
 	if o.nsSet {
@@ -130,19 +160,74 @@ func New(network netip.Prefix, opts ...Option) (*Masq, error) {
 			return nil, fmt.Errorf("open the current network namespace: %w", err)
 		}
 	}
-	network = network.Masked()
 	return &Masq{
-		network: network,
-		device:  o.device,
-		ns:      ns,
-		timeout: o.timeout,
-		log:     o.log,
-		desired: desiredState(network, o.device),
+		clusters: clusters,
+		ns:       ns,
+		timeout:  o.timeout,
+		log:      o.log,
+		desired:  desiredState(clusters),
 	}, nil
 }
 
-// Network returns the cluster network the rules are for.
-func (m *Masq) Network() netip.Prefix { return m.network }
+// clustersOf checks the cluster networks (at most one per family) and pairs
+// each with its family's overlay device, IPv4 first.
+func clustersOf(networks []netip.Prefix, device4, device6 string) ([]cluster, error) {
+	var v4, v6 cluster
+	for _, p := range networks {
+		if err := validNetwork(p); err != nil {
+			return nil, fmt.Errorf("cluster network %v: %w: %w", p, err, ErrInvalidConfig)
+		}
+		c, fam := &v4, "IPv4"
+		if p.Addr().Is6() {
+			c, fam = &v6, "IPv6"
+		}
+		if c.network.IsValid() {
+			return nil, fmt.Errorf("two %s cluster networks, %v and %v: want at most one per address family: %w",
+				fam, c.network, p, ErrInvalidConfig)
+		}
+		c.network = p.Masked()
+	}
+	for _, d := range []struct {
+		c      *cluster
+		device string
+		fam    string
+	}{{&v4, device4, "IPv4"}, {&v6, device6, "IPv6"}} {
+		if d.device != "" && !d.c.network.IsValid() {
+			return nil, fmt.Errorf("overlay device %q is for the %s cluster network, and there is none: %w",
+				d.device, d.fam, ErrInvalidConfig)
+		}
+		d.c.device = d.device
+	}
+	var out []cluster
+	for _, c := range []cluster{v4, v6} {
+		if c.network.IsValid() {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// validNetwork reports why p cannot be a cluster network, or nil.
+func validNetwork(p netip.Prefix) error {
+	switch {
+	case !p.IsValid():
+		return errors.New("want an IPv4 prefix such as 10.244.0.0/16 or an IPv6 one such as fd00:10:244::/48")
+	case p.Addr().Is4In6():
+		return errors.New("an IPv4-mapped IPv6 prefix: write the IPv4 prefix itself")
+	case p.Bits() == 0:
+		return errors.New("the whole address space would masquerade everything")
+	}
+	return nil
+}
+
+// Networks returns the cluster networks the rules are for, IPv4 first.
+func (m *Masq) Networks() []netip.Prefix {
+	out := make([]netip.Prefix, len(m.clusters))
+	for i, c := range m.clusters {
+		out[i] = c.network
+	}
+	return out
+}
 
 // Close releases the namespace handle. It leaves the rules in place (a
 // restarting daemon must not open a window without NAT); Remove deletes
@@ -170,9 +255,10 @@ func (m *Masq) conn() (*nftables.Conn, error) {
 }
 
 // Ensure makes the kernel hold exactly the desired table, and reports whether
-// it had to write. It reads the table back and compares renderings; only if
-// they differ does it replace the whole table in one atomic batch, and then
-// it reads back again to verify.
+// it had to write. It reads our tables back and compares renderings; only if
+// they differ does it replace the whole table (and delete the ip-family
+// table of older versions) in one atomic batch, and then it reads back again
+// to verify.
 func (m *Masq) Ensure() (changed bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -183,8 +269,8 @@ func (m *Masq) Ensure() (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	want := render(m.desired)
-	if slices.Equal(render(cur), want) {
+	want := renderAll([]*state{m.desired})
+	if slices.Equal(renderAll(cur), want) {
 		return false, nil
 	}
 	if err := m.write(); err != nil {
@@ -192,26 +278,28 @@ func (m *Masq) Ensure() (changed bool, err error) {
 	}
 	after, err := m.read()
 	if err != nil {
-		return true, fmt.Errorf("verify table ip %s after writing it: %w", TableName, err)
+		return true, fmt.Errorf("verify %s after writing it: %w", ourTableDesc, err)
 	}
-	if got := render(after); !slices.Equal(got, want) {
-		return true, fmt.Errorf("table ip %s in netns %s differs from what was just written:\n--- want\n%s\n--- kernel\n%s",
-			TableName, m.ns, strings.Join(want, "\n"), strings.Join(got, "\n"))
+	if got := renderAll(after); !slices.Equal(got, want) {
+		return true, fmt.Errorf("%s in netns %s differs from what was just written:\n--- want\n%s\n--- kernel\n%s",
+			ourTableDesc, m.ns, strings.Join(want, "\n"), strings.Join(got, "\n"))
 	}
 	return true, nil
 }
 
-// write replaces the table in one batch, one nftables transaction: create
-// the table if absent (so the delete cannot fail), delete it with whatever
-// it holds, and add it back with our chains and rules.
+// write replaces our table in one batch, one nftables transaction: delete
+// it with whatever it holds and add it back with our chain and rules, and
+// delete the ip-family table of older versions. A host upgraded from such a
+// version goes from the old rules to the new ones at once: no packet leaves
+// between the two un-NATed. If the kernel rejects any part (one without
+// family inet NAT), it applies none, and the old table keeps working.
 func (m *Masq) write() error {
 	c, err := m.conn()
 	if err != nil {
 		return err
 	}
 	d := m.desired
-	c.AddTable(d.table)
-	c.DelTable(d.table)
+	deleteTable(c, ourTable)
 	c.AddTable(d.table)
 	for _, ch := range d.chains {
 		c.AddChain(ch.chain)
@@ -221,18 +309,68 @@ func (m *Masq) write() error {
 			c.AddRule(r)
 		}
 	}
+	deleteTable(c, legacyTable)
 	m.batches++
 	if err := c.Flush(); err != nil {
-		err = fmt.Errorf("install table ip %s in netns %s: %w", TableName, m.ns, err)
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) {
-			err = fmt.Errorf("%w (the kernel lacks an nf_tables feature: it needs CONFIG_NF_TABLES_IPV4, CONFIG_NFT_NAT and CONFIG_NFT_MASQ, built in or loadable)", err)
+		err = fmt.Errorf("install %s in netns %s: %w", ourTableDesc, m.ns, err)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EAFNOSUPPORT) {
+			err = fmt.Errorf("%w (%s)", err, kernelHint(kernelRelease()))
 		}
 		return err
 	}
 	return nil
 }
 
-// Remove deletes our table and everything in it. A missing table is success.
+// deleteTable queues the deletion of t with everything in it. It queues its
+// creation first, so the delete cannot fail when t does not exist.
+func deleteTable(c *nftables.Conn, t nftables.Table) {
+	c.AddTable(&t)
+	c.DelTable(&t)
+}
+
+// kernelHint explains an install the kernel refused as an unsupported
+// feature. NAT in an inet table came with Linux 5.2; distributions may have
+// backported it, so the version alone decides nothing.
+func kernelHint(release string) string {
+	const need = "it needs nf_tables NAT in family inet: Linux 5.2 or later with CONFIG_NF_TABLES_INET, CONFIG_NFT_NAT and CONFIG_NFT_MASQ, built in or loadable"
+	if major, minor, ok := kernelVersion(release); ok && (major < 5 || major == 5 && minor < 2) {
+		return fmt.Sprintf("this kernel, %s, is older than 5.2: %s", release, need)
+	}
+	return fmt.Sprintf("the kernel (%s) lacks an nf_tables feature: %s", release, need)
+}
+
+// kernelRelease returns the running kernel's release, e.g. "6.1.0-18-amd64".
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "release unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// kernelVersion parses the major and minor version of a kernel release.
+func kernelVersion(release string) (major, minor int, ok bool) {
+	fields := strings.SplitN(release, ".", 3)
+	if len(fields) < 2 {
+		return 0, 0, false
+	}
+	major, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 0, 0, false
+	}
+	digits := strings.IndexFunc(fields[1], func(r rune) bool { return r < '0' || r > '9' })
+	if digits < 0 {
+		digits = len(fields[1])
+	}
+	minor, err = strconv.Atoi(fields[1][:digits])
+	if err != nil {
+		return 0, 0, false
+	}
+	return major, minor, true
+}
+
+// Remove deletes our table, and the ip-family table of older versions, with
+// everything in them. Missing tables are success.
 func (m *Masq) Remove() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -243,17 +381,19 @@ func (m *Masq) Remove() error {
 	if err != nil {
 		return err
 	}
-	c.DelTable(m.desired.table)
+	deleteTable(c, ourTable)
+	deleteTable(c, legacyTable)
 	m.batches++
-	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("delete table ip %s in netns %s: %w", TableName, m.ns, err)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete %s in netns %s: %w", ourTableDesc, m.ns, err)
 	}
 	return nil
 }
 
 // Rules renders what the kernel holds in our table, in `nft list table`
-// syntax, one line per element (nil if the table does not exist). For tests
-// and `overlayd status`.
+// syntax, one line per element, followed by the ip-family table of older
+// versions if it exists (nil if neither does). For tests and `overlayd
+// status`.
 func (m *Masq) Rules() ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -264,16 +404,18 @@ func (m *Masq) Rules() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return render(st), nil
+	return renderAll(st), nil
 }
 
-// ForwardDrops lists the nftables base chains of other tables, in families ip
-// and inet, that hook forward with policy drop, as "family table chain". Our
-// table has no forward chain, and no accept of ours could override such a
-// drop anyway (see the package documentation): pod traffic is forwarded only
-// if that chain accepts it itself. A hint, not a proof: a drop rule in a
-// policy-accept chain is not reported, and legacy (non-nftables) iptables is
-// invisible here.
+// ForwardDrops lists the nftables base chains of other tables that hook
+// forward with policy drop and see the cluster's traffic — families inet and,
+// for the cluster's address families, ip and ip6 — as "family table chain".
+// Our table has no forward chain, and no accept of ours could override such
+// a drop anyway (see the package documentation): pod traffic is forwarded
+// only if that chain accepts it itself. The ip-family table of older
+// versions is not ours any more: a drop chain in it is reported too. A hint,
+// not a proof: a drop rule in a policy-accept chain is not reported, and
+// legacy (non-nftables) iptables is invisible here.
 func (m *Masq) ForwardDrops() ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -288,12 +430,15 @@ func (m *Masq) ForwardDrops() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list nftables chains in netns %s: %w", m.ns, err)
 	}
+	families := map[nftables.TableFamily]bool{nftables.TableFamilyINet: true}
+	for _, cl := range m.clusters {
+		families[familyOf(cl.network).table] = true
+	}
 	var drops []string
 	for _, ch := range chains {
 		if ch.Table == nil || ch.Hooknum == nil || ch.Policy == nil ||
 			*ch.Hooknum != *nftables.ChainHookForward || *ch.Policy != nftables.ChainPolicyDrop ||
-			ch.Table.Family != nftables.TableFamilyIPv4 && ch.Table.Family != nftables.TableFamilyINet ||
-			ch.Table.Family == nftables.TableFamilyIPv4 && ch.Table.Name == TableName {
+			!families[ch.Table.Family] || isTable(ch.Table, ourTable) {
 			continue
 		}
 		drops = append(drops, familyName(ch.Table.Family)+" "+ch.Table.Name+" "+ch.Name)
@@ -302,10 +447,15 @@ func (m *Masq) ForwardDrops() ([]string, error) {
 	return drops, nil
 }
 
-// read returns what the kernel holds in our table (nil if it does not
-// exist). Dumps are not atomic: the ruleset generation is read before and
-// after, and a read that raced another writer is retried.
-func (m *Masq) read() (*state, error) {
+func isTable(t *nftables.Table, want nftables.Table) bool {
+	return t.Family == want.Family && t.Name == want.Name
+}
+
+// read returns what the kernel holds in our table and in the ip-family
+// table of older versions, those that exist, in that order. Dumps are not
+// atomic: the ruleset generation is read before and after, and a read that
+// raced another writer is retried.
+func (m *Masq) read() ([]*state, error) {
 	var lastErr error
 	for range readAttempts {
 		before, err := generation(m.ns, m.timeout)
@@ -325,40 +475,54 @@ func (m *Masq) read() (*state, error) {
 			lastErr = fmt.Errorf("%w: %w", lastErr, err)
 		}
 	}
-	return nil, fmt.Errorf("read table ip %s in netns %s: the ruleset kept changing, giving up after %d attempts: %w",
-		TableName, m.ns, readAttempts, lastErr)
+	return nil, fmt.Errorf("read %s in netns %s: the ruleset kept changing, giving up after %d attempts: %w",
+		ourTableDesc, m.ns, readAttempts, lastErr)
 }
 
-func (m *Masq) readOnce() (*state, error) {
+func (m *Masq) readOnce() ([]*state, error) {
 	c, err := m.conn()
 	if err != nil {
 		return nil, err
 	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyUnspecified)
 	if err != nil {
 		return nil, fmt.Errorf("list nftables tables in netns %s: %w", m.ns, err)
 	}
-	i := slices.IndexFunc(tables, func(t *nftables.Table) bool { return t.Name == TableName })
-	if i < 0 {
-		return nil, nil
+	var out []*state
+	for _, want := range []nftables.Table{ourTable, legacyTable} {
+		i := slices.IndexFunc(tables, func(t *nftables.Table) bool { return isTable(t, want) })
+		if i < 0 {
+			continue
+		}
+		st, err := readTable(c, tables[i])
+		if err != nil {
+			return nil, fmt.Errorf("%w in netns %s", err, m.ns)
+		}
+		out = append(out, st)
 	}
-	table := tables[i]
+	return out, nil
+}
+
+// readTable returns table with its chains and their rules.
+func readTable(c *nftables.Conn, table *nftables.Table) (*state, error) {
 	// github.com/google/nftables v0.3.0 decodes these two big-endian
 	// attributes in host byte order; undo that.
 	table.Use, table.Flags = fromBigEndian(table.Use), fromBigEndian(table.Flags)
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	// Only the table's family: the kernel cannot filter the dump by table,
+	// and other families may hold thousands of chains (kube-proxy's).
+	chains, err := c.ListChainsOfTableFamily(table.Family)
 	if err != nil {
-		return nil, fmt.Errorf("list nftables chains in netns %s: %w", m.ns, err)
+		return nil, fmt.Errorf("list nftables chains of family %s: %w", familyName(table.Family), err)
 	}
 	st := &state{table: table}
 	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != TableName {
+		if ch.Table == nil || !isTable(ch.Table, *table) {
 			continue
 		}
 		ch.Table = table
 		rules, err := c.GetRules(table, ch)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of chain %s in table ip %s in netns %s: %w", ch.Name, TableName, m.ns, err)
+			return nil, fmt.Errorf("list rules of chain %s in table %s %s: %w", ch.Name, familyName(table.Family), table.Name, err)
 		}
 		st.chains = append(st.chains, chainState{chain: ch, rules: rules})
 	}
@@ -396,17 +560,17 @@ func (m *Masq) Run(ctx context.Context, interval time.Duration, report func(chan
 		case errors.Is(err, ErrClosed):
 			return err
 		case err != nil && !failing:
-			m.log.Warn("masquerade rules: ensure failed; retrying", "network", m.network, "error", err)
+			m.log.Warn("masquerade rules: ensure failed; retrying", "networks", m.Networks(), "error", err)
 			failing = true
 		case err != nil:
-			m.log.Debug("masquerade rules: ensure failed again", "network", m.network, "error", err)
+			m.log.Debug("masquerade rules: ensure failed again", "networks", m.Networks(), "error", err)
 		case failing:
-			m.log.Info("masquerade rules: back in sync", "network", m.network, "changed", changed)
+			m.log.Info("masquerade rules: back in sync", "networks", m.Networks(), "changed", changed)
 			failing = false
 		case changed && first:
-			m.log.Info("masquerade rules: installed", "network", m.network, "table", "ip "+TableName)
+			m.log.Info("masquerade rules: installed", "networks", m.Networks(), "table", "inet "+TableName)
 		case changed:
-			m.log.Info("masquerade rules: repaired drift", "network", m.network, "table", "ip "+TableName)
+			m.log.Info("masquerade rules: repaired drift", "networks", m.Networks(), "table", "inet "+TableName)
 		}
 		if err == nil {
 			first = false

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,7 +94,8 @@ func gen(t *testing.T, ns netns.NsHandle) uint32 {
 }
 
 // veth connects namespaces a and b with a veth pair, gives each end its
-// addresses (CIDR notation) and brings both up.
+// addresses (CIDR notation; IPv6 ones without duplicate address detection,
+// usable at once) and brings both up.
 func veth(t *testing.T, a netns.NsHandle, aName string, aAddrs []string, b netns.NsHandle, bName string, bAddrs []string) {
 	t.Helper()
 	withLink(t, a, func(nl *netlink.Handle) error {
@@ -117,6 +119,9 @@ func veth(t *testing.T, a netns.NsHandle, aName string, aAddrs []string, b netns
 				addr, err := netlink.ParseAddr(s)
 				if err != nil {
 					return err
+				}
+				if addr.IP.To4() == nil {
+					addr.Flags |= unix.IFA_F_NODAD
 				}
 				if err := nl.AddrAdd(link, addr); err != nil {
 					return fmt.Errorf("%s: address %s: %w", end.name, s, err)
@@ -151,12 +156,79 @@ func route(t *testing.T, ns netns.NsHandle, dst string, gw netip.Addr, dev strin
 	})
 }
 
+// waitIPv6Ready waits until no IPv6 address in namespaces nss is still
+// tentative: the link-local addresses veth ends get when they come up go
+// through duplicate address detection, and until it ends the kernel sends
+// no neighbour solicitation for a forwarded packet.
+func waitIPv6Ready(t *testing.T, nss ...netns.NsHandle) {
+	t.Helper()
+	testenv.Eventually(t, testenv.Slack, "IPv6 duplicate address detection to end", func() error {
+		for _, ns := range nss {
+			var tentative error
+			withLink(t, ns, func(nl *netlink.Handle) error {
+				addrs, err := nl.AddrList(nil, netlink.FAMILY_V6)
+				if err != nil {
+					return err
+				}
+				for _, a := range addrs {
+					if a.Flags&unix.IFA_F_DADFAILED != 0 {
+						return fmt.Errorf("duplicate address detection failed for %s", a.IPNet)
+					}
+					if a.Flags&unix.IFA_F_TENTATIVE != 0 {
+						tentative = fmt.Errorf("%s in %s is still tentative", a.IPNet, ns)
+					}
+				}
+				return nil
+			})
+			if tentative != nil {
+				return tentative
+			}
+		}
+		return nil
+	})
+}
+
+// enableSysctl writes "1" to the /proc/sys file path in namespace ns only
+// (/proc/sys/net belongs to the namespace of the thread that opens it), and
+// checks that the root namespace's value did not change.
+func enableSysctl(t *testing.T, ns netns.NsHandle, path string) {
+	t.Helper()
+	rootBefore, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = lab.Do(ns, func() error {
+		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+			return err
+		}
+		got, err := os.ReadFile(path)
+		if err == nil && strings.TrimSpace(string(got)) != "1" {
+			err = errors.New(path + " reads " + string(got))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("set %s in %s: %v", path, ns, err)
+	}
+	if rootAfter, err := os.ReadFile(path); err != nil || string(rootAfter) != string(rootBefore) {
+		t.Fatalf("the root namespace's %s changed: %q -> %q (%v)", path, rootBefore, rootAfter, err)
+	}
+}
+
+// tcpNetwork returns "tcp4" or "tcp6", for a's family.
+func tcpNetwork(a netip.Addr) string {
+	if a.Is4() {
+		return "tcp4"
+	}
+	return "tcp6"
+}
+
 // observedSource opens a TCP listener on dst in namespace to, connects to it
 // from namespace from, and returns the source address the listener saw.
 func observedSource(from, to netns.NsHandle, dst netip.Addr, timeout time.Duration) (netip.Addr, error) {
 	var ln net.Listener
 	if err := lab.Do(to, func() (err error) {
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
+		ln, err = net.Listen(tcpNetwork(dst), netip.AddrPortFrom(dst, 0).String())
 		return err
 	}); err != nil {
 		return netip.Addr{}, fmt.Errorf("listen on %s: %w", dst, err)
@@ -180,7 +252,7 @@ func observedSource(from, to netns.NsHandle, dst netip.Addr, timeout time.Durati
 		accepted <- result{src: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()}
 	}()
 	err := lab.Do(from, func() error {
-		c, err := (&net.Dialer{Timeout: timeout}).Dial("tcp4", ln.Addr().String())
+		c, err := (&net.Dialer{Timeout: timeout}).Dial(tcpNetwork(dst), ln.Addr().String())
 		if err != nil {
 			return err
 		}
@@ -197,22 +269,51 @@ func observedSource(from, to netns.NsHandle, dst netip.Addr, timeout time.Durati
 
 // setTableDormant sets the dormant flag on our table (its chains stop
 // seeing packets). google/nftables always sends table flags 0, so this
-// speaks netlink directly: one batch with one NEWTABLE.
+// speaks netlink directly.
 func setTableDormant(t *testing.T, ns netns.NsHandle) {
+	t.Helper()
+	c, err := newTableRaw(t, ns, unix.NFPROTO_INET, TableName, unix.NFT_TABLE_F_DORMANT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
+
+// addOwnedTable creates table family/name owned by the returned socket
+// (NFT_TABLE_F_OWNER, Linux 5.12+): no other socket may change or delete
+// it, and the kernel deletes it when the socket closes.
+func addOwnedTable(t *testing.T, ns netns.NsHandle, family byte, name string) *mdnetlink.Conn {
+	t.Helper()
+	const ownerFlag = 2 // NFT_TABLE_F_OWNER, not in x/sys/unix
+	c, err := newTableRaw(t, ns, family, name, ownerFlag)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		testenv.Unavailable(t, "the kernel has no owned nftables tables (Linux 5.12+): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newTableRaw sends one batch with one NEWTABLE for family/name with flags
+// and returns the socket it used, open, or the kernel's answer.
+func newTableRaw(t *testing.T, ns netns.NsHandle, family byte, name string, flags uint32) (*mdnetlink.Conn, error) {
 	t.Helper()
 	c, err := mdnetlink.Dial(unix.NETLINK_NETFILTER, &mdnetlink.Config{NetNS: int(ns)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
 	attrs, err := mdnetlink.MarshalAttributes([]mdnetlink.Attribute{
-		{Type: unix.NFTA_TABLE_NAME, Data: []byte(TableName + "\x00")},
-		{Type: unix.NFTA_TABLE_FLAGS, Data: binary.BigEndian.AppendUint32(nil, unix.NFT_TABLE_F_DORMANT)},
+		{Type: unix.NFTA_TABLE_NAME, Data: []byte(name + "\x00")},
+		{Type: unix.NFTA_TABLE_FLAGS, Data: binary.BigEndian.AppendUint32(nil, flags)},
 	})
 	if err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
 	batchHdr := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
@@ -221,16 +322,19 @@ func setTableDormant(t *testing.T, ns netns.NsHandle) {
 		{
 			Header: mdnetlink.Header{
 				Type:  mdnetlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWTABLE),
-				Flags: mdnetlink.Request | mdnetlink.Acknowledge,
+				Flags: mdnetlink.Request | mdnetlink.Acknowledge | mdnetlink.Create,
 			},
-			Data: append([]byte{unix.NFPROTO_IPV4, unix.NFNETLINK_V0, 0, 0}, attrs...),
+			Data: append([]byte{family, unix.NFNETLINK_V0, 0, 0}, attrs...),
 		},
 		{Header: mdnetlink.Header{Type: unix.NFNL_MSG_BATCH_END, Flags: mdnetlink.Request}, Data: batchHdr},
 	}
 	if _, err := c.SendMessages(msgs); err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
 	if _, err := c.Receive(); err != nil {
-		t.Fatalf("set table ip %s dormant: %v", TableName, err)
+		c.Close()
+		return nil, fmt.Errorf("new table %s (family %d) with flags %#x: %w", name, family, flags, err)
 	}
+	return c, nil
 }

@@ -49,6 +49,16 @@ func render(st *state) []string {
 	return append(lines, "}")
 }
 
+// renderAll renders each of sts in turn: our table and, during a migration,
+// the ip-family table of older versions (nil if there is none).
+func renderAll(sts []*state) []string {
+	var lines []string
+	for _, st := range sts {
+		lines = append(lines, render(st)...)
+	}
+	return lines
+}
+
 func familyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyIPv4:
@@ -176,15 +186,18 @@ func renderRule(r *nftables.Rule) string {
 
 // operand is a value loaded into a register and not yet compared.
 type operand struct {
-	name string     // "ip saddr", "ip daddr", "oifname", "iifname"
+	name string     // "ip saddr", "ip6 daddr", "oifname", "iifname", "meta nfproto"
+	size uint32     // for addresses: 4 or 16 bytes
 	mask []byte     // for addresses: the bitwise mask applied, if any
 	raw  []expr.Any // the expressions that produced it, for the fallback
 }
 
 // renderExprs renders the expression vocabulary of our rules in nft syntax:
-// address matches (payload load, optional bitwise prefix mask, cmp), interface
-// name matches (meta load, cmp), masquerade and verdicts. Anything else, or
-// any of these in a shape we do not emit, is rendered raw.
+// family matches (meta nfproto load, cmp), IPv4 and IPv6 address matches
+// (payload load, optional bitwise prefix mask, cmp), interface name matches
+// (meta load, cmp), masquerade and verdicts. Anything else, or any of these
+// in a shape we do not emit, is rendered raw. The family match is shown,
+// unlike in `nft list`, which hides it as the dependency of an address match.
 func renderExprs(exprs []expr.Any) string {
 	r := exprRenderer{pending: map[uint32]*operand{}}
 	for _, e := range exprs {
@@ -236,22 +249,18 @@ func (r *exprRenderer) known(e expr.Any) bool {
 	switch e := e.(type) {
 	case *expr.Payload:
 		if name := ipField(e); name != "" {
-			r.load(e.DestRegister, &operand{name: name, raw: []expr.Any{e}})
+			r.load(e.DestRegister, &operand{name: name, size: e.Len, raw: []expr.Any{e}})
 			return true
 		}
 	case *expr.Meta:
-		if !e.SourceRegister && (e.Key == expr.MetaKeyOIFNAME || e.Key == expr.MetaKeyIIFNAME) {
-			name := "oifname"
-			if e.Key == expr.MetaKeyIIFNAME {
-				name = "iifname"
-			}
+		if name := metaName[e.Key]; name != "" && !e.SourceRegister {
 			r.load(e.Register, &operand{name: name, raw: []expr.Any{e}})
 			return true
 		}
 	case *expr.Bitwise:
-		if op, ok := r.pending[e.SourceRegister]; ok && strings.HasPrefix(op.name, "ip ") && op.mask == nil &&
-			e.DestRegister == e.SourceRegister && e.Len == 4 && len(e.Mask) == 4 &&
-			bytes.Equal(e.Xor, make([]byte, 4)) {
+		if op, ok := r.pending[e.SourceRegister]; ok && op.size != 0 && op.mask == nil &&
+			e.DestRegister == e.SourceRegister && e.Len == op.size && len(e.Mask) == int(op.size) &&
+			bytes.Equal(e.Xor, make([]byte, op.size)) {
 			op.mask = e.Mask
 			op.raw = append(op.raw, e)
 			return true
@@ -294,17 +303,28 @@ func masqText(e *expr.Masq) string {
 	return s
 }
 
-// ipField names an IPv4 address load, or returns "".
+// metaName names the meta keys we load.
+var metaName = map[expr.MetaKey]string{
+	expr.MetaKeyOIFNAME: "oifname",
+	expr.MetaKeyIIFNAME: "iifname",
+	expr.MetaKeyNFPROTO: "meta nfproto",
+}
+
+// ipField names a whole IPv4 or IPv6 address load, or returns "".
 func ipField(e *expr.Payload) string {
-	if e.OperationType != expr.PayloadLoad || e.Base != expr.PayloadBaseNetworkHeader || e.Len != 4 ||
+	if e.OperationType != expr.PayloadLoad || e.Base != expr.PayloadBaseNetworkHeader ||
 		e.CsumType != expr.CsumTypeNone || e.CsumOffset != 0 || e.CsumFlags != 0 || e.SourceRegister != 0 {
 		return ""
 	}
-	switch e.Offset {
-	case ipv4SaddrOffset:
+	switch {
+	case e.Len == 4 && e.Offset == ipv4SaddrOffset:
 		return "ip saddr"
-	case ipv4DaddrOffset:
+	case e.Len == 4 && e.Offset == ipv4DaddrOffset:
 		return "ip daddr"
+	case e.Len == 16 && e.Offset == ipv6SaddrOffset:
+		return "ip6 saddr"
+	case e.Len == 16 && e.Offset == ipv6DaddrOffset:
+		return "ip6 daddr"
 	}
 	return ""
 }
@@ -318,17 +338,23 @@ func renderCmp(op *operand, e *expr.Cmp) (string, bool) {
 	default:
 		return "", false
 	}
-	if op.name == "oifname" || op.name == "iifname" {
+	switch op.name {
+	case "oifname", "iifname":
 		name, ok := ifName(e.Data)
 		if !ok {
 			return "", false
 		}
 		return op.name + " " + rel + strconv.Quote(name), true
+	case "meta nfproto":
+		if len(e.Data) != 1 {
+			return "", false
+		}
+		return op.name + " " + rel + nfprotoName(e.Data[0]), true
 	}
-	if len(e.Data) != 4 {
+	addr, ok := netip.AddrFromSlice(e.Data)
+	if !ok || len(e.Data) != int(op.size) {
 		return "", false
 	}
-	addr := netip.AddrFrom4([4]byte(e.Data))
 	if op.mask == nil {
 		return op.name + " " + rel + addr.String(), true
 	}
@@ -358,10 +384,21 @@ func ifName(data []byte) (string, bool) {
 	return string(data) + "*", true
 }
 
-// maskBits returns the prefix length of a contiguous 4-byte netmask.
+// nfprotoName names a meta nfproto value as nft does.
+func nfprotoName(v byte) string {
+	switch v {
+	case unix.NFPROTO_IPV4:
+		return "ipv4"
+	case unix.NFPROTO_IPV6:
+		return "ipv6"
+	}
+	return strconv.Itoa(int(v))
+}
+
+// maskBits returns the prefix length of a contiguous netmask.
 func maskBits(mask []byte) (int, bool) {
-	for bits := 0; bits <= 32; bits++ {
-		if bytes.Equal(mask, prefixMask(bits)) {
+	for bits := 0; bits <= 8*len(mask); bits++ {
+		if bytes.Equal(mask, prefixMask(bits, len(mask))) {
 			return bits, true
 		}
 	}

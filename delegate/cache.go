@@ -106,8 +106,8 @@ type cacheFile struct {
 	Network     string          `json:"network"`
 	ContainerID string          `json:"containerID"`
 	IfName      string          `json:"ifName"`
-	Lease       string          `json:"lease"`
-	IPv6Lease   string          `json:"ipv6Lease,omitempty"` // dual-stack hosts only
+	Lease       string          `json:"lease,omitempty"`     // absent on IPv6-only hosts only
+	IPv6Lease   string          `json:"ipv6Lease,omitempty"` // hosts in a network that carries IPv6 only
 	Config      json.RawMessage `json:"config"`
 }
 
@@ -155,7 +155,10 @@ func (c Cache) Publish(a Attachment, d Delegate) (*atomicfile.Pending, error) {
 	}
 	f := cacheFile{
 		Format: CacheFormat, Network: a.Network, ContainerID: a.ContainerID, IfName: a.IfName,
-		Lease: d.Lease.String(), Config: d.Config,
+		Config: d.Config,
+	}
+	if d.Lease.IsValid() {
+		f.Lease = d.Lease.String()
 	}
 	if d.IPv6Lease.IsValid() {
 		f.IPv6Lease = d.IPv6Lease.String()
@@ -285,11 +288,13 @@ func decodeEntry(data []byte) (Entry, error) {
 	if err := a.Validate(); err != nil {
 		return Entry{}, fmt.Errorf("%w: %v", ErrCacheCorrupt, err)
 	}
-	lease, err := netip.ParsePrefix(f.Lease)
-	if err != nil {
-		return Entry{}, fmt.Errorf("%w: lease: %v", ErrCacheCorrupt, err)
+	var lease, lease6 netip.Prefix
+	var err error
+	if f.Lease != "" || f.IPv6Lease == "" {
+		if lease, err = netip.ParsePrefix(f.Lease); err != nil || !lease.Addr().Is4() {
+			return Entry{}, fmt.Errorf("%w: lease %q is not an IPv4 prefix", ErrCacheCorrupt, f.Lease)
+		}
 	}
-	var lease6 netip.Prefix
 	if f.IPv6Lease != "" {
 		if lease6, err = netip.ParsePrefix(f.IPv6Lease); err != nil || !lease6.Addr().Is6() {
 			return Entry{}, fmt.Errorf("%w: ipv6Lease %q is not an IPv6 prefix", ErrCacheCorrupt, f.IPv6Lease)

@@ -265,3 +265,39 @@ func TestCacheIPv6Lease(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6-only host's entry has an IPv6 lease and no IPv4 one; an entry
+// with neither, or with an IPv6 prefix as its IPv4 lease, is corrupt.
+func TestCacheIPv6OnlyEntry(t *testing.T) {
+	c := Cache{Dir: t.TempDir()}
+	a := Attachment{Network: "overlay", ContainerID: "c1", IfName: "eth0"}
+	d := testDelegate(t, "overlay")
+	d.Lease, d.IPv6Lease = netip.Prefix{}, netip.MustParsePrefix("fd00:10:244:7::/64")
+	if err := c.Write(a, d); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := c.Path(a)
+	good, _ := os.ReadFile(p)
+	if strings.Contains(string(good), `"lease"`) {
+		t.Errorf("IPv6-only entry has an IPv4 lease member: %s", good)
+	}
+	got, err := c.Read(a)
+	if err != nil || got.Delegate.Lease.IsValid() || got.Delegate.IPv6Lease != d.IPv6Lease {
+		t.Fatalf("Read = %+v, %v; want only the IPv6 lease %s", got.Delegate, err, d.IPv6Lease)
+	}
+	for name, data := range map[string]string{
+		"no lease at all":    strings.Replace(string(good), `"ipv6Lease":"fd00:10:244:7::/64",`, "", 1),
+		"IPv6 as IPv4 lease": strings.Replace(string(good), `"ipv6Lease":`, `"lease":"fd00::/64","ipv6Lease":`, 1),
+		"empty IPv4 lease":   strings.Replace(string(good), `"ipv6Lease":`, `"lease":"x","ipv6Lease":`, 1),
+	} {
+		if data == string(good) {
+			t.Fatalf("%s: the replacement did not apply to %s", name, good)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Read(a); !errors.Is(err, ErrCacheCorrupt) {
+			t.Errorf("%s: Read = %v, want ErrCacheCorrupt", name, err)
+		}
+	}
+}

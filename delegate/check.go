@@ -41,7 +41,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return envNotReady(types.ErrTryAgainLater, conf.SubnetFile, err)
 	}
 	for _, l := range []struct{ what, was, now string }{
-		{"lease", e.Delegate.Lease.String(), env.Lease().String()},
+		{"lease", orNone(e.Delegate.Lease), orNone(env.Lease())},
 		{"IPv6 lease", orNone(e.Delegate.IPv6Lease), orNone(env.IPv6Lease())},
 	} {
 		if l.was != l.now {

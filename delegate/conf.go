@@ -278,8 +278,10 @@ type userRoute struct {
 	raw json.RawMessage
 }
 
-// ipamRoutes parses ipam.routes of the base. Every route needs an IPv4 dst
-// (the lease is IPv4, so the pod has no IPv6 source to route from).
+// ipamRoutes parses ipam.routes of the base: each route's dst is an IPv4
+// or IPv6 CIDR, its gw (if any) an address of the same family. Whether the
+// host has a lease of that family (so the pod has a source to route from)
+// is known only at Render.
 func ipamRoutes(ipam map[string]json.RawMessage) ([]userRoute, error) {
 	raw, ok := ipam["routes"]
 	if !ok || isAbsent(raw) {
@@ -302,14 +304,14 @@ func ipamRoutes(ipam map[string]json.RawMessage) ([]userRoute, error) {
 			return nil, invalidf("ipam.routes[%d] has no dst", i)
 		}
 		dst, err := netip.ParsePrefix(*fields.Dst)
-		if err != nil || !dst.Addr().Is4() {
-			return nil, invalidf("ipam.routes[%d].dst %q is not an IPv4 CIDR", i, *fields.Dst)
+		if err != nil || dst.Addr().Is4In6() || dst.Addr().Zone() != "" {
+			return nil, invalidf("ipam.routes[%d].dst %q is not an IPv4 or IPv6 CIDR", i, *fields.Dst)
 		}
 		ur := userRoute{dst: dst.Masked(), raw: r}
 		if fields.GW != nil {
 			gw, err := netip.ParseAddr(*fields.GW)
-			if err != nil || !gw.Is4() {
-				return nil, invalidf("ipam.routes[%d].gw %q is not an IPv4 address", i, *fields.GW)
+			if err != nil || gw.Is4() != dst.Addr().Is4() || gw.Is4In6() || gw.Zone() != "" {
+				return nil, invalidf("ipam.routes[%d].gw %q is not an address of the family of dst %s", i, *fields.GW, dst)
 			}
 			ur.gw = gw.String()
 		}

@@ -38,8 +38,9 @@ var legacyRangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
 //   - always ours: name, cniVersion, type (delegate.type, default bridge);
 //   - ipam: the user's ipam base with type host-local, ranges = the lease
 //     (and on a dual-stack host a second range set, the IPv6 lease, so a
-//     pod gets an address of each family) and routes = the cluster
-//     network(s) first, then the user's routes (duplicates dropped);
+//     pod gets an address of each family; on an IPv6-only host the IPv6
+//     lease alone) and routes = the cluster network(s) first, then the
+//     user's routes (duplicates dropped);
 //   - runtimeConfig and args as the runtime gave them.
 //
 // Render is pure: the same inputs always give the same bytes.
@@ -48,8 +49,12 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 		return Delegate{}, err
 	}
 	lease, lease6 := env.Lease(), env.IPv6Lease()
-	networks := []netip.Prefix{env.Network.Masked()}
-	ranges := [][]map[string]string{{{"subnet": lease.String()}}}
+	var networks []netip.Prefix
+	var ranges [][]map[string]string
+	if lease.IsValid() {
+		networks = append(networks, env.Network.Masked())
+		ranges = append(ranges, []map[string]string{{"subnet": lease.String()}})
+	}
 	if lease6.IsValid() {
 		networks = append(networks, env.IPv6Network.Masked())
 		ranges = append(ranges, []map[string]string{{"subnet": lease6.String()}})
@@ -105,7 +110,14 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 		routes = append(routes, enc(map[string]string{"dst": n.String()}))
 		seen[n.String()+" via "] = true
 	}
-	for _, r := range userRoutes {
+	for i, r := range userRoutes {
+		own := lease6
+		if r.dst.Addr().Is4() {
+			own = lease
+		}
+		if !own.IsValid() {
+			return Delegate{}, invalidf("ipam.routes[%d].dst %s: this host has no lease of its address family (OVERLAY_IPV6_SUBNET or OVERLAY_SUBNET is absent), so a pod has no source address to route it from", i, r.dst)
+		}
 		key := r.dst.String() + " via " + r.gw
 		if seen[key] {
 			continue

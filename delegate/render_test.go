@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -30,6 +31,7 @@ func TestRenderGolden(t *testing.T) {
 		conf   string
 		ipMasq bool
 		dual   bool // a dual-stack host: a second range set and route
+		v6only bool // an IPv6-only host: the IPv6 range set and route alone
 	}{
 		{
 			// The configuration of deploy/cni/10-overlay.conflist, as
@@ -74,6 +76,13 @@ func TestRenderGolden(t *testing.T) {
 			ipMasq: true,
 			dual:   true,
 		},
+		{
+			name: "ipv6-only",
+			conf: `{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","delegate":{"hairpinMode":true,"isDefaultGateway":true},
+				"ipam":{"routes":[{"dst":"fd99::/64","gw":"fd00:10:244:7::1"}]}}`,
+			ipMasq: true,
+			v6only: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConf([]byte(tc.conf))
@@ -81,8 +90,11 @@ func TestRenderGolden(t *testing.T) {
 				t.Fatalf("ParseConf: %v", err)
 			}
 			env := testEnv(tc.ipMasq)
-			wantLease6 := netip.Prefix{}
-			if tc.dual {
+			wantLease, wantLease6 := netip.MustParsePrefix("10.244.7.0/24"), netip.Prefix{}
+			if tc.v6only {
+				env, wantLease = subnet.Env{MTU: 1430, IPMasq: tc.ipMasq}, netip.Prefix{}
+			}
+			if tc.dual || tc.v6only {
 				wantLease6 = netip.MustParsePrefix("fd00:10:244:7::/64")
 				env = env.WithIPv6(netip.MustParsePrefix("fd00:10:244::/48"), wantLease6)
 			}
@@ -97,8 +109,8 @@ func TestRenderGolden(t *testing.T) {
 			if err != nil || !bytes.Equal(d.Config, again.Config) {
 				t.Fatalf("Render is not deterministic: %s vs %s (%v)", d.Config, again.Config, err)
 			}
-			if d.Lease != netip.MustParsePrefix("10.244.7.0/24") {
-				t.Errorf("Lease = %s, want 10.244.7.0/24", d.Lease)
+			if d.Lease != wantLease {
+				t.Errorf("Lease = %s, want %s", d.Lease, wantLease)
 			}
 			golden := filepath.Join("testdata", "render", tc.name+".json")
 			if *update {
@@ -151,5 +163,25 @@ func TestRenderRejectsMalformedRawValues(t *testing.T) {
 		Delegate: map[string]json.RawMessage{"x": json.RawMessage(`{not json`)}}
 	if _, err := Render(c, testEnv(true)); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("Render(malformed raw delegate value) = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// A user route of a family the host has no lease of cannot be routed from
+// the pod: Render refuses it, naming the route.
+func TestRenderRefusesRoutesOfAFamilyWithoutLease(t *testing.T) {
+	v6route, err := ParseConf([]byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8"},{"dst":"fd99::/64"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Render(v6route, testEnv(true)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "ipam.routes[1].dst fd99::/64") {
+		t.Errorf("IPv6 route on an IPv4-only host: %v, want ErrInvalidConf naming ipam.routes[1]", err)
+	}
+	dual := testEnv(true).WithIPv6(netip.MustParsePrefix("fd00:10:244::/48"), netip.MustParsePrefix("fd00:10:244:7::/64"))
+	if _, err := Render(v6route, dual); err != nil {
+		t.Errorf("the same routes on a dual-stack host: %v", err)
+	}
+	v6only := subnet.Env{MTU: 1430}.WithIPv6(netip.MustParsePrefix("fd00:10:244::/48"), netip.MustParsePrefix("fd00:10:244:7::/64"))
+	if _, err := Render(v6route, v6only); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "ipam.routes[0].dst 10.0.0.0/8") {
+		t.Errorf("IPv4 route on an IPv6-only host: %v, want ErrInvalidConf naming ipam.routes[0]", err)
 	}
 }

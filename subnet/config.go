@@ -21,10 +21,6 @@ const (
 // ErrInvalidConfig marks every config validation failure.
 var ErrInvalidConfig = errors.New("invalid network config")
 
-// ErrUnsupportedConfig marks a valid network config that this version of
-// overlay cannot run.
-var ErrUnsupportedConfig = errors.New("network config not supported by this version of overlay")
-
 // Config is the network config stored at <prefix>/config, after defaults.
 // Its JSON form is flannel's, so one etcd prefix can serve both.
 type Config struct {
@@ -39,19 +35,6 @@ type Config struct {
 	// IPv6SubnetMax), zero unless EnableIPv6.
 	IPv6    Pool
 	Backend BackendConfig
-}
-
-// Supported returns an error wrapping ErrUnsupportedConfig unless this
-// version can run c. The parser knows flannel's IPv6 fields; the data
-// plane carries IPv4 only so far.
-func (c *Config) Supported() error {
-	switch {
-	case !c.EnableIPv4:
-		return fmt.Errorf("%w: EnableIPv4 is false, but this version carries IPv4 only; set EnableIPv4 to true (or remove it)", ErrUnsupportedConfig)
-	case c.EnableIPv6:
-		return fmt.Errorf("%w: EnableIPv6 is true, but this version carries IPv4 only; set EnableIPv6 to false (or remove it)", ErrUnsupportedConfig)
-	}
-	return nil
 }
 
 // BackendConfig is the "Backend" object. Only vxlan is supported.

@@ -50,10 +50,18 @@ func TestParseLeaseKeyRejectsNonCanonical(t *testing.T) {
 	}
 }
 
-func TestParseKeyRefusesDualStackKeys(t *testing.T) {
-	_, err := ParseKey("10.244.7.0-24&fd00:10:244:7::-64")
-	if !errors.Is(err, ErrInvalidLease) || !strings.Contains(err.Error(), "this version carries IPv4 only") {
-		t.Errorf("ParseKey(dual-stack key) = %v, want an invalid lease error saying why", err)
+// The IPv6-only form (under subnets6/) is one IPv6 subnet, canonical.
+func TestIPv6OnlyKeys(t *testing.T) {
+	want := Subnets{IPv6: mustPrefix("fd00:10:244:7::/64")}
+	got, err := ParseIPv6OnlyKey("fd00:10:244:7::-64")
+	if err != nil || got != want || got.Key() != "fd00:10:244:7::-64" || got.String() != "fd00:10:244:7::/64" || got.Primary() != want.IPv6 {
+		t.Errorf("ParseIPv6OnlyKey = %v, %v (key %q)", got, err, got.Key())
+	}
+	for _, k := range []string{"", "10.244.7.0-24", "10.244.7.0-24&fd00::-64", "FD00::-64", "fd00:0::-64", "fd00::1-64",
+		"fd00::-129", "::ffff:10.0.0.0-120", "fe80::%eth0-64", "fd00::-64&fd01::-64", "fd00::-64/../x"} {
+		if s, err := ParseIPv6OnlyKey(k); !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("ParseIPv6OnlyKey(%q) = %v, %v; want ErrInvalidLease", k, s, err)
+		}
 	}
 }
 

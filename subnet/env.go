@@ -20,10 +20,12 @@ const DefaultEnvFile = "/run/overlay/subnet.env"
 // Env is the content of subnet.env (a contract, DESIGN.md §6): what the CNI
 // plugin needs to know about this host's lease.
 type Env struct {
-	// Network is the whole cluster network (OVERLAY_NETWORK).
+	// Network is the whole cluster network (OVERLAY_NETWORK); zero in an
+	// IPv6-only network.
 	Network netip.Prefix
 	// Subnet is the first usable address of the lease with the lease's prefix
-	// length (OVERLAY_SUBNET), e.g. 10.244.7.1/24 for the lease 10.244.7.0/24.
+	// length (OVERLAY_SUBNET), e.g. 10.244.7.1/24 for the lease 10.244.7.0/24;
+	// zero in an IPv6-only network.
 	Subnet netip.Prefix
 	// MTU is the MTU pods should use (OVERLAY_MTU).
 	MTU int
@@ -31,8 +33,8 @@ type Env struct {
 	// network itself (OVERLAY_IPMASQ), so the bridge plugin must not.
 	IPMasq bool
 	// IPv6Network and IPv6Subnet are the IPv6 counterparts of Network and
-	// Subnet (OVERLAY_IPV6_NETWORK, OVERLAY_IPV6_SUBNET), in a dual-stack
-	// network only; both zero otherwise.
+	// Subnet (OVERLAY_IPV6_NETWORK, OVERLAY_IPV6_SUBNET), in a network that
+	// carries IPv6 only; both zero otherwise.
 	IPv6Network netip.Prefix
 	IPv6Subnet  netip.Prefix
 }
@@ -40,13 +42,14 @@ type Env struct {
 // ErrEnvInvalid marks a subnet.env that exists but cannot be used.
 var ErrEnvInvalid = errors.New("invalid subnet.env")
 
-// NewEnv builds the Env for a lease: OVERLAY_SUBNET is the lease's first
-// usable address.
+// NewEnv builds the Env for an IPv4 lease: OVERLAY_SUBNET is the lease's
+// first usable address.
 func NewEnv(network, lease netip.Prefix, mtu int, ipMasq bool) Env {
 	return Env{Network: network, Subnet: firstUsable(lease), MTU: mtu, IPMasq: ipMasq}
 }
 
-// WithIPv6 adds the IPv6 network and lease of a dual-stack host.
+// WithIPv6 adds the IPv6 network and lease of a host in a network that
+// carries IPv6 (to an Env with no IPv4 keys in an IPv6-only one).
 func (e Env) WithIPv6(network, lease netip.Prefix) Env {
 	e.IPv6Network, e.IPv6Subnet = network, firstUsable(lease)
 	return e
@@ -56,8 +59,14 @@ func firstUsable(lease netip.Prefix) netip.Prefix {
 	return netip.PrefixFrom(lease.Masked().Addr().Next(), lease.Bits())
 }
 
-// Lease returns the leased subnet (the network address form of Subnet).
-func (e Env) Lease() netip.Prefix { return e.Subnet.Masked() }
+// Lease returns the leased IPv4 subnet (the network address form of
+// Subnet), or the zero Prefix.
+func (e Env) Lease() netip.Prefix {
+	if !e.Subnet.IsValid() {
+		return netip.Prefix{}
+	}
+	return e.Subnet.Masked()
+}
 
 // IPv6Lease returns the leased IPv6 subnet, or the zero Prefix.
 func (e Env) IPv6Lease() netip.Prefix {
@@ -67,14 +76,17 @@ func (e Env) IPv6Lease() netip.Prefix {
 	return e.IPv6Subnet.Masked()
 }
 
-// Validate reports whether the values are coherent: the IPv4 prefixes and,
-// if given, the IPv6 ones of their family, each subnet inside its network,
-// an MTU a link can carry.
+// Validate reports whether the values are coherent: the IPv4 prefixes (but
+// for an IPv6-only host) and the IPv6 ones, if given, of their family, each
+// subnet inside its network, an MTU a link can carry.
 func (e Env) Validate() error {
-	if err := checkEnvPair(ipv4, "OVERLAY_NETWORK", e.Network, "OVERLAY_SUBNET", e.Subnet); err != nil {
-		return err
+	v6 := e.IPv6Network.IsValid() || e.IPv6Subnet.IsValid()
+	if e.Network.IsValid() || e.Subnet.IsValid() || !v6 {
+		if err := checkEnvPair(ipv4, "OVERLAY_NETWORK", e.Network, "OVERLAY_SUBNET", e.Subnet); err != nil {
+			return err
+		}
 	}
-	if e.IPv6Network.IsValid() || e.IPv6Subnet.IsValid() {
+	if v6 {
 		if err := checkEnvPair(ipv6, "OVERLAY_IPV6_NETWORK", e.IPv6Network, "OVERLAY_IPV6_SUBNET", e.IPv6Subnet); err != nil {
 			return err
 		}
@@ -99,10 +111,14 @@ func checkEnvPair(f family, networkKey string, network netip.Prefix, subnetKey s
 }
 
 // Marshal renders the file in the contract's key order; the IPv6 keys, if
-// any, come last, so an IPv4-only file is what it always was.
+// any, come last, so an IPv4-only file is what it always was. An IPv6-only
+// host's file has no IPv4 keys.
 func (e Env) Marshal() []byte {
-	b := fmt.Appendf(nil, "OVERLAY_NETWORK=%s\nOVERLAY_SUBNET=%s\nOVERLAY_MTU=%d\nOVERLAY_IPMASQ=%t\n",
-		e.Network, e.Subnet, e.MTU, e.IPMasq)
+	var b []byte
+	if e.Network.IsValid() {
+		b = fmt.Appendf(b, "OVERLAY_NETWORK=%s\nOVERLAY_SUBNET=%s\n", e.Network, e.Subnet)
+	}
+	b = fmt.Appendf(b, "OVERLAY_MTU=%d\nOVERLAY_IPMASQ=%t\n", e.MTU, e.IPMasq)
 	if e.IPv6Network.IsValid() {
 		b = fmt.Appendf(b, "OVERLAY_IPV6_NETWORK=%s\nOVERLAY_IPV6_SUBNET=%s\n", e.IPv6Network, e.IPv6Subnet)
 	}
@@ -110,8 +126,10 @@ func (e Env) Marshal() []byte {
 }
 
 // ParseEnv parses subnet.env. Blank lines and # comments are ignored, unknown
-// keys are ignored (a newer daemon may add some), every one of the four
-// contract keys must be present and valid, and the two IPv6 keys come
+// keys are ignored (a newer daemon may add some), OVERLAY_MTU and
+// OVERLAY_IPMASQ must be present, and so must one pair of network keys or
+// both: OVERLAY_NETWORK and OVERLAY_SUBNET (absent only on an IPv6-only
+// host), OVERLAY_IPV6_NETWORK and OVERLAY_IPV6_SUBNET; each pair comes
 // together or not at all.
 func ParseEnv(data []byte) (Env, error) {
 	var e Env
@@ -151,13 +169,19 @@ func ParseEnv(data []byte) (Env, error) {
 	if err := sc.Err(); err != nil {
 		return Env{}, fmt.Errorf("%w: %v", ErrEnvInvalid, err)
 	}
-	for _, k := range []string{"OVERLAY_NETWORK", "OVERLAY_SUBNET", "OVERLAY_MTU", "OVERLAY_IPMASQ"} {
+	required := []string{"OVERLAY_MTU", "OVERLAY_IPMASQ"}
+	if !seen["OVERLAY_IPV6_NETWORK"] && !seen["OVERLAY_IPV6_SUBNET"] {
+		required = append([]string{"OVERLAY_NETWORK", "OVERLAY_SUBNET"}, required...)
+	}
+	for _, k := range required {
 		if !seen[k] {
 			return Env{}, fmt.Errorf("%w: %s is missing", ErrEnvInvalid, k)
 		}
 	}
-	if seen["OVERLAY_IPV6_NETWORK"] != seen["OVERLAY_IPV6_SUBNET"] {
-		return Env{}, fmt.Errorf("%w: OVERLAY_IPV6_NETWORK and OVERLAY_IPV6_SUBNET come together: one is missing", ErrEnvInvalid)
+	for _, pair := range [][2]string{{"OVERLAY_NETWORK", "OVERLAY_SUBNET"}, {"OVERLAY_IPV6_NETWORK", "OVERLAY_IPV6_SUBNET"}} {
+		if seen[pair[0]] != seen[pair[1]] {
+			return Env{}, fmt.Errorf("%w: %s and %s come together: one is missing", ErrEnvInvalid, pair[0], pair[1])
+		}
 	}
 	if err := e.Validate(); err != nil {
 		return Env{}, err

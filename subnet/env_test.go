@@ -108,3 +108,26 @@ func TestDualStackEnv(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6-only host's file has the IPv6 pair and no IPv4 keys; without
+// the IPv6 pair the IPv4 one stays required.
+func TestIPv6OnlyEnv(t *testing.T) {
+	e := Env{MTU: 1430, IPMasq: true}.WithIPv6(mustPrefix("fd00:10:244::/48"), mustPrefix("fd00:10:244:7::/64"))
+	want := "OVERLAY_MTU=1430\nOVERLAY_IPMASQ=true\nOVERLAY_IPV6_NETWORK=fd00:10:244::/48\nOVERLAY_IPV6_SUBNET=fd00:10:244:7::1/64\n"
+	if got := string(e.Marshal()); got != want {
+		t.Errorf("subnet.env\n got %q\nwant %q", got, want)
+	}
+	got, err := ParseEnv([]byte(want))
+	if err != nil || got != e || got.Lease().IsValid() || got.IPv6Lease() != mustPrefix("fd00:10:244:7::/64") {
+		t.Fatalf("ParseEnv = %+v (leases %v, %v), %v; want %+v", got, got.Lease(), got.IPv6Lease(), err, e)
+	}
+	for name, text := range map[string]string{
+		"half an IPv4 pair": want + "OVERLAY_NETWORK=10.244.0.0/16\n",
+		"no MTU":            strings.Replace(want, "OVERLAY_MTU=1430\n", "", 1),
+		"no network at all": "OVERLAY_MTU=1430\nOVERLAY_IPMASQ=true\n",
+	} {
+		if _, err := ParseEnv([]byte(text)); !errors.Is(err, ErrEnvInvalid) {
+			t.Errorf("%s: ParseEnv error = %v, want ErrEnvInvalid", name, err)
+		}
+	}
+}

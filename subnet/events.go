@@ -2,10 +2,8 @@ package subnet
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"hash/maphash"
-	"net/netip"
 	"slices"
 )
 
@@ -53,9 +51,9 @@ func SameAttrs(a, b LeaseAttrs) bool {
 // to collide with another and hide a change.
 var fingerprintSeed = maphash.MakeSeed()
 
-// Fingerprint sums up what a lease says (its subnets, its value as
-// SameAttrs compares it, and whether it is a reservation) in 64 bits. A
-// watcher keeps a fingerprint per lease instead of the lease: at thousands
+// Fingerprint sums up what a lease's value says (as SameAttrs compares it,
+// and whether it is a reservation) in 64 bits. A watcher keeps a
+// fingerprint per lease key (its Subnets) instead of the lease: at thousands
 // of leases the values would be most of a host's memory. Leases that
 // SameAttrs finds equal have equal fingerprints; others differ but with
 // probability 2^-64.
@@ -67,7 +65,7 @@ func Fingerprint(l Lease) uint64 {
 		reserved = 1
 	}
 	h.WriteByte(reserved)
-	for _, field := range [...]string{l.IPv6Subnet.String(), l.Attrs.PublicIP, l.Attrs.PublicIPv6, l.Attrs.BackendType,
+	for _, field := range [...]string{l.Attrs.PublicIP, l.Attrs.PublicIPv6, l.Attrs.BackendType,
 		l.Attrs.NodeID, l.Attrs.Hostname} {
 		writeField(&h, []byte(field))
 	}
@@ -86,17 +84,18 @@ func writeField(h *maphash.Hash, b []byte) {
 }
 
 // Diff returns the events that turn the lease set known (each lease's
-// Fingerprint by subnet) into cur, sorted by subnet, and cur's
-// fingerprints. It is how a watcher that lost events (compaction,
+// Fingerprint by the subnets its key names) into cur, sorted by key, and
+// cur's fingerprints. It is how a watcher that lost events (compaction,
 // reconnect) tells its consumer exactly what changed, attribute changes
 // included.
-func Diff(known map[netip.Prefix]uint64, cur []Lease) ([]Event, map[netip.Prefix]uint64) {
+func Diff(known map[Subnets]uint64, cur []Lease) ([]Event, map[Subnets]uint64) {
 	var events []Event
-	next := make(map[netip.Prefix]uint64, len(cur))
+	next := make(map[Subnets]uint64, len(cur))
 	for _, l := range cur {
 		fp := Fingerprint(l)
-		next[l.Subnet] = fp
-		prev, ok := known[l.Subnet]
+		id := l.Subnets()
+		next[id] = fp
+		prev, ok := known[id]
 		switch {
 		case !ok:
 			events = append(events, Event{Type: Added, Lease: l})
@@ -104,13 +103,11 @@ func Diff(known map[netip.Prefix]uint64, cur []Lease) ([]Event, map[netip.Prefix
 			events = append(events, Event{Type: Changed, Lease: l})
 		}
 	}
-	for p := range known {
-		if _, ok := next[p]; !ok {
-			events = append(events, Event{Type: Removed, Lease: Lease{Subnet: p}})
+	for id := range known {
+		if _, ok := next[id]; !ok {
+			events = append(events, Event{Type: Removed, Lease: Lease{Subnet: id.IPv4, IPv6Subnet: id.IPv6}})
 		}
 	}
-	slices.SortFunc(events, func(a, b Event) int {
-		return cmp.Or(a.Lease.Subnet.Addr().Compare(b.Lease.Subnet.Addr()), cmp.Compare(a.Lease.Subnet.Bits(), b.Lease.Subnet.Bits()))
-	})
+	slices.SortFunc(events, func(a, b Event) int { return a.Lease.Subnets().Compare(b.Lease.Subnets()) })
 	return events, next
 }

@@ -1,24 +1,63 @@
 package subnet
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
 )
 
-// Subnets are what one lease key names, in flannel's form: an IPv4 subnet
-// ("10.244.7.0-24"), or an IPv4 and an IPv6 subnet joined by '&'
-// ("10.244.7.0-24&fd00:10:244:7::-64", a dual-stack lease).
+// Subnets are what one lease key names, in flannel's form under
+// <prefix>/subnets/: an IPv4 subnet ("10.244.7.0-24"), or an IPv4 and an
+// IPv6 subnet joined by '&' ("10.244.7.0-24&fd00:10:244:7::-64", a
+// dual-stack lease); or, in an IPv6-only network, an IPv6 subnet alone
+// ("fd00:10:244:7::-64", under <prefix>/subnets6/: overlay's own form,
+// which flannel cannot express).
 type Subnets struct {
-	IPv4 netip.Prefix
+	IPv4 netip.Prefix // zero in an IPv6-only key
 	IPv6 netip.Prefix // zero in an IPv4-only key
+}
+
+// Primary is the subnet that names the lease in logs and metrics: the
+// IPv4 one, or the IPv6 one in an IPv6-only key.
+func (s Subnets) Primary() netip.Prefix {
+	if s.IPv4.IsValid() {
+		return s.IPv4
+	}
+	return s.IPv6
+}
+
+// String names the subnets in CIDR form, joined by '&' like the key:
+// "10.244.7.0/24", "10.244.7.0/24&fd00:10:244:7::/64" or
+// "fd00:10:244:7::/64".
+func (s Subnets) String() string {
+	switch {
+	case !s.IPv6.IsValid():
+		return s.IPv4.String()
+	case !s.IPv4.IsValid():
+		return s.IPv6.String()
+	}
+	return s.IPv4.String() + "&" + s.IPv6.String()
+}
+
+// Compare orders subnets by the IPv4 subnet, then the IPv6 one (address,
+// then length), the zero prefix first.
+func (s Subnets) Compare(o Subnets) int {
+	return cmp.Or(comparePrefix(s.IPv4, o.IPv4), comparePrefix(s.IPv6, o.IPv6))
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // Key returns the key suffix naming s.
 func (s Subnets) Key() string {
-	if !s.IPv6.IsValid() {
+	switch {
+	case !s.IPv6.IsValid():
 		return Key(s.IPv4)
+	case !s.IPv4.IsValid():
+		return Key(s.IPv6)
 	}
 	return Key(s.IPv4) + "&" + Key(s.IPv6)
 }
@@ -49,17 +88,24 @@ func ParseLeaseKey(s string) (Subnets, error) {
 	return Subnets{IPv4: v4, IPv6: v6}, nil
 }
 
-// ParseKey decodes the key suffix of an IPv4-only lease, such as
-// "10.244.7.0-24": the only form this version programs.
-func ParseKey(s string) (netip.Prefix, error) {
-	sn, err := ParseLeaseKey(s)
+// ParseIPv6OnlyKey decodes a key suffix under <prefix>/subnets6/, an IPv6
+// subnet alone ("fd00:10:244:7::-64"), in the canonical spelling only.
+func ParseIPv6OnlyKey(s string) (Subnets, error) {
+	v6, err := parseSubnet(s, s, ipv6)
 	if err != nil {
-		return netip.Prefix{}, err
+		return Subnets{}, err
 	}
-	if sn.IPv6.IsValid() {
-		return netip.Prefix{}, fmt.Errorf("%w: key %q names the IPv6 subnet %s too (a dual-stack lease), but this version carries IPv4 only", ErrInvalidLease, s, sn.IPv6)
+	return Subnets{IPv6: v6}, nil
+}
+
+// ParseLeaseKey decodes a lease key suffix of this network: flannel's
+// forms, or the IPv6-only form in an IPv6-only network (whose keys live
+// under <prefix>/subnets6/).
+func (c *Config) ParseLeaseKey(s string) (Subnets, error) {
+	if !c.EnableIPv4 {
+		return ParseIPv6OnlyKey(s)
 	}
-	return sn.IPv4, nil
+	return ParseLeaseKey(s)
 }
 
 // parseSubnet decodes one half of key, "<address>-<length>", of family f.

@@ -77,6 +77,14 @@ func NewVXLANAttrs(publicIP netip.Addr, vni int, mac net.HardwareAddr, nodeID, h
 	return LeaseAttrs{PublicIP: publicIP.String(), BackendType: DefaultBackendType, BackendData: data, NodeID: nodeID, Hostname: hostname}
 }
 
+// WithIPv6 adds what a dual-stack lease says of the host's IPv6 device:
+// its underlay address and its VTEP.
+func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, vni int, mac net.HardwareAddr) LeaseAttrs {
+	data, _ := json.Marshal(VXLANData{VNI: vni, VtepMAC: mac.String()}) // cannot fail: two plain fields
+	a.PublicIPv6, a.BackendV6Data = publicIPv6.String(), data
+	return a
+}
+
 // Marshal encodes the value as stored in etcd.
 func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 

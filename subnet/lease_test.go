@@ -16,9 +16,9 @@ import (
 func TestKeyRoundTrip(t *testing.T) {
 	for _, s := range []string{"10.244.7.0/24", "10.1.2.64/26", "0.0.0.0/0", "10.0.0.4/30"} {
 		p := mustPrefix(s)
-		got, err := ParseKey(Key(p))
-		if err != nil || got != p {
-			t.Errorf("ParseKey(Key(%s)) = %v, %v", p, got, err)
+		got, err := ParseLeaseKey(Key(p))
+		if err != nil || got != (Subnets{IPv4: p}) {
+			t.Errorf("ParseLeaseKey(Key(%s)) = %v, %v", p, got, err)
 		}
 	}
 	if Key(mustPrefix("10.244.7.0/24")) != "10.244.7.0-24" {
@@ -29,8 +29,8 @@ func TestKeyRoundTrip(t *testing.T) {
 func TestParseKeyRejectsNonCanonical(t *testing.T) {
 	for _, k := range []string{"", "10.244.7.0", "10.244.7.0-", "10.244.7.0-33", "10.244.7.0--1", "10.244.7.0-024",
 		"10.244.7.1-24", "fd00::-64", "10.244.7.0-24-1", "x-24", "10.244.7.0-2a", "../../etc-24", "010.244.7.0-24"} {
-		if p, err := ParseKey(k); !errors.Is(err, ErrInvalidLease) {
-			t.Errorf("ParseKey(%q) = %v, %v; want ErrInvalidLease", k, p, err)
+		if p, err := ParseLeaseKey(k); !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("ParseLeaseKey(%q) = %v, %v; want ErrInvalidLease", k, p, err)
 		}
 	}
 }
@@ -178,9 +178,9 @@ func TestDiff(t *testing.T) {
 	e1 := l("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05")
 	same := e1
 	same.ModRevision = 99 // rewritten with the same value: no event
-	known := map[netip.Prefix]uint64{}
+	known := map[Subnets]uint64{}
 	for _, l := range []Lease{a1, b1, c1, e1} {
-		known[l.Subnet] = Fingerprint(l)
+		known[l.Subnets()] = Fingerprint(l)
 	}
 	reserved := d1
 	reserved.Reserved = true // the same value, but the key lost its etcd lease: a change
@@ -194,7 +194,7 @@ func TestDiff(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Diff mismatch (-want +got):\n%s", diff)
 	}
-	if len(next) != 4 || next[same.Subnet] != Fingerprint(e1) {
+	if len(next) != 4 || next[same.Subnets()] != Fingerprint(e1) {
 		t.Errorf("Diff's fingerprints: %v", next)
 	}
 	if again, _ := Diff(next, []Lease{b2, c2, d1, same}); len(again) != 1 || again[0].Type != Changed {
@@ -202,8 +202,32 @@ func TestDiff(t *testing.T) {
 	}
 }
 
+// A lease is known by every subnet its key names: a dual-stack key and an
+// IPv4-only key on one IPv4 subnet are two leases, and a key whose IPv6
+// half changes is another lease.
+func TestDiffKnowsLeasesByTheirKeys(t *testing.T) {
+	v4 := Lease{Subnet: mustPrefix("10.244.1.0/24"), Attrs: LeaseAttrs{PublicIP: "198.18.0.1"}}
+	dual := v4
+	dual.IPv6Subnet = mustPrefix("fd00:10:244:1::/64")
+	moved := v4
+	moved.IPv6Subnet = mustPrefix("fd00:10:244:2::/64")
+
+	got, known := Diff(nil, []Lease{v4, dual})
+	if len(got) != 2 || got[0].Lease.Subnets() != v4.Subnets() || got[1].Lease.Subnets() != dual.Subnets() || len(known) != 2 {
+		t.Fatalf("two keys on one IPv4 subnet: events %v, known %v", got, known)
+	}
+	got, _ = Diff(known, []Lease{v4, moved})
+	want := []Event{
+		{Type: Removed, Lease: Lease{Subnet: dual.Subnet, IPv6Subnet: dual.IPv6Subnet}},
+		{Type: Added, Lease: moved},
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("IPv6 half changed (-want +got):\n%s", diff)
+	}
+}
+
 // The fingerprint sees every field that SameAttrs compares, and nothing
-// else of the value.
+// else of the value (the subnets are the key it is kept by).
 func TestFingerprintFollowsSameAttrs(t *testing.T) {
 	base := goodDualStackLease()
 	for name, change := range map[string]func(*Lease){
@@ -215,7 +239,6 @@ func TestFingerprintFollowsSameAttrs(t *testing.T) {
 		"NodeID":        func(l *Lease) { l.Attrs.NodeID = "n8" },
 		"Hostname":      func(l *Lease) { l.Attrs.Hostname = "h8" },
 		"Reserved":      func(l *Lease) { l.Reserved = true },
-		"IPv6Subnet":    func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:244:8::/64") },
 		"fields shifted": func(l *Lease) { // the same bytes split differently between two fields
 			l.Attrs.NodeID, l.Attrs.Hostname = "n", "7"+l.Attrs.Hostname
 		},
@@ -242,33 +265,45 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 	f.Add("10.244.7.0-24&fd00:10:244:7::-64", []byte(`{"PublicIP":"198.18.0.7","PublicIPv6":"2001:db8::7","BackendType":"vxlan",`+
 		`"BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:07"}}`))
 	f.Add("10.244.7.0-24&fd00:10:244::-64", []byte(`{"PublicIP":"198.18.0.7","PublicIPv6":"fe80::1","BackendType":"vxlan"}`))
+	f.Add("fd00:10:244:7::-64", []byte(`{"PublicIPv6":"2001:db8::7","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:07"}}`))
 	configs := []*Config{
 		mustConfig(f, `{"Network":"10.244.0.0/16"}`),
 		mustConfig(f, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`),
+		mustConfig(f, `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`),
 	}
 	f.Fuzz(func(t *testing.T, key string, value []byte) {
-		sn, kerr := ParseLeaseKey(key)
 		attrs, verr := DecodeAttrs(value)
-		if kerr != nil || verr != nil {
-			if kerr != nil && !errors.Is(kerr, ErrInvalidLease) || verr != nil && !errors.Is(verr, ErrInvalidLease) {
-				t.Fatalf("errors must wrap ErrInvalidLease: %v / %v", kerr, verr)
-			}
-			return
-		}
-		if sn.Key() != key {
-			t.Fatalf("accepted non-canonical key %q (canonical %q)", key, sn.Key())
+		if verr != nil && !errors.Is(verr, ErrInvalidLease) {
+			t.Fatalf("errors must wrap ErrInvalidLease: %v", verr)
 		}
 		for _, cfg := range configs {
+			// Each network reads its own key space's form.
+			sn, kerr := cfg.ParseLeaseKey(key)
+			if kerr != nil && !errors.Is(kerr, ErrInvalidLease) {
+				t.Fatalf("errors must wrap ErrInvalidLease: %v", kerr)
+			}
+			if kerr != nil || verr != nil {
+				continue
+			}
+			if sn.Key() != key {
+				t.Fatalf("accepted non-canonical key %q (canonical %q)", key, sn.Key())
+			}
 			v4, v6, err := cfg.Peer(Lease{Subnet: sn.IPv4, IPv6Subnet: sn.IPv6, Attrs: attrs})
 			if err != nil {
 				continue
 			}
-			// Anything accepted for programming is safe to program.
-			checkPeerSafe(t, &cfg.Pool, v4)
-			if cfg.EnableIPv6 {
-				checkPeerSafe(t, &cfg.IPv6, v6)
-			} else if v6 != (backend.Peer{}) {
-				t.Fatalf("IPv6 peer %+v from an IPv4-only network", v6)
+			// Anything accepted for programming is safe to program, and
+			// only in the families the network carries.
+			for _, fam := range []struct {
+				on   bool
+				pool *Pool
+				peer backend.Peer
+			}{{cfg.EnableIPv4, &cfg.Pool, v4}, {cfg.EnableIPv6, &cfg.IPv6, v6}} {
+				if fam.on {
+					checkPeerSafe(t, fam.pool, fam.peer)
+				} else if fam.peer != (backend.Peer{}) {
+					t.Fatalf("peer %+v of a family the network does not carry", fam.peer)
+				}
 			}
 		}
 	})

@@ -92,16 +92,12 @@ func TestConfigPutGetValidate(t *testing.T) {
 	if r := run(t, "http://127.0.0.1:1", `{"Network":"10.1.0.0/24"}`, "config", "validate", "-f", "-"); r.code != exitOK || !strings.Contains(r.out, "SubnetLen              26") {
 		t.Errorf("validate: %+v", r)
 	}
-	// A dual-stack config is valid, but not one this version runs: neither
-	// validated nor stored.
-	dual := `{"Network":"10.1.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`
-	for _, args := range [][]string{{"config", "validate", "-f", "-"}, {"config", "put", "-f", "-"}} {
-		if r := run(t, srv.Endpoint, dual, args...); r.code == exitOK || !strings.Contains(r.err, "EnableIPv6 is true, but this version carries IPv4 only") {
-			t.Errorf("%v of a dual-stack config: %+v", args, r)
+	// Dual-stack and IPv6-only configs are stored like any other.
+	for _, cfg := range []string{`{"Network":"10.1.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`,
+		`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`} {
+		if r := run(t, srv.Endpoint, cfg, "config", "put", "-f", "-"); r.code != exitOK {
+			t.Errorf("config put of %s: %+v", cfg, r)
 		}
-	}
-	if r := run(t, srv.Endpoint, "", "config", "get", "--raw"); strings.Contains(r.out, "EnableIPv6") {
-		t.Errorf("the dual-stack config was stored: %q", r.out)
 	}
 }
 
@@ -115,7 +111,7 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 	}
 	for i := 1; i <= 3; i++ {
 		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h", PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}),
-			VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, Previous: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}
+			VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, Previous: subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}}
 		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
 		l, _, err := m.Acquire(ctx(t))
 		if err != nil {
@@ -132,7 +128,7 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 		t.Cleanup(func() { cancel(); <-done })
 		waitFor(t, "liveness of "+h.NodeID, m.Alive)
 	}
-	if _, err := reg.Create(ctx(t), netip.MustParsePrefix("10.244.100.0/24"), subnet.LeaseAttrs{PublicIP: "198.18.0.100", NodeID: "future"}, 0); err != nil {
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.100.0/24")}, subnet.LeaseAttrs{PublicIP: "198.18.0.100", NodeID: "future"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := reg.Client().Put(ctx(t), reg.SubnetsPrefix()+"10.244.9.0-24", "garbage"); err != nil {
@@ -232,7 +228,7 @@ func TestLeaseGetReserveRevoke(t *testing.T) {
 	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.50.0/24", "--public-ip", "198.18.0.50"); r.code != exitOK {
 		t.Fatalf("reserve: %+v", r)
 	}
-	l, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.50.0/24"))
+	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.50.0/24")})
 	if err != nil || !l.Reserved || l.Attrs.PublicIP != "198.18.0.50" {
 		t.Fatalf("reservation = %+v, %v", l, err)
 	}
@@ -254,13 +250,13 @@ func TestLeaseGetReserveRevoke(t *testing.T) {
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String(), "--force", "--dry-run"); r.code != exitOK || !strings.Contains(r.out, "would revoke") {
 		t.Errorf("dry-run: %+v", r)
 	}
-	if _, err := reg.Get(ctx(t), live[0]); err != nil {
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: live[0]}); err != nil {
 		t.Fatalf("dry-run deleted the lease: %v", err)
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", dead.String()); r.code != exitOK || !strings.Contains(r.out, "revoked "+dead.String()) {
 		t.Errorf("revoke dead: %+v", r)
 	}
-	if _, err := reg.Get(ctx(t), dead); err == nil {
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: dead}); err == nil {
 		t.Error("dead host's lease still present after revoke")
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[1].String(), "--force"); r.code != exitOK {
@@ -268,7 +264,7 @@ func TestLeaseGetReserveRevoke(t *testing.T) {
 	}
 	// The live owner re-claims its subnet at once.
 	waitFor(t, "the live owner to re-claim "+live[1].String(), func() bool {
-		l, err := reg.Get(ctx(t), live[1])
+		l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: live[1]})
 		return err == nil && l.Attrs.NodeID == "node-2"
 	})
 }
@@ -318,7 +314,7 @@ func TestLeaseListIsInAddressOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"10.244.156.0/24", "10.244.42.0/24", "10.244.9.0/24"} {
-		if _, err := reg.Create(ctx(t), netip.MustParsePrefix(s), subnet.LeaseAttrs{PublicIP: "198.18.0.9"}, 0); err != nil {
+		if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix(s)}, subnet.LeaseAttrs{PublicIP: "198.18.0.9"}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -109,9 +109,6 @@ func loadConfigFile(cmd *cobra.Command, file string) ([]byte, *subnet.Config, er
 		return nil, nil, err
 	}
 	cfg, err := subnet.ParseConfig(data)
-	if err == nil {
-		err = cfg.Supported()
-	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", file, err)
 	}
@@ -196,7 +193,7 @@ type strandedLease struct {
 }
 
 func (s strandedLease) String() string {
-	return fmt.Sprintf("%s of %s: %s", s.lease.Subnet, describeOwner(s.lease.Attrs.PublicIP, s.lease.Attrs.NodeID), s.reason)
+	return fmt.Sprintf("%s of %s: %s", s.lease.Subnets(), describeOwner(s.lease.Attrs), s.reason)
 }
 
 // strandedLeases returns the leases the change from prev (nil: none
@@ -206,7 +203,7 @@ func (s strandedLease) String() string {
 // each other.
 func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []strandedLease {
 	var out []strandedLease
-	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
+	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
 	for _, l := range leases {
 		if prev != nil && prev.Orphaned(l) != nil {
 			continue // already orphaned: nothing changes for it
@@ -225,7 +222,7 @@ func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []stranded
 func strandedHosts(ss []strandedLease) string {
 	var hosts []string
 	for _, s := range ss {
-		hosts = append(hosts, describeOwner(s.lease.Attrs.PublicIP, s.lease.Attrs.NodeID))
+		hosts = append(hosts, describeOwner(s.lease.Attrs))
 	}
 	if len(hosts) > 5 {
 		hosts = append(hosts[:5], fmt.Sprintf("%d more", len(hosts)-5))

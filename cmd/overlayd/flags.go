@@ -113,6 +113,29 @@ func hostIPv4(s string) error {
 	return subnet.CheckVTEPAddr(ip)
 }
 
+// hostIPv6 accepts a host's IPv6 underlay address: what the daemon
+// accepts as a lease's PublicIPv6.
+func hostIPv6(s string) error {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || !ip.Is6() || ip.Is4In6() || ip.Zone() != "" {
+		return errors.New("want the host's IPv6 address, such as 2001:db8::7")
+	}
+	return subnet.CheckVTEPAddr(ip)
+}
+
+// ipv6SubnetArg accepts an IPv6 subnet in CIDR form with no host bits;
+// whether it fits the network is checked against the network config.
+func ipv6SubnetArg(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return errors.New("want an IPv6 subnet such as fd00:10:244:7::/64")
+	}
+	if p != p.Masked() {
+		return fmt.Errorf("want a network address such as %s", p.Masked())
+	}
+	return nil
+}
+
 // nodeName accepts what the daemon accepts as a node ID ("" is the
 // default: no node name).
 func nodeName(s string) error {

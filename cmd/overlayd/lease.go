@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,9 +31,14 @@ func newLeaseCommand(g *GlobalFlags) *cobra.Command {
 
 // leaseRow is one lease as the CLI shows it (also its JSON form).
 type leaseRow struct {
-	Subnet     string `json:"subnet"`
-	PublicIP   string `json:"publicIP"`
-	VtepMAC    string `json:"vtepMAC"`
+	Subnet   string `json:"subnet"`
+	PublicIP string `json:"publicIP"`
+	VtepMAC  string `json:"vtepMAC"`
+	// The IPv6 half of a dual-stack key, omitted for an IPv4-only one so
+	// that its JSON stays as it was.
+	IPv6Subnet string `json:"ipv6Subnet,omitempty"`
+	PublicIPv6 string `json:"publicIPv6,omitempty"`
+	VtepMACv6  string `json:"vtepMACv6,omitempty"`
 	NodeID     string `json:"nodeID"`
 	Hostname   string `json:"hostname,omitempty"`
 	Reserved   bool   `json:"reserved"`
@@ -81,7 +88,32 @@ type invalidRow struct {
 	Error string `json:"error"`
 }
 
-var leaseHeader = []string{"SUBNET", "PUBLIC IP", "VTEP MAC", "NODE", "TTL", "ALIVE", "STATE"}
+var (
+	leaseHeader = []string{"SUBNET", "PUBLIC IP", "VTEP MAC", "NODE", "TTL", "ALIVE", "STATE"}
+	// ipv6Header are the columns of a key's IPv6 half. They come last, so
+	// the first seven columns keep their places (for scripts reading
+	// `-w simple`) whether a network carries IPv6 or not.
+	ipv6Header = []string{"IPV6 SUBNET", "PUBLIC IPV6"}
+)
+
+// leaseTable is rows as a table: the IPv6 columns only when the network
+// carries IPv6 (cfg nil: unknown) or some key names an IPv6 subnet or
+// address, so the output of an IPv4-only network is as it always was.
+func leaseTable(cfg *subnet.Config, rows []leaseRow) printer.Output {
+	v6 := cfg != nil && cfg.EnableIPv6 || slices.ContainsFunc(rows, func(r leaseRow) bool { return r.IPv6Subnet != "" || r.PublicIPv6 != "" })
+	out := printer.Output{Header: leaseHeader}
+	if v6 {
+		out.Header = slices.Concat(leaseHeader, ipv6Header)
+	}
+	for _, r := range rows {
+		cells := r.cells()
+		if v6 {
+			cells = append(cells, orDash(r.IPv6Subnet), orDash(r.PublicIPv6))
+		}
+		out.Rows = append(out.Rows, cells)
+	}
+	return out
+}
 
 func (r leaseRow) cells() []string {
 	ttl := "reserved"
@@ -91,7 +123,21 @@ func (r leaseRow) cells() []string {
 			ttl = "expired"
 		}
 	}
-	return []string{r.Subnet, orDash(r.PublicIP), orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive, r.State}
+	return []string{orDash(r.Subnet), orDash(r.PublicIP), orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive, r.State}
+}
+
+// subnets names the row's key as people read it: "10.244.7.0/24", or
+// "10.244.7.0/24&fd00:10:244:7::/64" for a dual-stack key.
+func (r leaseRow) subnets() string {
+	return strings.Join(slices.DeleteFunc([]string{r.Subnet, r.IPv6Subnet}, func(s string) bool { return s == "" }), "&")
+}
+
+// prefixString is p in CIDR form, or "" for a half the key does not name.
+func prefixString(p netip.Prefix) string {
+	if !p.IsValid() {
+		return ""
+	}
+	return p.String()
 }
 
 func orDash(s string) string {
@@ -116,14 +162,17 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, le
 	// etcd returns keys in string order (10.244.156.0 before 10.244.42.0);
 	// people expect address order.
 	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int {
-		return a.Subnet.Addr().Compare(b.Subnet.Addr())
+		return a.Subnets().Compare(b.Subnets())
 	})
 	rows := make([]leaseRow, 0, len(leases))
 	for _, l := range leases {
-		row := leaseRow{Subnet: l.Subnet.String(), PublicIP: l.Attrs.PublicIP, NodeID: l.Attrs.NodeID,
+		row := leaseRow{Subnet: prefixString(l.Subnet), IPv6Subnet: prefixString(l.IPv6Subnet), PublicIP: l.Attrs.PublicIP, PublicIPv6: l.Attrs.PublicIPv6, NodeID: l.Attrs.NodeID,
 			Hostname: l.Attrs.Hostname, Reserved: l.Reserved, TTLSeconds: -1, Alive: "unknown", Revision: l.ModRevision}
 		if d, err := l.Attrs.VXLAN(); err == nil {
 			row.VtepMAC = d.VtepMAC
+		}
+		if d, err := l.Attrs.VXLANv6(); err == nil {
+			row.VtepMACv6 = d.VtepMAC
 		}
 		if !l.Reserved {
 			row.TTLSeconds = ttls[l.EtcdLease]
@@ -180,14 +229,14 @@ func yesNo(b bool) string {
 func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 	return usesEtcd(&cobra.Command{
 		Use:   "list",
-		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive, state",
+		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive, state (and the IPv6 subnet and public IPv6 in a dual-stack network)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format, err := g.format()
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			ctx, reg, done, err := g.connectLeases(cmd)
 			if err != nil {
 				return err
 			}
@@ -207,7 +256,7 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			if format != printer.JSON {
 				for _, r := range rows {
 					if r.Problem != "" {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s is %s: %s: daemons skip it; remove it with `overlayd lease revoke %s`\n", r.Subnet, r.State, r.Problem, r.Subnet)
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s is %s: %s: daemons skip it; remove it with `overlayd lease revoke %s`\n", r.subnets(), r.State, r.Problem, cmp.Or(r.Subnet, r.IPv6Subnet))
 					}
 				}
 			}
@@ -218,14 +267,12 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", inv.Key, inv.Err)
 				}
 			}
-			out := printer.Output{Header: leaseHeader, JSON: struct {
+			out := leaseTable(cfg, rows)
+			out.JSON = struct {
 				Revision int64        `json:"revision"`
 				Leases   []leaseRow   `json:"leases"`
 				Invalid  []invalidRow `json:"invalid"`
-			}{snap.Revision, rows, invalid}}
-			for _, r := range rows {
-				out.Rows = append(out.Rows, r.cells())
-			}
+			}{snap.Revision, rows, invalid}
 			return printer.Write(cmd.OutOrStdout(), format, out)
 		},
 	})
@@ -247,25 +294,26 @@ func networkConfig(ctx context.Context, g *GlobalFlags, reg *etcdv3.Registry, wa
 	return cfg, nil
 }
 
-// parseSubnetArg accepts 10.244.7.0/24 or the key form 10.244.7.0-24.
+// parseSubnetArg accepts a subnet of either family, 10.244.7.0/24 or
+// fd00:10:244:7::/64, or its key form 10.244.7.0-24.
 func parseSubnetArg(s string) (netip.Prefix, error) {
 	if p, err := netip.ParsePrefix(s); err == nil {
-		if p != p.Masked() || !p.Addr().Is4() {
-			return netip.Prefix{}, usagef("subnet %q: want an IPv4 network address such as %s", s, p.Masked())
+		if p != p.Masked() || p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			return netip.Prefix{}, usagef("subnet %q: want a network address such as %s", s, p.Masked())
 		}
 		return p, nil
 	}
-	p, err := subnet.ParseKey(s)
-	if err != nil {
-		return netip.Prefix{}, usagef("subnet %q: want a subnet such as 10.244.7.0/24", s)
+	sn, err := subnet.ParseLeaseKey(s)
+	if err != nil || sn.IPv6.IsValid() {
+		return netip.Prefix{}, usagef("subnet %q: want a subnet such as 10.244.7.0/24 or fd00:10:244:7::/64", s)
 	}
-	return p, nil
+	return sn.IPv4, nil
 }
 
 func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 	return usesEtcd(&cobra.Command{
 		Use:   "get SUBNET",
-		Short: "Show one lease (SUBNET as 10.244.7.0/24 or 10.244.7.0-24)",
+		Short: "Show one lease (SUBNET as 10.244.7.0/24, 10.244.7.0-24, or its IPv6 subnet)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			format, err := g.format()
@@ -276,14 +324,14 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			ctx, reg, done, err := g.connectLeases(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			l, err := reg.Get(ctx, p)
+			l, err := lookup(ctx, reg, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
-				return fmt.Errorf("%w (list leases with `overlayd lease list`)", err)
+				return err
 			}
 			if err != nil {
 				return g.etcdHint(err)
@@ -296,7 +344,20 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Header: leaseHeader, Rows: [][]string{rows[0].cells()}, JSON: rows[0]})
+			out := leaseTable(cfg, rows)
+			out.JSON = rows[0]
+			return printer.Write(cmd.OutOrStdout(), format, out)
 		},
 	})
+}
+
+// lookup finds the lease whose key names p, of either family. Like
+// Registry.Lookup it returns an undecodable value's lease with its error;
+// a missing one is ErrNotFound, with where to look.
+func lookup(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix) (subnet.Lease, error) {
+	l, err := reg.Lookup(ctx, p)
+	if errors.Is(err, etcdv3.ErrNotFound) {
+		return l, fmt.Errorf("%w (list leases with `overlayd lease list`)", err)
+	}
+	return l, err
 }

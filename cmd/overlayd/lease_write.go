@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -13,34 +15,42 @@ import (
 )
 
 func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
-	var publicIP, node string
+	var publicIP, publicIPv6, ipv6Subnet, node string
 	c := &cobra.Command{
-		Use:   "reserve SUBNET --public-ip IP [--node-name NAME]",
+		Use:   "reserve SUBNET --public-ip IP [--ipv6-subnet SUBNET6 --public-ipv6 IP6] [--node-name NAME]",
 		Short: "Reserve a subnet for a host: a lease that never expires, adopted by the host with that public IP (or node name)",
 		Long: `Reserve a subnet for a host: a key without TTL that the host with that
 node name (or, without --node-name, that public IP) adopts when it starts.
 
-The reservation is checked as every daemon checks what it reads: the subnet
-must be a subnet of the network, the public IP a unicast address outside it,
-the node name one overlayd accepts; and a host has one subnet, so a node or
-public IP that already holds a lease or reservation is refused.`,
+In a network that carries IPv6 (EnableIPv6 in the network config) a host
+leases an IPv4 and an IPv6 subnet under one key: name the IPv6 subnet with
+--ipv6-subnet and the host's IPv6 underlay address with --public-ipv6.
+With --node-name alone, and no address, the reservation waits for the host
+of that node name, whatever its addresses.
+
+The reservation is checked as every daemon checks what it reads: the
+subnets must be subnets of the network, of the families it carries, the
+public addresses unicast addresses outside it, the node name one overlayd
+accepts; and a host has one subnet, so a node or public address that
+already holds a lease or reservation is refused, and so is a subnet that
+another key holds.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := parseSubnetArg(args[0])
+			s, err := reservedSubnets(args[0], ipv6Subnet)
 			if err != nil {
 				return err
 			}
-			if publicIP == "" {
-				return usagef("--public-ip is required: the address of the host the subnet is for")
+			if publicIP == "" && node == "" {
+				return usagef("--public-ip is required: the address of the host the subnet is for (or --node-name alone, if its addresses are not known yet)")
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			ctx, reg, done, err := g.connectLeases(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			attrs := subnet.LeaseAttrs{PublicIP: publicIP, BackendType: subnet.DefaultBackendType, NodeID: node}
+			attrs := subnet.LeaseAttrs{PublicIP: publicIP, PublicIPv6: publicIPv6, BackendType: subnet.DefaultBackendType, NodeID: node}
 			for attempt := 0; ; attempt++ {
-				err = reserve(ctx, reg, p, attrs)
+				err = reserve(ctx, reg, s, attrs)
 				if !errors.Is(err, etcdv3.ErrConflict) || attempt == 2 {
 					break
 				}
@@ -52,15 +62,36 @@ public IP that already holds a lease or reservation is refused.`,
 			case err != nil:
 				return g.etcdHint(err)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", p, describeOwner(publicIP, node))
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", s, describeOwner(attrs))
 			return err
 		},
 	}
-	c.Flags().StringVar(&publicIP, "public-ip", "", "public IP of the host the subnet is reserved for (required)")
+	c.Flags().StringVar(&publicIP, "public-ip", "", "public IP of the host the subnet is reserved for (required unless --node-name is given alone)")
+	c.Flags().StringVar(&publicIPv6, "public-ipv6", "", "public IPv6 address of the host (in a network that carries IPv6)")
+	c.Flags().StringVar(&ipv6Subnet, "ipv6-subnet", "", "the host's IPv6 subnet, e.g. fd00:10:244:7::/64 (required in a network that carries IPv6)")
 	c.Flags().StringVar(&node, "node-name", "", "node ID of the host (matches before the public IP)")
 	checkFlag(c.Flags(), "public-ip", hostIPv4)
+	checkFlag(c.Flags(), "public-ipv6", hostIPv6)
+	checkFlag(c.Flags(), "ipv6-subnet", ipv6SubnetArg)
 	checkFlag(c.Flags(), "node-name", nodeName)
 	return usesEtcd(c)
+}
+
+// reservedSubnets are the subnets a reservation's key names: SUBNET, the
+// IPv4 one, and --ipv6-subnet (checked when set) if given.
+func reservedSubnets(arg, ipv6Subnet string) (subnet.Subnets, error) {
+	p, err := parseSubnetArg(arg)
+	if err != nil {
+		return subnet.Subnets{}, err
+	}
+	if !p.Addr().Is4() {
+		return subnet.Subnets{}, usagef("subnet %s is an IPv6 subnet: name the IPv4 subnet as SUBNET and the IPv6 one with --ipv6-subnet", p)
+	}
+	s := subnet.Subnets{IPv4: p}
+	if ipv6Subnet != "" {
+		s.IPv6 = netip.MustParsePrefix(ipv6Subnet)
+	}
+	return s, nil
 }
 
 // refusal is a reservation refused for what it is, not for an etcd failure.
@@ -70,9 +101,10 @@ func refusef(format string, args ...any) error { return refusal{fmt.Errorf(forma
 
 // reserve writes a reservation after checking it exactly as a daemon
 // checks what it reads — the value is encoded, decoded and judged by
-// Config.CheckClaim — and that no lease or reservation already names the
-// host. The write succeeds only if no lease changed since the check.
-func reserve(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix, attrs subnet.LeaseAttrs) error {
+// Config.CheckClaim — and that no other key names its host or either of
+// its subnets. The write succeeds only if no lease changed since the
+// check.
+func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs subnet.LeaseAttrs) error {
 	snap, err := reg.List(ctx)
 	if err != nil {
 		return err
@@ -81,50 +113,138 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, p netip.Prefix, attrs su
 	if err != nil {
 		return err
 	}
+	if err := checkFamilies(cfg, reg.ConfigKey(), s, attrs); err != nil {
+		return err
+	}
 	value, err := attrs.Marshal()
 	if err != nil {
 		return err
 	}
-	l := subnet.Lease{Subnet: p, Reserved: true}
+	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: true}
 	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
 		err = cfg.CheckClaim(l)
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):
-		return refusef("cannot reserve %s: daemons would skip it: %w: pick a /%d inside %s", p, err, cfg.SubnetLen, cfg.Network)
+		return refusef("cannot reserve %s: daemons would skip it: %w: pick %s", s, err, subnetsWanted(cfg))
 	case err != nil:
-		return refusef("cannot reserve %s: daemons would skip it: %w: pass the host's underlay address as --public-ip", p, err)
+		return refusef("cannot reserve %s: daemons would skip it: %w: pass the host's underlay %s", s, err, addressFlags(cfg))
 	}
-	for _, other := range snap.Leases {
-		var same string
-		switch {
-		case other.Subnet == p:
-			continue // reported as taken by the write
-		case attrs.NodeID != "" && other.Attrs.NodeID == attrs.NodeID:
-			same = "node " + attrs.NodeID
-		case other.Attrs.PublicAddr() == l.Attrs.PublicAddr():
-			same = "public IP " + attrs.PublicIP
-		default:
-			continue
-		}
-		return refusef("cannot reserve %s: %s already has %s (key %s): a host uses one subnet; revoke that one first (`overlayd lease revoke %s`)",
-			p, same, other.Subnet, reg.LeaseKey(other.Subnet), other.Subnet)
+	if err := checkFree(reg, snap, l); err != nil {
+		return err
 	}
-	_, err = reg.Reserve(ctx, p, attrs, snap.Revision)
+	_, err = reg.Reserve(ctx, s, attrs, snap.Revision)
 	if errors.Is(err, etcdv3.ErrTaken) {
-		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", p, p)
+		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", s, s.IPv4)
 	}
 	return err
 }
 
-func describeOwner(ip, node string) string {
-	if ip == "" && node == "" {
+// checkFamilies refuses a reservation whose key would not name the address
+// families the network carries (other hosts skip such a key as orphaned), or
+// that names the host by one public address where it has two, saying which
+// flag to add or drop.
+func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a subnet.LeaseAttrs) error {
+	switch {
+	case !cfg.EnableIPv4:
+		return refusef("cannot reserve %s: the network carries no IPv4 (EnableIPv4 is false in %s), and lease reserve writes IPv4 and dual-stack reservations only", s, configKey)
+	case cfg.EnableIPv6 && !s.IPv6.IsValid():
+		return refusef("cannot reserve %s: the network carries IPv6 (EnableIPv6 in %s), so a reservation names the host's IPv6 subnet too (other hosts skip a key without one as orphaned): add --ipv6-subnet (a /%d inside %s) and the host's --public-ipv6",
+			s, configKey, cfg.IPv6.SubnetLen, cfg.IPv6.Network)
+	case !cfg.EnableIPv6 && (s.IPv6.IsValid() || a.PublicIPv6 != ""):
+		return refusef("cannot reserve %s: the network carries no IPv6 (EnableIPv6 is false in %s): drop --ipv6-subnet and --public-ipv6", s, configKey)
+	case cfg.EnableIPv6 && (a.PublicIP == "") != (a.PublicIPv6 == ""):
+		return refusef("cannot reserve %s: a host of a dual-stack network has two underlay addresses: give both --public-ip and --public-ipv6, or (if they are not known yet) --node-name alone", s)
+	}
+	return nil
+}
+
+// subnetsWanted says what subnets the network leases, for a refusal.
+func subnetsWanted(cfg *subnet.Config) string {
+	want := fmt.Sprintf("a /%d inside %s", cfg.SubnetLen, cfg.Network)
+	if cfg.EnableIPv6 {
+		want += fmt.Sprintf(" and a /%d inside %s", cfg.IPv6.SubnetLen, cfg.IPv6.Network)
+	}
+	return want
+}
+
+// addressFlags names the flags of the host's underlay addresses.
+func addressFlags(cfg *subnet.Config) string {
+	if cfg.EnableIPv6 {
+		return "addresses as --public-ip and --public-ipv6"
+	}
+	return "address as --public-ip"
+}
+
+// checkFree refuses a reservation l whose host already has a lease or
+// reservation (a host uses one subnet), or one of whose subnets another
+// key holds. The write's transaction guards only l's own key, so another
+// key holding one half (an IPv4-only key beside a dual-stack one, two
+// dual-stack keys sharing a half) is caught here, in the listing whose
+// revision the write is conditional on.
+func checkFree(reg *etcdv3.Registry, snap etcdv3.Snapshot, l subnet.Lease) error {
+	s := l.Subnets()
+	for _, other := range snap.Leases {
+		if other.Subnets() == s {
+			continue // reported as taken by the write
+		}
+		if same := sameHost(l.Attrs, other.Attrs); same != "" {
+			return refusef("cannot reserve %s: %s already has %s (key %s): a host uses one subnet; revoke that one first (`overlayd lease revoke %s`)",
+				s, same, other.Subnets(), reg.LeaseKey(other.Subnets()), other.Subnet)
+		}
+		if err := heldElsewhere(s, other.Subnets(), reg.LeaseKey(other.Subnets())); err != nil {
+			return err
+		}
+	}
+	for _, inv := range snap.Invalid { // undecodable values still hold their subnets
+		other, err := subnet.ParseLeaseKey(strings.TrimPrefix(inv.Key, reg.SubnetsPrefix()))
+		if err != nil || other == s {
+			continue
+		}
+		if err := heldElsewhere(s, other, inv.Key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sameHost says by what a names the host b names, or "".
+func sameHost(a, b subnet.LeaseAttrs) string {
+	switch {
+	case a.NodeID != "" && b.NodeID == a.NodeID:
+		return "node " + a.NodeID
+	case a.PublicAddr().IsValid() && b.PublicAddr() == a.PublicAddr():
+		return "public IP " + a.PublicIP
+	case a.PublicAddrV6().IsValid() && b.PublicAddrV6() == a.PublicAddrV6():
+		return "public IPv6 " + a.PublicIPv6
+	}
+	return ""
+}
+
+// heldElsewhere refuses s if other, the subnets of key, names one of them.
+func heldElsewhere(s, other subnet.Subnets, key string) error {
+	for _, p := range []netip.Prefix{s.IPv4, s.IPv6} {
+		if p.IsValid() && (p == other.IPv4 || p == other.IPv6) {
+			return refusef("cannot reserve %s: %s is already held by key %s (see `overlayd lease get %s`; revoke it first)", s, p, key, p)
+		}
+	}
+	return nil
+}
+
+// describeOwner names the host a lease value names, as messages show it:
+// "198.18.0.7", "node h7 (198.18.0.7)", "node h7 (198.18.0.7, 2001:db8::7)"
+// or, for a reservation waiting for its node, "node h7".
+func describeOwner(a subnet.LeaseAttrs) string {
+	addrs := strings.Join(slices.DeleteFunc([]string{a.PublicIP, a.PublicIPv6}, func(s string) bool { return s == "" }), ", ")
+	switch {
+	case a.NodeID == "" && addrs == "":
 		return "unknown: the value names no host"
+	case a.NodeID == "":
+		return addrs
+	case addrs == "":
+		return "node " + a.NodeID
 	}
-	if node != "" {
-		return fmt.Sprintf("node %s (%s)", node, ip)
-	}
-	return ip
+	return fmt.Sprintf("node %s (%s)", a.NodeID, addrs)
 }
 
 func newLeaseRevokeCommand(g *GlobalFlags) *cobra.Command {
@@ -147,14 +267,18 @@ that fits the network config.
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			ctx, reg, done, err := g.connectLeases(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			l, err := reg.Get(ctx, p)
-			// A value that names no host protects nobody's subnet.
-			garbage := errors.Is(err, subnet.ErrInvalidLease) || !l.Attrs.NamesAHost()
+			l, err := lookup(ctx, reg, p)
+			if errors.Is(err, etcdv3.ErrNotFound) {
+				return err
+			}
+			// A value that names no host protects nobody's subnet (but a
+			// key that did not decode names none to delete).
+			garbage := l.Subnets() != subnet.Subnets{} && (errors.Is(err, subnet.ErrInvalidLease) || !l.Attrs.NamesAHost())
 			if err != nil && !garbage {
 				return g.etcdHint(err)
 			}
@@ -166,26 +290,28 @@ that fits the network config.
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			owner := describeOwner(l.Attrs.PublicIP, l.Attrs.NodeID)
+			// Name the key, both subnets of a dual-stack one, whichever
+			// one was given.
+			name, owner := l.Subnets(), describeOwner(l.Attrs)
 			switch {
 			case force, garbage, stale:
 			case l.Attrs.NodeID == "" && !l.Reserved:
-				return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", p, owner)
+				return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", name, owner)
 			case alive[l.Attrs.NodeID]:
-				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", p, owner)
+				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", name, owner)
 			}
 			if dryRun {
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", p, owner, yesNo(alive[l.Attrs.NodeID]))
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", name, owner, yesNo(alive[l.Attrs.NodeID]))
 				return err
 			}
-			ok, err := reg.DeleteIfOwned(ctx, p, l.ModRevision)
+			ok, err := reg.DeleteIfOwned(ctx, name, l.ModRevision)
 			if err != nil {
 				return g.etcdHint(err)
 			}
 			if !ok {
-				return fmt.Errorf("%s changed while revoking it (someone else wrote it): look again with `overlayd lease get %s`", p, p)
+				return fmt.Errorf("%s changed while revoking it (someone else wrote it): look again with `overlayd lease get %s`", name, p)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (owner %s)\n", p, owner)
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (owner %s)\n", name, owner)
 			return err
 		},
 	}
@@ -210,7 +336,7 @@ func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) 
 		return false, err
 	}
 	for _, other := range snap.Leases {
-		if other.Subnet != l.Subnet && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr()) {
+		if other.Subnets() != l.Subnets() && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr()) {
 			return true, nil
 		}
 	}

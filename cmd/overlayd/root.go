@@ -236,6 +236,20 @@ func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etc
 	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close(); cancel() }, nil
 }
 
+// connectLeases is connect for the lease commands: the registry looks
+// where the stored network keeps its leases (an IPv6-only network's are
+// under subnets6/), or where flannel's are if no config can be read.
+func (g *GlobalFlags) connectLeases(cmd *cobra.Command) (context.Context, *etcdv3.Registry, func(), error) {
+	ctx, reg, done, err := g.connect(cmd)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if cfg, _, err := reg.GetConfig(ctx); err == nil {
+		reg = reg.For(cfg)
+	}
+	return ctx, reg, done, nil
+}
+
 // requestContext bounds one CLI request by --dial-timeout.
 func (g *GlobalFlags) requestContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(cmd.Context(), g.DialTimeout)

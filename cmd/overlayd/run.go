@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -22,26 +23,28 @@ import (
 
 // hostFlags identify this host; run and teardown share them.
 type hostFlags struct {
-	iface, publicIP, nodeName, subnetFile string
-	logFormat, logLevel                   string
+	iface, publicIP, publicIPv6, nodeName, subnetFile string
+	logFormat, logLevel                               string
 }
 
 func (h *hostFlags) register(c *cobra.Command) {
 	f := c.Flags()
 	f.StringVar(&h.iface, "iface", "", "underlay interface for VXLAN traffic (default: the default route's interface)")
 	f.StringVar(&h.publicIP, "public-ip", "", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
+	f.StringVar(&h.publicIPv6, "public-ipv6", "", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
 	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	checkFlag(f, "iface", ifaceName)
 	checkFlag(f, "public-ip", hostIPv4)
+	checkFlag(f, "public-ipv6", hostIPv6)
 	checkFlag(f, "node-name", nodeName)
 	checkFlag(f, "subnet-file", absFile)
 	checkFlag(f, "log-format", oneOf("text", "json"))
 	checkFlag(f, "log-level", oneOf("debug", "info", "warn", "error"))
 	// The same host as run's: the same environment (see fromEnv).
-	fromEnv(f, "iface", "public-ip", "node-name", "subnet-file", "log-format", "log-level")
+	fromEnv(f, "iface", "public-ip", "public-ipv6", "node-name", "subnet-file", "log-format", "log-level")
 }
 
 func (h *hostFlags) config(g *GlobalFlags, errOut io.Writer) (daemon.Config, error) {
@@ -52,6 +55,9 @@ func (h *hostFlags) config(g *GlobalFlags, errOut io.Writer) (daemon.Config, err
 			return cfg, usagef("--public-ip %q: want an IPv4 address", h.publicIP)
 		}
 		cfg.PublicIP = ip
+	}
+	if h.publicIPv6 != "" {
+		cfg.PublicIPv6 = netip.MustParseAddr(h.publicIPv6) // checked when set
 	}
 	log, err := newLogger(errOut, h.logFormat, h.logLevel)
 	if err != nil {
@@ -195,8 +201,11 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 	if res.DeviceRemoved {
 		lines = append(lines, "removed device "+res.Device+" and its routes, neighbours and FDB entries")
 	}
+	if res.DeviceV6 != "" {
+		lines = append(lines, "removed device "+res.DeviceV6+" and its routes, neighbours and FDB entries")
+	}
 	if res.MasqRemoved {
-		lines = append(lines, "removed nftables table ip overlay")
+		lines = append(lines, "removed nftables table inet "+masq.TableName)
 	}
 	if res.LeaseRemoved != "" {
 		lines = append(lines, "released lease "+res.LeaseRemoved)

@@ -20,7 +20,8 @@ func newStatusCommand(g *GlobalFlags) *cobra.Command {
 		Use:   "status",
 		Short: "Show this host's lease, device, peers and readiness, from the local overlayd",
 		Long: `Ask the overlayd running on this host (its --health-addr) for its state: the
-lease, public IP, VXLAN device, peers programmed versus expected, and each
+lease, public IP, VXLAN device (in a dual-stack network also the IPv6 subnet,
+public IPv6 and IPv6 device), peers programmed versus expected, and each
 readiness condition with the reason it fails. Exits 1 if the daemon is not
 ready or cannot be reached.`,
 		Args: cobra.NoArgs,
@@ -72,14 +73,23 @@ func fetchStatus(ctx context.Context, addr string) (daemon.Status, error) {
 }
 
 func statusOutput(st daemon.Status) printer.Output {
-	rows := [][]string{
-		{"node", st.Node},
-		{"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"},
-		{"subnet", orDash(st.Subnet) + leaseNote(st)},
-		{"device", orDash(st.Device) + " mtu " + strconv.Itoa(st.MTU) + " mac " + orDash(st.VtepMAC)},
-		{"peers", fmt.Sprintf("%d programmed / %d expected", st.PeersProgrammed, st.PeersExpected)},
-		{"other leases", fmt.Sprintf("%d reserved, %d orphaned, %d invalid", st.LeasesReserved, st.LeasesOrphaned, st.LeasesRejected)},
+	rows := [][]string{{"node", st.Node}, {"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"}}
+	// The IPv6 data plane's rows, each beside its IPv4 one, only when the
+	// daemon reports it: an IPv4-only host's output stays as it was.
+	if st.PublicIPv6 != "" {
+		rows = append(rows, []string{"public IPv6", st.PublicIPv6 + " (" + orDash(st.Iface) + ")"})
 	}
+	rows = append(rows, []string{"subnet", orDash(st.Subnet) + leaseNote(st)})
+	if st.IPv6Subnet != "" {
+		rows = append(rows, []string{"IPv6 subnet", st.IPv6Subnet})
+	}
+	rows = append(rows, []string{"device", deviceLine(st.Device, st.MTU, st.VtepMAC)})
+	if st.DeviceV6 != "" {
+		rows = append(rows, []string{"IPv6 device", deviceLine(st.DeviceV6, st.MTUv6, st.VtepMACv6)})
+	}
+	rows = append(rows,
+		[]string{"peers", fmt.Sprintf("%d programmed / %d expected", st.PeersProgrammed, st.PeersExpected)},
+		[]string{"other leases", fmt.Sprintf("%d reserved, %d orphaned, %d invalid", st.LeasesReserved, st.LeasesOrphaned, st.LeasesRejected)})
 	if st.LastReconcile != nil {
 		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})
 	}
@@ -92,6 +102,10 @@ func statusOutput(st daemon.Status) printer.Output {
 		rows = append(rows, []string{"  " + c.Name, v})
 	}
 	return printer.Output{Rows: rows, JSON: st}
+}
+
+func deviceLine(name string, mtu int, mac string) string {
+	return orDash(name) + " mtu " + strconv.Itoa(mtu) + " mac " + orDash(mac)
 }
 
 func leaseNote(st daemon.Status) string {

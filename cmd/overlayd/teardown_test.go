@@ -14,7 +14,7 @@ func TestPrintTeardownReportsOnlyRemovals(t *testing.T) {
 		want string
 	}{
 		{daemon.TeardownResult{Device: "overlay.1", DeviceRemoved: true, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24", SubnetFile: "/run/overlay/subnet.env"},
-			"removed device overlay.1 and its routes, neighbours and FDB entries\nremoved nftables table ip overlay\nreleased lease 10.244.7.0/24\nremoved /run/overlay/subnet.env\n"},
+			"removed device overlay.1 and its routes, neighbours and FDB entries\nremoved nftables table inet overlay\nreleased lease 10.244.7.0/24\nremoved /run/overlay/subnet.env\n"},
 		{daemon.TeardownResult{Device: "overlay.1", LeaseKept: "no lease names this host"},
 			"nothing to remove on this host: no device overlay.1, no nftables table, no subnet file\nlease kept: no lease names this host\n"},
 		{daemon.TeardownResult{Device: "overlay.1", SubnetFile: "/run/overlay/subnet.env"}, // etcd down, no device

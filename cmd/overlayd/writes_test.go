@@ -28,14 +28,14 @@ func TestEnvironmentNeverSetsSafetyOrForeignFlags(t *testing.T) {
 	if r.code != exitUsage || !strings.Contains(r.err, "--public-ip is required") {
 		t.Errorf("OVERLAY_PUBLIC_IP leaked into lease reserve: %+v", r)
 	}
-	if _, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.60.0/24")); err == nil {
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.60.0/24")}); err == nil {
 		t.Error("a reservation was written from the environment")
 	}
 	r = runEnv(t, environ, "lease", "revoke", live[0].String())
 	if r.code != exitError || !strings.Contains(r.err, "is alive") {
 		t.Errorf("OVERLAY_FORCE=1 revoke of a live lease: %+v", r)
 	}
-	if _, err := reg.Get(ctx(t), live[0]); err != nil {
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: live[0]}); err != nil {
 		t.Errorf("the live lease was revoked: %v", err)
 	}
 }
@@ -46,7 +46,7 @@ func TestEnvironmentNeverSetsSafetyOrForeignFlags(t *testing.T) {
 func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
 	srv, reg := cluster(t)
 	live, dead := seed(t, reg)
-	liveLease, err := reg.Get(ctx(t), live[0])
+	liveLease, err := reg.Get(ctx(t), subnet.Subnets{IPv4: live[0]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
 		{"inside the network", []string{"10.244.61.0/24", "--public-ip", "10.244.3.3"}, exitError, "daemons would skip it: invalid lease: PublicIP 10.244.3.3 is inside the overlay network 10.244.0.0/16"},
 		{"outside the network", []string{"10.99.0.0/24", "--public-ip", "198.18.0.61"}, exitError, "subnet 10.99.0.0/24 is outside Network 10.244.0.0/16"},
 		{"wrong length", []string{"10.244.61.0/25", "--public-ip", "198.18.0.61"}, exitError, "subnet 10.244.61.0/25 is not a /24"},
-		{"misaligned", []string{"10.244.61.7/24", "--public-ip", "198.18.0.61"}, exitUsage, "want an IPv4 network address such as 10.244.61.0/24"},
+		{"misaligned", []string{"10.244.61.7/24", "--public-ip", "198.18.0.61"}, exitUsage, "want a network address such as 10.244.61.0/24"},
 		{"bad node name", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "bad/name"}, exitUsage, `--node-name "bad/name": "bad/name" may hold only letters`},
 		{"node holds a lease", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "node-1"},
 			exitError, "node node-1 already has " + live[0].String() + " (key /coreos.com/network/subnets/" + subnet.Key(live[0]) + ")"},
@@ -93,7 +93,7 @@ func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
 	if r := run(t, srv.Endpoint, "", "lease", "reserve", "10.244.61.0/24", "--public-ip", "198.18.0.61", "--node-name", "h61"); r.code != exitOK || r.out != "reserved 10.244.61.0/24 for node h61 (198.18.0.61)\n" {
 		t.Fatalf("reserve: %+v", r)
 	}
-	l, err := reg.Get(ctx(t), netip.MustParsePrefix("10.244.61.0/24"))
+	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.61.0/24")})
 	cfg, _, cerr := reg.GetConfig(ctx(t))
 	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
 		t.Fatalf("reservation read back: %+v, %v, %v", l, err, cerr)
@@ -172,7 +172,7 @@ func TestConfigPutRefusesToStrandLeases(t *testing.T) {
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitError || !strings.Contains(r.err, "is alive") {
 		t.Errorf("revoke a live host's only lease: %+v", r)
 	}
-	if _, err := reg.Create(ctx(t), netip.MustParsePrefix("10.50.7.0/24"), subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.50.7.0/24")}, subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", live[0].String()); r.code != exitOK || !strings.Contains(r.out, "revoked "+live[0].String()) {
@@ -219,7 +219,7 @@ func TestRevokeValueNamingNoHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: "0.0.0.0"}, int64(id.ID)); err != nil {
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: p}, subnet.LeaseAttrs{PublicIP: "0.0.0.0"}, int64(id.ID)); err != nil {
 		t.Fatal(err)
 	}
 	r := run(t, srv.Endpoint, "", "lease", "list")
@@ -238,7 +238,7 @@ func TestRevokeUnusedSecondReservation(t *testing.T) {
 	srv, reg := cluster(t)
 	live, _ := seed(t, reg)
 	extra := netip.MustParsePrefix("10.244.80.0/24")
-	if _, err := reg.Create(ctx(t), extra, subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: extra}, subnet.LeaseAttrs{PublicIP: "198.18.0.1", NodeID: "node-1"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", extra.String()); r.code != exitOK || !strings.Contains(r.out, "revoked 10.244.80.0/24 (owner node node-1 (198.18.0.1))") {

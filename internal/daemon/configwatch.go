@@ -3,7 +3,6 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -17,7 +16,7 @@ import (
 // this host's lease strands it.
 type configWatch struct {
 	running *subnet.Config
-	lease   netip.Prefix
+	lease   subnet.Subnets
 	key     string
 	log     *slog.Logger
 	last    string // the reason last reported, to log each change once
@@ -48,14 +47,17 @@ func (w *configWatch) update(u etcdv3.ConfigUpdate) string {
 
 // configDrift says how now differs from run in what a running daemon uses,
 // and what to do; "" if it does not.
-func configDrift(run, now *subnet.Config, lease netip.Prefix) string {
-	if err := now.Supported(); err != nil {
-		return err.Error() + "; restore the previous config"
+func configDrift(run, now *subnet.Config, lease subnet.Subnets) string {
+	const fix = "Restore the previous config (`overlayd config put -f old.json`), or drain this host, run `overlayd teardown` and start overlayd again to lease a subnet of the new network"
+	if run.EnableIPv4 != now.EnableIPv4 {
+		// An IPv6-only network keeps its leases under subnets6/: no lease carries over.
+		return fmt.Sprintf("EnableIPv4 %v -> %v: this host's lease %s does not fit the new network. %s", run.EnableIPv4, now.EnableIPv4, lease, fix)
 	}
-	if !now.Contains(lease) {
-		return fmt.Sprintf("this host's lease %s is not a /%d inside Network %s: it is stranded. "+
-			"Restore the previous config (`overlayd config put -f old.json`), or drain this host, run `overlayd teardown` and start overlayd again to lease a subnet of the new network",
-			lease, now.SubnetLen, now.Network)
+	if lease.IPv4.IsValid() && !now.Contains(lease.IPv4) {
+		return fmt.Sprintf("this host's lease %s is not a /%d inside Network %s: it is stranded. %s", lease.IPv4, now.SubnetLen, now.Network, fix)
+	}
+	if lease.IPv6.IsValid() && now.EnableIPv6 && !now.IPv6.Contains(lease.IPv6) {
+		return fmt.Sprintf("this host's lease %s is not a /%d inside IPv6Network %s: it is stranded. %s", lease.IPv6, now.IPv6.SubnetLen, now.IPv6.Network, fix)
 	}
 	var diffs []string
 	diff := func(field string, a, b any) {
@@ -65,6 +67,11 @@ func configDrift(run, now *subnet.Config, lease netip.Prefix) string {
 	}
 	diff("Network", run.Network, now.Network)
 	diff("SubnetLen", run.SubnetLen, now.SubnetLen)
+	diff("EnableIPv6", run.EnableIPv6, now.EnableIPv6)
+	if run.EnableIPv6 && now.EnableIPv6 {
+		diff("IPv6Network", run.IPv6.Network, now.IPv6.Network)
+		diff("IPv6SubnetLen", run.IPv6.SubnetLen, now.IPv6.SubnetLen)
+	}
 	diff("Backend.VNI", run.Backend.VNI, now.Backend.VNI)
 	diff("Backend.Port", run.Backend.Port, now.Backend.Port)
 	diff("Backend.MTU", run.Backend.MTU, now.Backend.MTU)

@@ -44,8 +44,12 @@ type Config struct {
 	MachineIDFile string // default /etc/machine-id
 	Iface         string
 	PublicIP      netip.Addr
-	SubnetFile    string
-	LeaseTTL      time.Duration
+	// PublicIPv6 is the IPv6 underlay address (--public-ipv6); zero: the
+	// interface's first global IPv6 address. Used if the network carries
+	// IPv6.
+	PublicIPv6 netip.Addr
+	SubnetFile string
+	LeaseTTL   time.Duration
 	// LivenessTTL is the TTL of the liveness key (default 15 s); it bounds
 	// how long an etcd outage goes unnoticed by readiness.
 	LivenessTTL time.Duration
@@ -118,7 +122,7 @@ func run(ctx context.Context, cfg Config) error {
 	if d.nodeID, err = NodeID(cfg.NodeName, cfg.MachineIDFile); err != nil {
 		return err
 	}
-	if d.ul, err = cfg.Kernel.Underlay(cfg.Iface, cfg.PublicIP); err != nil {
+	if d.ul, err = cfg.Kernel.Underlay(cfg.Iface, cfg.PublicIP, cfg.PublicIPv6); err != nil {
 		return err
 	}
 	lock, err := lockHost(cfg.SubnetFile)
@@ -127,7 +131,7 @@ func run(ctx context.Context, cfg Config) error {
 	}
 	defer lock.release()
 	d.log = d.log.With("node", d.nodeID)
-	d.log.Info("starting", "iface", d.ul.Iface, "public_ip", d.ul.PublicIP, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
+	d.log.Info("starting", "iface", d.ul.Iface, "public_ip", d.ul.PublicIP, "public_ipv6", d.ul.PublicIPv6, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer d.shutdown(cancel)
@@ -168,8 +172,10 @@ type daemon struct {
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
 	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
-	be     *vxlan.Backend
+	be     *vxlan.Backend  // the IPv4 data plane
 	dev    vxlan.DeviceInfo
+	be6    *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
+	dev6   vxlan.DeviceInfo
 	peers  *peerSet
 	env    *envKeeper
 }

@@ -116,22 +116,28 @@ func (n *node) env(t *testing.T) subnet.Env {
 	return e
 }
 
-// routes returns the subnets n routes through the overlay (our protocol).
-func (n *node) routes(t *testing.T) map[netip.Prefix]bool {
+// routes returns the IPv4 subnets n routes through the overlay (our
+// protocol).
+func (n *node) routes(t *testing.T) map[netip.Prefix]bool { return n.routesOf(t, unix.AF_INET) }
+
+// routesOf returns the subnets of family (AF_INET, AF_INET6) n routes
+// through the overlay.
+func (n *node) routesOf(t *testing.T, family int) map[netip.Prefix]bool {
 	t.Helper()
 	h, err := netlink.NewHandleAt(n.host.NS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	rs, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	rs, err := h.RouteListFiltered(family, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		t.Fatal(err)
 	}
 	out := map[netip.Prefix]bool{}
 	for _, r := range rs {
 		if r.Dst != nil {
-			p, _ := netip.AddrFromSlice(r.Dst.IP.To4())
+			p, _ := netip.AddrFromSlice(r.Dst.IP)
+			p = p.Unmap()
 			ones, _ := r.Dst.Mask.Size()
 			out[netip.PrefixFrom(p, ones)] = true
 		}

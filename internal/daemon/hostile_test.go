@@ -200,7 +200,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(200 + len(valid)), 0}), 24)
 				v := fmt.Sprintf(`{"PublicIP":"198.18.0.%d","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:01:%02x"}}`, 10+len(valid), len(valid))
 				ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(10*time.Second))
-				if _, err := cli.Put(ctx, c.reg.LeaseKey(p), v); err != nil {
+				if _, err := cli.Put(ctx, c.reg.LeaseKey(subnet.Subnets{IPv4: p}), v); err != nil {
 					t.Fatal(err)
 				}
 				cancel()
@@ -261,7 +261,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 	// Our own lease survives every garbage write: it is restored.
 	// The manager restores it within one retry interval (1 s).
 	waitFor(t, time.Second+testenv.Slack, "the own lease to be restored", func() bool {
-		l, err := c.reg.Get(context.Background(), own)
+		l, err := c.reg.Get(context.Background(), subnet.Subnets{IPv4: own})
 		return err == nil && l.Attrs.NodeID == "h1" && !l.Reserved
 	})
 }

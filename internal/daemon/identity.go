@@ -37,13 +37,15 @@ func NodeID(flag, machineIDFile string) (string, error) {
 	return id, nil
 }
 
-// Underlay is the interface VXLAN packets leave by and this host's address
-// on it, published as the lease's PublicIP.
+// Underlay is the interface VXLAN packets leave by and this host's
+// addresses on it, published as the lease's PublicIP and (in a network
+// that carries IPv6) PublicIPv6.
 type Underlay struct {
-	Iface    string
-	Index    int
-	PublicIP netip.Addr
-	MTU      int
+	Iface      string
+	Index      int
+	PublicIP   netip.Addr
+	PublicIPv6 netip.Addr // zero if the interface has no global IPv6 address
+	MTU        int
 }
 
 // linkLister is the part of a netlink handle detection needs, bound to the
@@ -60,7 +62,10 @@ type linkLister interface {
 // both given: used as they are (the address must be on the interface);
 // only the IP: the interface holding it; only the interface: its first
 // global IPv4 address; neither: the interface of the IPv4 default route.
-func DetectUnderlay(h linkLister, iface string, publicIP netip.Addr) (Underlay, error) {
+// An interface with only an IPv6 address will do (for an IPv6-only network).
+// The IPv6 address is --public-ipv6, which must be on that interface, or
+// else the interface's first global IPv6 address, if any.
+func DetectUnderlay(h linkLister, iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
 	var link netlink.Link
 	var err error
 	switch {
@@ -93,16 +98,44 @@ func DetectUnderlay(h linkLister, iface string, publicIP netip.Addr) (Underlay, 
 			break
 		}
 	}
+	if u.PublicIPv6, err = underlayIPv6(h, link, publicIPv6); err != nil {
+		return Underlay{}, err
+	}
 	switch {
 	case publicIP.IsValid() && !u.PublicIP.IsValid():
 		return Underlay{}, fmt.Errorf("--public-ip %s is not an address of %s: pick the interface that holds it with --iface", publicIP, attrs.Name)
-	case !u.PublicIP.IsValid():
-		return Underlay{}, fmt.Errorf("interface %s has no global IPv4 address: set --public-ip or choose another --iface", attrs.Name)
+	case !u.PublicIP.IsValid() && !u.PublicIPv6.IsValid():
+		// Which family the network needs is known only once its config is read (join).
+		return Underlay{}, fmt.Errorf("interface %s has no global IPv4 or IPv6 address: set --public-ip (or --public-ipv6) or choose another --iface", attrs.Name)
 	}
 	if attrs.Flags&net.FlagUp == 0 {
 		return Underlay{}, fmt.Errorf("interface %s is down: bring it up or choose another --iface", attrs.Name)
 	}
 	return u, nil
+}
+
+// underlayIPv6 is want if link holds it, else link's first global IPv6
+// address (zero if none: only a network that carries IPv6 needs one).
+// A tentative address (duplicate address detection not done) is skipped:
+// VXLAN cannot send from it yet.
+func underlayIPv6(h linkLister, link netlink.Link, want netip.Addr) (netip.Addr, error) {
+	addrs, err := h.AddrList(link, unix.AF_INET6)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("list IPv6 addresses of %s: %w", link.Attrs().Name, err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !ip.Is6() || ip.Is4In6() || !ip.IsGlobalUnicast() || a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
+			continue
+		}
+		if !want.IsValid() || ip == want {
+			return ip, nil
+		}
+	}
+	if want.IsValid() {
+		return netip.Addr{}, fmt.Errorf("--public-ipv6 %s is not a usable address of %s: give the underlay interface's global IPv6 address", want, link.Attrs().Name)
+	}
+	return netip.Addr{}, nil
 }
 
 func linkWithAddr(h linkLister, ip netip.Addr) (netlink.Link, error) {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -20,15 +21,22 @@ import (
 // it a fake, so start-up, hand-offs, readiness and shutdown are tested
 // without root.
 type Kernel interface {
-	// Underlay finds the interface and public address to use (--iface,
-	// --public-ip, or the default route's link).
-	Underlay(iface string, publicIP netip.Addr) (Underlay, error)
+	// Underlay finds the interface and public addresses to use (--iface,
+	// --public-ip, --public-ipv6, or the default route's link).
+	Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
 	// OpenNetlink opens the netlink the VXLAN backend programs through,
 	// with the function that closes it.
 	OpenNetlink() (vxlan.Netlink, func(), error)
-	// Masquerade installs the masquerade of traffic from network to
-	// outside it and returns what keeps it in place.
-	Masquerade(network netip.Prefix, device string, log *slog.Logger) (Masquerader, error)
+	// Masquerade installs the masquerade of traffic from each cluster
+	// network (one per address family) to outside it and returns what
+	// keeps it in place.
+	Masquerade(networks []MasqNetwork, log *slog.Logger) (Masquerader, error)
+}
+
+// MasqNetwork is a cluster network and its VXLAN device.
+type MasqNetwork struct {
+	Network netip.Prefix
+	Device  string
 }
 
 // Masquerader keeps the masquerade in place until ctx ends (Run); Close
@@ -41,13 +49,13 @@ type Masquerader interface {
 // hostKernel is the real Kernel, in namespace ns (closed: the process's).
 type hostKernel struct{ ns netns.NsHandle }
 
-func (k hostKernel) Underlay(iface string, publicIP netip.Addr) (Underlay, error) {
+func (k hostKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
 	h, err := netlinkHandle(k.ns)
 	if err != nil {
 		return Underlay{}, err
 	}
 	defer h.Close()
-	return DetectUnderlay(h, iface, publicIP)
+	return DetectUnderlay(h, iface, publicIP, publicIPv6)
 }
 
 func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
@@ -61,12 +69,27 @@ func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 // masqInterval is how often the masquerade table is checked and repaired.
 const masqInterval = 30 * time.Second
 
-func (k hostKernel) Masquerade(network netip.Prefix, device string, log *slog.Logger) (Masquerader, error) {
-	opts := []masq.Option{masq.WithOverlayDevice(device), masq.WithLogger(log)}
+func (k hostKernel) Masquerade(networks []MasqNetwork, log *slog.Logger) (Masquerader, error) {
+	if len(networks) == 0 {
+		return nil, errors.New("--ip-masq: no cluster network to masquerade")
+	}
+	opts := []masq.Option{masq.WithLogger(log)}
+	var all []netip.Prefix
+	for _, n := range networks {
+		all = append(all, n.Network)
+		if n.Network.Addr().Is4() {
+			opts = append(opts, masq.WithOverlayDevice(n.Device))
+		} else {
+			opts = append(opts, masq.WithIPv6OverlayDevice(n.Device))
+		}
+	}
+	for _, p := range all[1:] {
+		opts = append(opts, masq.WithNetwork(p))
+	}
 	if k.ns.IsOpen() {
 		opts = append(opts, masq.WithNetNS(k.ns))
 	}
-	mq, err := masq.New(network, opts...)
+	mq, err := masq.New(all[0], opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -75,8 +98,8 @@ func (k hostKernel) Masquerade(network netip.Prefix, device string, log *slog.Lo
 		return nil, fmt.Errorf("--ip-masq: install the nftables table %q: %w (does the kernel have nf_tables with NAT? use --ip-masq=false to masquerade elsewhere)", masq.TableName, err)
 	}
 	if drops, err := mq.ForwardDrops(); err == nil && len(drops) > 0 {
-		log.Warn("forward chains with policy drop exist; they drop pod traffic unless they accept the cluster network: add that accept there",
-			"chains", drops, "network", network)
+		log.Warn("forward chains with policy drop exist; they drop pod traffic unless they accept the cluster networks: add that accept there",
+			"chains", drops, "networks", all)
 	}
 	return keptMasq{mq}, nil
 }

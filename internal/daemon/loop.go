@@ -3,11 +3,9 @@ package daemon
 import (
 	"context"
 	"log/slog"
-	"net/netip"
-	"strings"
 	"time"
 
-	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -31,7 +29,7 @@ func (d *daemon) loop(ctx context.Context) error {
 	// shutdown waits for that before the etcd client closes, so a re-list
 	// in flight never runs on a closed client.
 	d.wg.Go(func() { <-ctx.Done(); drain(batches); drain(configs) })
-	drift := configWatch{running: d.netCfg, lease: d.lease.Subnet, key: d.reg.ConfigKey(), log: d.log}
+	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.reg.ConfigKey(), log: d.log}
 	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
 	defer envCheck.Stop()
@@ -52,8 +50,8 @@ func (d *daemon) loop(ctx context.Context) error {
 				d.st.set(func(p *probe) { p.config = reason })
 			}
 		case <-envCheck.C:
-			// The device MTU follows the underlay's; pods must learn it.
-			if mtu := d.be.Status().MTU; mtu > 0 {
+			// The devices' MTU follows the underlay's; pods must learn it.
+			if mtu := d.podMTU(); mtu > 0 {
 				d.env.set(func(e *subnet.Env) { e.MTU = mtu })
 			}
 			d.env.keep(d.log)
@@ -64,23 +62,29 @@ func (d *daemon) loop(ctx context.Context) error {
 // onBatch applies one batch of lease events to the peer set and hands the
 // result to the backend.
 func (d *daemon) onBatch(b etcdv3.Batch) {
-	logEvents(d.log, b, d.lease.Subnet, d.peers.valid)
+	logEvents(d.log, b, d.lease.Subnets(), d.peers)
 	now := time.Now()
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
-			d.m.eventGone(ev.Lease.Subnet)
+			d.m.eventGone(ev.Lease.Subnets().Primary())
 		} else {
-			d.m.eventArrived(ev.Lease.Subnet, now)
+			d.m.eventArrived(ev.Lease.Subnets().Primary(), now)
 		}
 	}
 	d.m.rejected(d.peers.apply(b), d.log)
 	d.publishPeers()
 }
 
-// publishPeers hands the peer set to the backend and records its size.
+// publishPeers hands the peer set to the backends and records its size.
 func (d *daemon) publishPeers() {
-	d.be.SetPeers(d.peers.peers())
-	valid, c := len(d.peers.valid), d.peers.counts()
+	v4, v6 := d.peers.peers()
+	if d.be != nil {
+		d.be.SetPeers(v4)
+	}
+	if d.be6 != nil {
+		d.be6.SetPeers(v6)
+	}
+	valid, c := d.peers.size(), d.peers.counts()
 	d.st.set(func(p *probe) { p.peers, p.counts = valid, c })
 	m := d.m
 	m.leasesSeen.Set(float64(valid + c.invalid + c.orphaned + c.reserved + 1)) // + our own
@@ -92,18 +96,25 @@ func (d *daemon) publishPeers() {
 // logEvents logs each peer's arrival, change and departure. It runs before
 // the batch is applied, so a removed peer (whose event names only its
 // subnet) is named by what the peer set last held of it.
-func logEvents(log *slog.Logger, b etcdv3.Batch, own netip.Prefix, last map[netip.Prefix]backend.Peer) {
+func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, last *peerSet) {
 	for _, ev := range b.Events {
-		if ev.Lease.Subnet == own {
+		id := ev.Lease.Subnets()
+		if id == own {
 			continue
 		}
-		attrs := []any{"peer", ev.Lease.Subnet}
+		attrs := []any{"peer", id.String()}
 		if ev.Type == subnet.Removed {
-			if p, ok := last[ev.Lease.Subnet]; ok {
+			if p, ok := last.valid[id]; ok {
 				attrs = append(attrs, "public_ip", p.PublicIP.String(), "vtep_mac", p.VtepMAC.String())
+			}
+			if p, ok := last.valid6[id]; ok {
+				attrs = append(attrs, "public_ipv6", p.PublicIP.String(), "vtep_mac_v6", p.VtepMAC.String())
 			}
 		} else {
 			attrs = append(attrs, "public_ip", ev.Lease.Attrs.PublicIP, "node_id", ev.Lease.Attrs.NodeID)
+			if ev.Lease.Attrs.PublicIPv6 != "" {
+				attrs = append(attrs, "public_ipv6", ev.Lease.Attrs.PublicIPv6)
+			}
 			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
 				attrs = append(attrs, "vtep_mac", d.VtepMAC)
 			}
@@ -121,8 +132,8 @@ func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
 			log.Warn("skipping invalid lease", "key", r.Key, "err", r.Err)
 			m.rejectionsTotal.Inc()
 		}
-		if p, err := subnet.ParseKey(r.Key[strings.LastIndexByte(r.Key, '/')+1:]); err == nil {
-			m.eventGone(p)
+		if r.ID.Primary().IsValid() {
+			m.eventGone(r.ID.Primary())
 		}
 	}
 }
@@ -131,4 +142,19 @@ func (m *metrics) rejected(rs []rejection, log *slog.Logger) {
 func drain[T any](ch <-chan T) {
 	for range ch {
 	}
+}
+
+// podMTU is the MTU pods must use: the smallest of the devices' (the IPv6
+// device's is 20 bytes smaller over an IPv6 underlay), 0 if none is known.
+func (d *daemon) podMTU() int {
+	mtu := 0
+	for _, be := range []*vxlan.Backend{d.be, d.be6} {
+		if be == nil {
+			continue
+		}
+		if m := be.Status().MTU; m > 0 && (mtu == 0 || m < mtu) {
+			mtu = m
+		}
+	}
+	return mtu
 }

@@ -52,12 +52,16 @@ func newMetrics(p *probe) *metrics {
 	status := func(f func(backend.Status) float64) func() float64 {
 		return func() float64 {
 			p.mu.Lock()
-			be := p.be
+			planes := p.planes
 			p.mu.Unlock()
-			if be == nil {
+			if len(planes) == 0 {
 				return 0
 			}
-			return f(be.Status())
+			sts := make([]backend.Status, len(planes))
+			for i, be := range planes {
+				sts[i] = be.Status()
+			}
+			return f(combined(sts))
 		}
 	}
 	gauge := func(name, help string, f func(backend.Status) float64) prometheus.Collector {

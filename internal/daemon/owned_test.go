@@ -64,7 +64,7 @@ func TestReservationsAndOrphansAreNotInvalid(t *testing.T) {
 	// Written as `overlayd lease reserve 10.244.50.0/24 --public-ip 198.18.0.2`
 	// does, before h1 starts (the initial listing) and after (a watch event).
 	reserved := netip.MustParsePrefix("10.244.50.0/24")
-	if _, err := c.reg.Create(tctx(t), reserved, subnet.LeaseAttrs{PublicIP: "198.18.0.2", BackendType: "vxlan"}, 0); err != nil {
+	if _, err := c.reg.Create(tctx(t), subnet.Subnets{IPv4: reserved}, subnet.LeaseAttrs{PublicIP: "198.18.0.2", BackendType: "vxlan"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	h1.start(t)
@@ -72,7 +72,7 @@ func TestReservationsAndOrphansAreNotInvalid(t *testing.T) {
 	if h1.env(t).Lease() == later { // h1's random pick: reserve another
 		later = netip.MustParsePrefix("10.244.52.0/24")
 	}
-	if _, err := c.reg.Create(tctx(t), later, subnet.LeaseAttrs{PublicIP: "198.18.0.9", NodeID: "later", BackendType: "vxlan"}, 0); err != nil {
+	if _, err := c.reg.Create(tctx(t), subnet.Subnets{IPv4: later}, subnet.LeaseAttrs{PublicIP: "198.18.0.9", NodeID: "later", BackendType: "vxlan"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	// A lease of the old network, left by a config change.
@@ -250,7 +250,7 @@ func TestTeardownRefusesWhileRunningAndReportsOnlyRemovals(t *testing.T) {
 	if _, err := os.Stat(h1.cfg.SubnetFile); err != nil {
 		t.Errorf("the refused teardown removed subnet.env: %v", err)
 	}
-	if l, err := c.reg.Get(tctx(t), own); err != nil || l.Attrs.NodeID != "h1" {
+	if l, err := c.reg.Get(tctx(t), subnet.Subnets{IPv4: own}); err != nil || l.Attrs.NodeID != "h1" {
 		t.Errorf("the refused teardown touched the lease: %+v %v", l, err)
 	}
 	h1.stop()

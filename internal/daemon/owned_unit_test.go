@@ -24,7 +24,7 @@ func mustConfig(t *testing.T, raw string) *subnet.Config {
 
 func TestConfigDrift(t *testing.T) {
 	run := mustConfig(t, `{"Network":"10.244.0.0/16"}`)
-	lease := netip.MustParsePrefix("10.244.7.0/24")
+	lease := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")}
 	for _, tc := range []struct{ now, want string }{
 		{`{"Network":"10.244.0.0/16"}`, ""},
 		{`{"Network":"10.244.0.0/16","SubnetMin":"10.244.5.0","SubnetMax":"10.244.9.0"}`, ""}, // only new leases care
@@ -36,7 +36,8 @@ func TestConfigDrift(t *testing.T) {
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":4789}}`, "Backend.Port 8472 -> 4789: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}`, "Backend.MTU 0 -> 1400: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`, "Backend.DirectRouting false -> true: "},
-		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv6 is true, but this version carries IPv4 only"},
+		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv6 false -> true: the running device"},
+		{`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv4 true -> false: this host's lease 10.244.7.0/24 does not fit the new network"},
 	} {
 		got := configDrift(run, mustConfig(t, tc.now), lease)
 		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
@@ -47,7 +48,7 @@ func TestConfigDrift(t *testing.T) {
 
 func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
 	logs := &logBuffer{}
-	w := configWatch{running: mustConfig(t, `{"Network":"10.244.0.0/16"}`), lease: netip.MustParsePrefix("10.244.7.0/24"), key: "/p/config",
+	w := configWatch{running: mustConfig(t, `{"Network":"10.244.0.0/16"}`), lease: subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")}, key: "/p/config",
 		log: slog.New(slog.NewJSONHandler(logs, nil))}
 	moved := etcdv3.ConfigUpdate{Config: mustConfig(t, `{"Network":"10.50.0.0/16"}`)}
 	same := etcdv3.ConfigUpdate{Config: w.running}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"errors"
-	"net/netip"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
@@ -19,19 +18,19 @@ import (
 // at every resync.
 type peerSet struct {
 	cfg    *subnet.Config
-	own    netip.Prefix
+	own    subnet.Subnets
 	prefix string // the registry's subnets prefix, to name keys
 
-	// valid holds each valid peer by subnet, as subnet.Config.Peer made it
-	// (a value without pointers: a large set costs the collector nothing
-	// to scan).
-	valid map[netip.Prefix]backend.Peer
+	// valid and valid6 hold each valid peer as the IPv4 and the IPv6 data
+	// plane take it, by the subnets its key names, as subnet.Config.Peer
+	// made it; valid6 stays empty unless the network carries IPv6.
+	valid, valid6 map[subnet.Subnets]backend.Peer
 	// bad maps each currently skipped key to the revision reported.
 	bad map[string]skip
 	// reserved holds the unclaimed reservations.
-	reserved map[netip.Prefix]bool
+	reserved map[subnet.Subnets]bool
 
-	out []backend.Peer // peers' result, reused
+	out4, out6 []backend.Peer // peers' results, reused
 }
 
 // skipKind is why a key is skipped.
@@ -51,20 +50,25 @@ type skip struct {
 // rejection is a lease that will not be programmed.
 type rejection struct {
 	Key  string
+	ID   subnet.Subnets // what the key names; zero if it does not parse
 	Err  error
 	Kind skipKind
 }
 
-func newPeerSet(cfg *subnet.Config, own netip.Prefix, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[netip.Prefix]backend.Peer{}, bad: map[string]skip{}, reserved: map[netip.Prefix]bool{}}
+func newPeerSet(cfg *subnet.Config, own subnet.Subnets, subnetsPrefix string) *peerSet {
+	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[subnet.Subnets]backend.Peer{}, valid6: map[subnet.Subnets]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.Subnets]bool{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
-	s.valid = make(map[netip.Prefix]backend.Peer, len(snap.Leases))
+	s.valid = make(map[subnet.Subnets]backend.Peer, len(snap.Leases))
+	s.valid6 = map[subnet.Subnets]backend.Peer{}
+	if s.cfg.EnableIPv6 {
+		s.valid6 = make(map[subnet.Subnets]backend.Peer, len(snap.Leases))
+	}
 	s.bad = map[string]skip{}
-	s.reserved = map[netip.Prefix]bool{}
+	s.reserved = map[subnet.Subnets]bool{}
 	var out []rejection
 	for _, l := range snap.Leases {
 		out = s.put(l, old, out)
@@ -78,7 +82,7 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 		// A re-list batch carries every invalid key again; start the
 		// bookkeeping of undecodable keys afresh so deleted ones vanish.
 		for key := range s.bad {
-			if _, err := subnet.ParseKey(key[len(s.prefix):]); err != nil {
+			if _, err := s.cfg.ParseLeaseKey(key[len(s.prefix):]); err != nil {
 				delete(s.bad, key)
 			}
 		}
@@ -86,9 +90,10 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	var out []rejection
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
-			delete(s.valid, ev.Lease.Subnet)
-			delete(s.reserved, ev.Lease.Subnet)
-			s.unmark(ev.Lease.Subnet)
+			id := ev.Lease.Subnets()
+			s.drop(id)
+			delete(s.reserved, id)
+			s.unmark(id)
 			continue
 		}
 		out = s.put(ev.Lease, s.bad, out)
@@ -99,35 +104,50 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	return s.invalid(b.Invalid, s.bad, out)
 }
 
-func (s *peerSet) key(p netip.Prefix) string { return s.prefix + subnet.Key(p) }
+func (s *peerSet) key(id subnet.Subnets) string { return s.prefix + id.Key() }
 
 func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection) []rejection {
-	delete(s.reserved, l.Subnet)
-	delete(s.valid, l.Subnet)
-	if l.Unclaimed() && l.Subnet != s.own {
+	id := l.Subnets()
+	delete(s.reserved, id)
+	s.drop(id)
+	if l.Unclaimed() && id != s.own {
 		// A reservation waiting for its host: no VTEP yet, but checked
 		// like every claim (the same check `overlayd lease reserve` makes).
 		if err := s.cfg.CheckClaim(l); err != nil {
-			return s.reject(s.key(l.Subnet), l.ModRevision, err, skipKindOf(err), reported, out)
+			return s.reject(id, s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 		}
-		s.unmark(l.Subnet)
-		s.reserved[l.Subnet] = true
+		s.unmark(id)
+		s.reserved[id] = true
 		return out
 	}
-	peer, _, err := s.cfg.Peer(l) // the IPv6 peer waits for the IPv6 data plane
+	v4, v6, err := s.cfg.Peer(l)
 	switch {
-	case l.Subnet == s.own && err == nil:
+	case id == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value
 		// someone wrote over it before the lease manager restored it.
-		s.unmark(l.Subnet)
+		s.unmark(id)
 		return out
 	case err != nil:
-		return s.reject(s.key(l.Subnet), l.ModRevision, err, skipKindOf(err), reported, out)
+		return s.reject(id, s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
-	s.unmark(l.Subnet)
-	s.valid[l.Subnet] = peer
+	s.unmark(id)
+	if s.cfg.EnableIPv4 {
+		s.valid[id] = v4
+	}
+	if s.cfg.EnableIPv6 {
+		s.valid6[id] = v6
+	}
 	return out
 }
+
+// drop forgets the peer on id.
+func (s *peerSet) drop(id subnet.Subnets) {
+	delete(s.valid, id)
+	delete(s.valid6, id)
+}
+
+// size is the number of valid peers.
+func (s *peerSet) size() int { return max(len(s.valid), len(s.valid6)) }
 
 // skipKindOf tells a lease that no longer fits the network config (left by
 // a config change) from one that is wrong in itself.
@@ -141,44 +161,52 @@ func skipKindOf(err error) skipKind {
 // unmark forgets that p's key was rejected. (Most sets have no rejected
 // key at all: then the key is not even spelled out, which at a cold start
 // with thousands of leases saves as many strings.)
-func (s *peerSet) unmark(p netip.Prefix) {
+func (s *peerSet) unmark(id subnet.Subnets) {
 	if len(s.bad) > 0 {
-		delete(s.bad, s.key(p))
+		delete(s.bad, s.key(id))
 	}
 }
 
 func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]skip, out []rejection) []rejection {
 	for _, i := range inv {
-		if p, err := subnet.ParseKey(i.Key[min(len(s.prefix), len(i.Key)):]); err == nil {
-			delete(s.valid, p) // an undecodable value replaces whatever was there
-			delete(s.reserved, p)
+		id, err := s.cfg.ParseLeaseKey(i.Key[min(len(s.prefix), len(i.Key)):])
+		if err == nil {
+			s.drop(id) // an undecodable value replaces whatever was there
+			delete(s.reserved, id)
 		}
-		out = s.reject(i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
+		out = s.reject(id, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
 	}
 	return out
 }
 
-func (s *peerSet) reject(key string, rev int64, err error, kind skipKind, reported map[string]skip, out []rejection) []rejection {
+func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, kind skipKind, reported map[string]skip, out []rejection) []rejection {
 	if seen, ok := reported[key]; !ok || seen != (skip{rev, kind}) {
-		out = append(out, rejection{Key: key, Err: err, Kind: kind})
+		out = append(out, rejection{Key: key, ID: id, Err: err, Kind: kind})
 	}
 	s.bad[key] = skip{rev, kind}
 	return out
 }
 
-// peers returns the valid peers, in no particular order (the backend sorts
-// and checks them), in a slice reused by the next call: the backend copies
-// what it keeps, and with thousands of peers a fresh slice at every lease
-// event would be most of the daemon's garbage.
-func (s *peerSet) peers() []backend.Peer {
-	if cap(s.out) < len(s.valid) {
-		s.out = make([]backend.Peer, 0, len(s.valid)+len(s.valid)/8)
+// peers returns the valid peers as the IPv4 and the IPv6 data plane take
+// them (nil for a family the network does not carry), in no particular
+// order (the backends sort and check them), in slices reused by the next
+// call: the backends copy what they keep, and with thousands of peers fresh
+// slices at every lease event would be most of the daemon's garbage.
+func (s *peerSet) peers() (v4, v6 []backend.Peer) {
+	s.out4, s.out6 = values(s.out4, s.valid), values(s.out6, s.valid6)
+	return s.out4, s.out6
+}
+
+// values puts m's values in buf, emptied and grown as needed.
+func values(buf []backend.Peer, m map[subnet.Subnets]backend.Peer) []backend.Peer {
+	if cap(buf) < len(m) {
+		buf = make([]backend.Peer, 0, len(m)+len(m)/8)
 	}
-	out := s.out[:0]
-	for _, p := range s.valid {
-		out = append(out, p)
+	buf = buf[:0]
+	for _, p := range m {
+		buf = append(buf, p)
 	}
-	return out
+	return buf
 }
 
 // counts are the numbers of keys currently in each state that is not a peer.

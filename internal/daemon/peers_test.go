@@ -24,7 +24,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, own, prefix)
+	s := newPeerSet(cfg, subnet.Subnets{IPv4: own}, prefix)
 	snap := etcdv3.Snapshot{Leases: []subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
@@ -35,7 +35,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 	if len(rej) != 3 || s.rejected() != 3 {
 		t.Fatalf("reset: %d rejections (%v), %d rejected; want 3", len(rej), rej, s.rejected())
 	}
-	peers := s.peers()
+	peers, _ := s.peers()
 	if len(peers) != 1 || peers[0].Subnet != netip.MustParsePrefix("10.244.2.0/24") {
 		t.Fatalf("peers = %+v, want only 10.244.2.0/24", peers)
 	}
@@ -54,7 +54,8 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Errorf("apply rejections = %v, want 10.244.2.0-24 only", rej)
 	}
 	got := map[string]bool{}
-	for _, p := range s.peers() {
+	v4, _ := s.peers()
+	for _, p := range v4 {
 		got[p.Subnet.String()] = true
 	}
 	if len(got) != 2 || !got["10.244.3.0/24"] || !got["10.244.5.0/24"] {
@@ -99,7 +100,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, own, prefix)
+	s := newPeerSet(cfg, subnet.Subnets{IPv4: own}, prefix)
 	reservation := func(sub, ip, node string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev,
 			Attrs: subnet.LeaseAttrs{PublicIP: ip, NodeID: node, BackendType: "vxlan"}}
@@ -125,7 +126,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	if kinds[invalidLease] != 1 || kinds[orphanedLease] != 3 {
 		t.Errorf("reported %v, want 1 invalid and 3 orphaned", rej)
 	}
-	if peers := s.peers(); len(peers) != 1 || peers[0].Subnet != claimed.Subnet {
+	if peers, _ := s.peers(); len(peers) != 1 || peers[0].Subnet != claimed.Subnet {
 		t.Errorf("peers = %+v, want only the claimed reservation", peers)
 	}
 	// Its host claims 10.244.2.0/24; 10.244.4.0/24 is revoked; the orphan
@@ -145,7 +146,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	if got := s.counts(); got != (counts{invalid: 1, orphaned: 2}) {
 		t.Errorf("counts after apply = %+v, want 1 invalid, 2 orphaned, 0 reserved", got)
 	}
-	if len(s.peers()) != 2 {
-		t.Errorf("peers after the claim = %+v, want 2", s.peers())
+	if v4, _ := s.peers(); len(v4) != 2 {
+		t.Errorf("peers after the claim = %+v, want 2", v4)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
@@ -34,15 +35,23 @@ func (d *daemon) join(ctx context.Context) error {
 	d.reg = etcdv3.NewRegistry(cli, d.cfg.Prefix)
 
 	if err := d.steps.retry(ctx, "read the network config", func(ctx context.Context) (err error) {
-		if d.netCfg, _, err = d.reg.GetConfig(ctx); err != nil {
-			return err
-		}
-		return d.netCfg.Supported()
+		d.netCfg, _, err = d.reg.GetConfig(ctx)
+		return err
 	}); err != nil {
 		return err
 	}
+	switch {
+	case d.netCfg.EnableIPv4 && !d.ul.PublicIP.IsValid():
+		return fmt.Errorf("the network carries IPv4, but interface %s has no global IPv4 address: set --public-ip or choose another --iface", d.ul.Iface)
+	case d.netCfg.EnableIPv6 && !d.ul.PublicIPv6.IsValid():
+		return fmt.Errorf("the network carries IPv6 (EnableIPv6 in %s), but interface %s has no global IPv6 address: give it one, set --public-ipv6, or choose another --iface", d.reg.ConfigKey(), d.ul.Iface)
+	}
+	// An IPv6-only network keeps its leases apart (under subnets6/).
+	d.reg = d.reg.For(d.netCfg)
 
-	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: vxlan.VtepMAC(d.nodeID, d.netCfg.Backend.VNI),
+	vni := d.netCfg.Backend.VNI
+	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: vxlan.VtepMAC(d.nodeID, vni),
+		PublicIPv6: d.ul.PublicIPv6, VtepMACv6: vxlan.VtepMACv6(d.nodeID, vni),
 		Previous: previousLease(d.cfg.SubnetFile, d.netCfg, d.log)}
 	host.Hostname, _ = os.Hostname()
 	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
@@ -61,77 +70,141 @@ func (d *daemon) join(ctx context.Context) error {
 		return err
 	}
 	d.st.set(func(p *probe) { p.mgr = d.mgr })
-	d.log = d.log.With("subnet", d.lease.Subnet)
+	if d.lease.Subnet.IsValid() {
+		d.log = d.log.With("subnet", d.lease.Subnet)
+	}
+	if d.lease.IPv6Subnet.IsValid() {
+		d.log = d.log.With("ipv6_subnet", d.lease.IPv6Subnet)
+	}
 	return nil
 }
 
-// startDataPlane sets up the VXLAN device, starts programming the peers of
-// the lease snapshot, installs the masquerade and writes subnet.env.
+// startDataPlane sets up the VXLAN devices (one per address family the
+// network carries), starts programming the peers of the lease snapshot,
+// installs the masquerade and writes subnet.env.
 func (d *daemon) startDataPlane(ctx context.Context) error {
-	d.st.setPhase("setting up the VXLAN device")
-	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
-	if err != nil {
-		return err
-	}
-	d.closers = append(d.closers, closeNL)
+	d.st.setPhase("setting up the VXLAN devices")
 	nc := d.netCfg
-	d.be, err = vxlan.New(vxlan.Config{
-		VNI: nc.Backend.VNI, Port: nc.Backend.Port, DirectRouting: nc.Backend.DirectRouting, MTU: nc.Backend.MTU,
-		Underlay: d.ul.Iface, LocalIP: d.ul.PublicIP, OwnSubnet: d.lease.Subnet, NodeID: d.nodeID,
-		ResyncInterval: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: d.m.programmed,
-	}, nl)
-	if err != nil {
-		return err
+	var err error
+	// Event latency is measured on the first plane: a peer's subnets
+	// arrive in one event, named by its primary subnet.
+	if nc.EnableIPv4 {
+		if d.be, d.dev, err = d.dataPlane(ctx, d.ul.PublicIP, d.lease.Subnet, d.m.programmed); err != nil {
+			return err
+		}
 	}
-	d.st.set(func(p *probe) { p.be = d.be })
-	if d.dev, err = d.be.EnsureDevice(ctx); err != nil {
-		return fmt.Errorf("set up the VXLAN device: %w", err)
+	if nc.EnableIPv6 {
+		onProgrammed := d.m.programmed
+		if nc.EnableIPv4 {
+			onProgrammed = nil
+		}
+		if d.be6, d.dev6, err = d.dataPlane(ctx, d.ul.PublicIPv6, d.lease.IPv6Subnet, onProgrammed); err != nil {
+			return err
+		}
 	}
 
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, d.lease.Subnet, d.reg.SubnetsPrefix())
+	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
 	now := time.Now()
 	for _, l := range d.snap.Leases {
-		d.m.eventArrived(l.Subnet, now)
+		d.m.eventArrived(l.Subnets().Primary(), now)
 	}
 	d.m.rejected(d.peers.reset(d.snap), d.log)
 	d.publishPeers()
 	c := d.peers.counts()
-	d.log.Info("initial lease set", "peers", len(d.peers.valid), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", d.snap.Revision)
-	d.wg.Go(func() { _ = d.be.Run(ctx) })
+	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", d.snap.Revision)
+	for _, be := range []*vxlan.Backend{d.be, d.be6} {
+		if be != nil {
+			d.wg.Go(func() { _ = be.Run(ctx) })
+		}
+	}
 
 	if d.cfg.IPMasq {
-		mq, err := d.cfg.Kernel.Masquerade(nc.Network, d.dev.Name, d.log)
+		mq, err := d.cfg.Kernel.Masquerade(d.masqNetworks(), d.log)
 		if err != nil {
 			return err
 		}
 		d.closers = append(d.closers, func() { _ = mq.Close() })
 		d.wg.Go(func() { _ = mq.Run(ctx) })
 	}
-	d.env = newEnvKeeper(d.cfg.SubnetFile, subnet.NewEnv(nc.Network, d.lease.Subnet, d.dev.MTU, d.cfg.IPMasq))
+	env := subnet.Env{MTU: d.podMTU(), IPMasq: d.cfg.IPMasq}
+	if nc.EnableIPv4 {
+		env = subnet.NewEnv(nc.Network, d.lease.Subnet, env.MTU, env.IPMasq)
+	}
+	if nc.EnableIPv6 {
+		env = env.WithIPv6(nc.IPv6.Network, d.lease.IPv6Subnet)
+	}
+	d.env = newEnvKeeper(d.cfg.SubnetFile, env)
 	if _, err := d.env.ensure(); err != nil {
 		return err
 	}
-	d.log.Info("lease held and device ready", "device", d.dev.Name, "vtep_mac", d.dev.VtepMAC.String(), "mtu", d.dev.MTU, "subnet_file", d.cfg.SubnetFile)
+	for _, dev := range []vxlan.DeviceInfo{d.dev, d.dev6} {
+		if dev.Name != "" {
+			d.log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.VtepMAC.String(), "mtu", dev.MTU, "subnet_file", d.cfg.SubnetFile)
+		}
+	}
 	return nil
 }
 
-// previousLease returns the subnet of an old subnet.env if it fits the
-// network; the manager reuses it only if no one holds it.
-func previousLease(path string, cfg *subnet.Config, log *slog.Logger) netip.Prefix {
+// dataPlane opens a netlink connection for one family's VXLAN backend,
+// creates the backend for the lease's subnet own of that family, and sets
+// up its device.
+func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Prefix, onProgrammed func(backend.Peer, time.Time)) (*vxlan.Backend, vxlan.DeviceInfo, error) {
+	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
+	if err != nil {
+		return nil, vxlan.DeviceInfo{}, err
+	}
+	d.closers = append(d.closers, closeNL)
+	nc := d.netCfg
+	be, err := vxlan.New(vxlan.Config{
+		VNI: nc.Backend.VNI, Port: nc.Backend.Port, DirectRouting: nc.Backend.DirectRouting, MTU: nc.Backend.MTU,
+		Underlay: d.ul.Iface, LocalIP: local, OwnSubnet: own, NodeID: d.nodeID,
+		ResyncInterval: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed,
+	}, nl)
+	if err != nil {
+		return nil, vxlan.DeviceInfo{}, err
+	}
+	d.st.set(func(p *probe) { p.planes = append(p.planes, be) })
+	dev, err := be.EnsureDevice(ctx)
+	if err != nil {
+		return nil, dev, fmt.Errorf("set up the VXLAN device: %w", err)
+	}
+	return be, dev, nil
+}
+
+// masqNetworks are the cluster networks to masquerade traffic out of, each
+// with its VXLAN device.
+func (d *daemon) masqNetworks() []MasqNetwork {
+	var out []MasqNetwork
+	if d.be != nil {
+		out = append(out, MasqNetwork{Network: d.netCfg.Network, Device: d.dev.Name})
+	}
+	if d.be6 != nil {
+		out = append(out, MasqNetwork{Network: d.netCfg.IPv6.Network, Device: d.dev6.Name})
+	}
+	return out
+}
+
+// previousLease returns the subnets of an old subnet.env that fit the
+// network; the manager reuses each only if no one holds it.
+func previousLease(path string, cfg *subnet.Config, log *slog.Logger) subnet.Subnets {
 	env, err := subnet.ReadEnv(path)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			log.Warn("ignoring the previous subnet file", "err", err)
 		}
-		return netip.Prefix{}
+		return subnet.Subnets{}
 	}
-	if !cfg.Contains(env.Lease()) {
-		return netip.Prefix{}
+	var prev subnet.Subnets
+	if cfg.EnableIPv4 && cfg.Contains(env.Lease()) {
+		prev.IPv4 = env.Lease()
 	}
-	return env.Lease()
+	if cfg.EnableIPv6 && cfg.IPv6.Contains(env.IPv6Lease()) {
+		prev.IPv6 = env.IPv6Lease()
+	}
+	return prev
 }
 
 // stepper runs the steps of start-up that wait for something, keeping

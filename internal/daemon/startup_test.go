@@ -17,6 +17,7 @@ import (
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -139,7 +140,7 @@ func TestDuplicateNodeNameExitsWithAdvice(t *testing.T) {
 	if !errors.Is(err, etcdv3.ErrDuplicateNode) || !strings.Contains(err.Error(), "give every host its own --node-name") {
 		t.Fatalf("second host with node name twin: Run = %v, want ErrDuplicateNode saying \"give every host its own --node-name\"", err)
 	}
-	l, gerr := c.reg.Get(context.Background(), own)
+	l, gerr := c.reg.Get(context.Background(), subnet.Subnets{IPv4: own})
 	if gerr != nil || l.Attrs.PublicIP != "198.18.0.1" {
 		t.Errorf("the first host's lease was touched: %+v, %v", l, gerr)
 	}

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -22,6 +24,13 @@ type Status struct {
 	Device  string `json:"device,omitempty"`
 	VtepMAC string `json:"vtepMAC,omitempty"`
 	MTU     int    `json:"mtu,omitempty"`
+
+	// The IPv6 data plane, in a network that carries IPv6.
+	PublicIPv6 string `json:"publicIPv6,omitempty"`
+	IPv6Subnet string `json:"ipv6Subnet,omitempty"`
+	DeviceV6   string `json:"deviceV6,omitempty"`
+	VtepMACv6  string `json:"vtepMACv6,omitempty"`
+	MTUv6      int    `json:"mtuV6,omitempty"`
 
 	PeersExpected   int `json:"peersExpected"`
 	PeersProgrammed int `json:"peersProgrammed"`
@@ -53,9 +62,10 @@ type probe struct {
 	iface    string
 	publicIP netip.Addr
 	// phase says what start-up is waiting for; "" once it is over.
-	phase  string
-	mgr    *etcdv3.Manager
-	be     backend.Backend
+	phase string
+	mgr   *etcdv3.Manager
+	// planes are the data planes, the IPv4 one first.
+	planes []backend.Backend
 	env    *envKeeper
 	config string // why the stored network config no longer fits, if it does not
 	counts counts
@@ -76,7 +86,7 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 // the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, be, env, phase, config := p.mgr, p.be, p.env, p.phase, p.config
+	mgr, planes, env, phase, config := p.mgr, p.planes, p.env, p.phase, p.config
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned}
 	if p.publicIP.IsValid() {
@@ -89,16 +99,30 @@ func (p *probe) status(now time.Time) Status {
 		if l.Subnet.IsValid() {
 			s.Subnet, s.Reserved = l.Subnet.String(), l.Reserved
 		}
+		if l.IPv6Subnet.IsValid() {
+			s.IPv6Subnet, s.PublicIPv6 = l.IPv6Subnet.String(), l.Attrs.PublicIPv6
+		}
 		if exp := mgr.Expires(); !l.Reserved && !exp.IsZero() {
 			s.LeaseExpires = &exp
 		}
 	}
-	if be != nil {
+	var sts []backend.Status
+	for _, be := range planes {
 		st := be.Status()
-		s.Device, s.MTU, s.PeersProgrammed = st.Device, st.MTU, st.PeersProgrammed
+		sts = append(sts, st)
+		mac := ""
 		if st.VtepMAC != nil {
-			s.VtepMAC = st.VtepMAC.String()
+			mac = st.VtepMAC.String()
 		}
+		if f, ok := be.(interface{ Family() vxlan.Family }); ok && f.Family() == vxlan.IPv6 {
+			s.DeviceV6, s.MTUv6, s.VtepMACv6 = st.Device, st.MTU, mac
+		} else {
+			s.Device, s.MTU, s.VtepMAC = st.Device, st.MTU, mac
+		}
+	}
+	if len(sts) > 0 {
+		st := combined(sts)
+		s.PeersProgrammed = st.PeersProgrammed
 		if !st.LastPass.IsZero() {
 			last := st.LastPass
 			s.LastReconcile = &last
@@ -107,14 +131,14 @@ func (p *probe) status(now time.Time) Status {
 			s.LastError = st.LastError.Error()
 		}
 	}
-	if phase != "" || mgr == nil || be == nil || env == nil {
+	if phase != "" || mgr == nil || len(planes) == 0 || env == nil {
 		if phase == "" {
 			phase = "starting"
 		}
 		s.Conditions = []Condition{{Name: "startup", Reason: phase}}
 		return s
 	}
-	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now), deviceCondition(be), reconcileCondition(be),
+	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now), deviceCondition(sts), reconcileCondition(sts),
 		{Name: "subnet.env", Reason: env.problem()}, {Name: "config", Reason: config}}
 	s.Ready = true
 	for i := range s.Conditions {
@@ -150,21 +174,68 @@ func leaseCondition(mgr *etcdv3.Manager, now time.Time) Condition {
 	return c
 }
 
-func deviceCondition(be backend.Backend) Condition {
+func deviceCondition(sts []backend.Status) Condition {
 	c := Condition{Name: "device"}
-	if st := be.Status(); !st.DevicePresent {
-		c.Reason = st.Device + " is missing or does not match"
+	var missing []string
+	for _, st := range sts {
+		if !st.DevicePresent {
+			missing = append(missing, st.Device)
+		}
+	}
+	if len(missing) > 0 {
+		c.Reason = strings.Join(missing, " and ") + " missing or not matching"
 	}
 	return c
 }
 
-func reconcileCondition(be backend.Backend) Condition {
+func reconcileCondition(sts []backend.Status) Condition {
 	c := Condition{Name: "reconcile"}
-	switch st := be.Status(); {
-	case st.LastPass.IsZero():
-		c.Reason = "no reconcile pass yet"
-	case st.LastError != nil:
-		c.Reason = "last pass failed: " + st.LastError.Error()
+	for _, st := range sts {
+		switch {
+		case st.LastPass.IsZero():
+			c.Reason = "no reconcile pass yet on " + st.Device
+		case st.LastError != nil:
+			c.Reason = "last pass on " + st.Device + " failed: " + st.LastError.Error()
+		}
+		if c.Reason != "" {
+			return c
+		}
+	}
+	return c
+}
+
+// combined sums up the data planes' statuses as one: counts added, the
+// device present and in sync only if every one is, the latest pass and
+// the first error.
+func combined(sts []backend.Status) backend.Status {
+	var c backend.Status
+	for i, st := range sts {
+		if i == 0 {
+			c = st
+			continue
+		}
+		c.Device += "+" + st.Device
+		c.DevicePresent = c.DevicePresent && st.DevicePresent
+		c.InSync, c.Pending = c.InSync && st.InSync, c.Pending || st.Pending
+		c.Peers += st.Peers
+		c.PeersProgrammed += st.PeersProgrammed
+		c.InvalidPeers += st.InvalidPeers
+		c.Conflicts += st.Conflicts
+		c.Passes += st.Passes
+		c.Errors += st.Errors
+		c.Writes += st.Writes
+		c.DriftRepairs += st.DriftRepairs
+		c.DeviceRecreations += st.DeviceRecreations
+		c.PassTime = max(c.PassTime, st.PassTime)
+		if st.LastPass.After(c.LastPass) {
+			c.LastPass = st.LastPass
+		}
+		if st.LastSuccess.Before(c.LastSuccess) {
+			c.LastSuccess = st.LastSuccess // both succeeded since then
+		}
+		if c.LastError == nil {
+			c.LastError = st.LastError
+		}
 	}
 	return c
 }

@@ -23,6 +23,7 @@ import (
 type TeardownResult struct {
 	Device        string // the VXLAN device looked for
 	DeviceRemoved bool   // it existed and was removed (with its routes, neighbours, FDB entries)
+	DeviceV6      string // the IPv6 VXLAN device, if one existed and was removed likewise
 	MasqRemoved   bool   // overlayd's nftables table existed and was removed
 	LeaseRemoved  string // the subnet whose lease key was deleted, if any
 	LeaseKept     string // why no lease was deleted, if none was
@@ -70,7 +71,7 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, err
 	}
 	defer h.Close()
-	ul, err := DetectUnderlay(h, cfg.Iface, cfg.PublicIP)
+	ul, err := DetectUnderlay(h, cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
 	if err != nil {
 		return res, fmt.Errorf("%w (teardown needs the underlay to find direct routes)", err)
 	}
@@ -95,18 +96,21 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	res.Device = vxlan.DeviceName(vni)
 	_, err = h.LinkByName(res.Device)
 	res.DeviceRemoved = err == nil
-	nl, err := vxlan.OpenNetlink(cfg.NetNS)
-	if err != nil {
-		return res, err
-	}
-	defer nl.Close()
-	be, err := vxlan.New(vxlan.Config{VNI: vni, Underlay: ul.Iface, LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}, nl)
-	if err != nil {
-		return res, err
-	}
-	if err := be.Teardown(ctx); err != nil {
+	// The IPv4 data path is torn down in any case (its routes may outlive
+	// the device), the IPv6 one if its device exists.
+	v4 := vxlan.Config{VNI: vni, Underlay: ul.Iface, LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
+	if err := teardownDataPath(ctx, cfg, v4); err != nil {
 		res.DeviceRemoved = false
-		return res, fmt.Errorf("remove the data path: %w", err)
+		return res, err
+	}
+	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
+		v6 := v4
+		// Either address selects the family: the underlay's, else any IPv6 prefix.
+		v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
+		if err := teardownDataPath(ctx, cfg, v6); err != nil {
+			return res, err
+		}
+		res.DeviceV6 = vxlan.DeviceNameV6(vni)
 	}
 	if res.MasqRemoved, err = removeMasq(cfg); err != nil {
 		return res, err
@@ -120,10 +124,28 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	if etcdErr != nil {
 		return res, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr)
 	}
-	if err := releaseLease(ctx, reg, nodeID, ul, &res); err != nil {
+	if err := releaseLease(ctx, reg.For(netCfg), nodeID, ul, &res); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
 	}
 	return res, nil
+}
+
+// teardownDataPath removes one family's device, routes, neighbours and
+// FDB entries.
+func teardownDataPath(ctx context.Context, cfg Config, vc vxlan.Config) error {
+	nl, err := vxlan.OpenNetlink(cfg.NetNS)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	be, err := vxlan.New(vc, nl)
+	if err != nil {
+		return err
+	}
+	if err := be.Teardown(ctx); err != nil {
+		return fmt.Errorf("remove the data path: %w", err)
+	}
+	return nil
 }
 
 // releaseLease deletes the lease key that names this host, unless it is a
@@ -142,18 +164,18 @@ func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul U
 			continue
 		}
 		if l.Reserved {
-			kept = append(kept, fmt.Sprintf("%s is a reservation (remove it with `overlayd lease revoke %s`)", l.Subnet, l.Subnet))
+			kept = append(kept, fmt.Sprintf("%s is a reservation (remove it with `overlayd lease revoke %s`)", l.Subnets(), l.Subnets().Primary()))
 			continue
 		}
-		ok, err := reg.DeleteIfOwned(ctx, l.Subnet, l.ModRevision)
+		ok, err := reg.DeleteIfOwned(ctx, l.Subnets(), l.ModRevision)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			kept = append(kept, fmt.Sprintf("%s changed while tearing down (another host took it?)", l.Subnet))
+			kept = append(kept, fmt.Sprintf("%s changed while tearing down (another host took it?)", l.Subnets()))
 			continue
 		}
-		removed = append(removed, l.Subnet.String())
+		removed = append(removed, l.Subnets().String())
 		// The key is gone either way; an etcd lease left behind just expires.
 		_, _ = reg.Client().Revoke(ctx, clientv3.LeaseID(l.EtcdLease))
 	}

@@ -64,7 +64,7 @@ func (k *fakeKernel) log() []string {
 	return append([]string(nil), k.events...)
 }
 
-func (k *fakeKernel) Underlay(iface string, publicIP netip.Addr) (Underlay, error) {
+func (k *fakeKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
 	l, err := k.nl.LinkByName("eth0")
 	if err != nil {
 		return Underlay{}, err
@@ -81,12 +81,12 @@ func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 	}, nil
 }
 
-func (k *fakeKernel) Masquerade(network netip.Prefix, device string, _ *slog.Logger) (Masquerader, error) {
-	_, err := k.nl.LinkByName(device)
+func (k *fakeKernel) Masquerade(networks []MasqNetwork, _ *slog.Logger) (Masquerader, error) {
+	_, err := k.nl.LinkByName(networks[0].Device)
 	k.mu.Lock()
 	k.deviceAtMasq = err == nil
 	k.mu.Unlock()
-	k.note("masq installed for " + network.String())
+	k.note("masq installed for " + networks[0].Network.String())
 	return fakeMasq{k}, nil
 }
 

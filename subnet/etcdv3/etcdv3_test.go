@@ -130,7 +130,7 @@ func TestRestartAdoptsSameLeaseAndEtcdLease(t *testing.T) {
 	if again.Subnet != first.Subnet || again.EtcdLease != first.EtcdLease {
 		t.Fatalf("restart got %s (etcd lease %x), want %s (etcd lease %x)", again.Subnet, again.EtcdLease, first.Subnet, first.EtcdLease)
 	}
-	stored, err := f.reg.Get(ctx(t), first.Subnet)
+	stored, err := f.reg.Get(ctx(t), first.Subnets())
 	if err != nil || stored.Attrs.PublicIP != "198.18.0.99" {
 		t.Fatalf("stored lease = %+v, %v; want PublicIP updated to 198.18.0.99", stored, err)
 	}
@@ -147,7 +147,7 @@ func TestFlannelLeaseIsAdoptedByPublicIP(t *testing.T) {
 	}
 	p := netip.MustParsePrefix("10.244.42.0/24")
 	flannel := `{"PublicIP":"198.18.0.2","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:02"}}`
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(p), flannel, clientv3.WithLease(grant.ID)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(subnet.Subnets{IPv4: p}), flannel, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
 	l, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
@@ -160,14 +160,14 @@ func TestReservationIsAdoptedWithoutTTL(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	p := netip.MustParsePrefix("10.244.200.0/24")
 	h := host(5)
-	if _, err := f.reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: h.PublicIP.String()}, 0); err != nil {
+	if _, err := f.reg.Create(ctx(t), subnet.Subnets{IPv4: p}, subnet.LeaseAttrs{PublicIP: h.PublicIP.String()}, 0); err != nil {
 		t.Fatal(err)
 	}
 	l, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnet != p || !l.Reserved {
 		t.Fatalf("Acquire = %+v, %v; want reserved %s", l, err, p)
 	}
-	resp, err := f.cli.Get(ctx(t), f.reg.LeaseKey(p))
+	resp, err := f.cli.Get(ctx(t), f.reg.LeaseKey(subnet.Subnets{IPv4: p}))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(err)
 	}
@@ -186,13 +186,13 @@ func TestPreviousSubnetReusedOnlyWhenFree(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	prev := netip.MustParsePrefix("10.244.77.0/24")
 	h := host(1)
-	h.Previous = prev
+	h.Previous = subnet.Subnets{IPv4: prev}
 	l, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnet != prev {
 		t.Fatalf("free previous subnet: got %v, %v; want %s", l.Subnet, err, prev)
 	}
 	other := host(2)
-	other.Previous = prev // e.g. a copied disk image: the subnet is held by host 1
+	other.Previous = subnet.Subnets{IPv4: prev} // e.g. a copied disk image: the subnet is held by host 1
 	l2, _, err := f.manager(other, ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l2.Subnet == prev {
 		t.Fatalf("taken previous subnet: got %v, %v; want another subnet", l2.Subnet, err)
@@ -221,7 +221,7 @@ func TestKeepAliveRenewsOneEtcdLease(t *testing.T) {
 		last = m.Expires()
 		renewals++
 	}
-	stored, err := f.reg.Get(ctx(t), l.Subnet)
+	stored, err := f.reg.Get(ctx(t), l.Subnets())
 	if err != nil || stored.EtcdLease != l.EtcdLease {
 		t.Fatalf("lease key now on etcd lease %x (%v), want the original %x", stored.EtcdLease, err, l.EtcdLease)
 	}
@@ -252,12 +252,12 @@ func TestDeletedLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 
 	for round := range 3 {
 		before := m.Lease().ModRevision
-		if ok, err := f.reg.Delete(ctx(t), l.Subnet); err != nil || !ok {
+		if ok, err := f.reg.Delete(ctx(t), l.Subnets()); err != nil || !ok {
 			t.Fatalf("round %d: delete: %v %v", round, ok, err)
 		}
 		// Readiness's view (KeyProblem) clears once it is back.
 		testenv.WaitFor(t, 50*time.Millisecond+testenv.Slack, "the lease to be re-claimed", func() bool {
-			got, err := f.reg.Get(ctx(t), l.Subnet)
+			got, err := f.reg.Get(ctx(t), l.Subnets())
 			return err == nil && got.Attrs.NodeID == "node-1" && got.ModRevision > before && m.KeyProblem() == nil
 		})
 	}
@@ -279,7 +279,7 @@ func TestRevokedEtcdLeaseIsReclaimedWithSameSubnet(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 50*time.Millisecond+testenv.Slack, "the subnet to be re-claimed on a new etcd lease", func() bool {
-		got, err := f.reg.Get(ctx(t), l.Subnet)
+		got, err := f.reg.Get(ctx(t), l.Subnets())
 		return err == nil && got.Attrs.NodeID == "node-1" && got.EtcdLease != l.EtcdLease && got.EtcdLease != 0
 	})
 }
@@ -295,7 +295,7 @@ func TestLeaseTakenByAnotherHostStopsRun(t *testing.T) {
 	go func() { done <- m.Run(ctx(t)) }()
 	other := host(2)
 	val, _ := subnet.NewVXLANAttrs(other.PublicIP, 1, other.VtepMAC, other.NodeID, "").Marshal()
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), string(val)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -331,7 +331,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 	}
 	expect(t, ch, subnet.Changed, l.Subnet, "0e:01:02:03:04:05")
 
-	if _, err := f.reg.Delete(ctx(t), l.Subnet); err != nil {
+	if _, err := f.reg.Delete(ctx(t), l.Subnets()); err != nil {
 		t.Fatal(err)
 	}
 	expect(t, ch, subnet.Removed, l.Subnet, "")
@@ -466,7 +466,7 @@ func TestWatchResumesAcrossCompaction(t *testing.T) {
 	}
 	// While "disconnected" (no watcher), a is deleted, b gets a new MAC, c is
 	// added; then history is compacted past the snapshot's revision.
-	if _, err := f.reg.Delete(ctx(t), a.Subnet); err != nil {
+	if _, err := f.reg.Delete(ctx(t), a.Subnets()); err != nil {
 		t.Fatal(err)
 	}
 	hb := host(2)
@@ -570,7 +570,7 @@ func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
 	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("second host with the same node ID: %v, want ErrDuplicateNode with advice", err)
 	}
-	stored, err := f.reg.Get(ctx(t), l.Subnet)
+	stored, err := f.reg.Get(ctx(t), l.Subnets())
 	if err != nil || stored.Attrs.PublicIP != host(1).PublicIP.String() || stored.ModRevision != l.ModRevision {
 		t.Fatalf("the first host's lease was touched: %+v, %v", stored, err)
 	}
@@ -621,7 +621,7 @@ func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
 	val, _ := subnet.NewVXLANAttrs(clone.PublicIP, 1, clone.VtepMAC, clone.NodeID, "").Marshal()
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), string(val)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -643,11 +643,11 @@ func TestGarbageOverOwnLeaseIsRestored(t *testing.T) {
 	}
 	stop := startRun(t, m)
 	for _, garbage := range []string{"{not json", "", "null", `{"PublicIP":7}`, `{"PublicIP":"239.1.2.3","BackendType":"vxlan"}`, `{"PublicIP":"0.0.0.0"}`} {
-		if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnet), garbage); err != nil {
+		if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), garbage); err != nil {
 			t.Fatal(err)
 		}
 		testenv.WaitFor(t, 50*time.Millisecond+testenv.Slack, fmt.Sprintf("the lease to be restored after %q", garbage), func() bool {
-			got, err := f.reg.Get(ctx(t), l.Subnet)
+			got, err := f.reg.Get(ctx(t), l.Subnets())
 			return err == nil && got.Attrs.NodeID == "node-1" && got.EtcdLease == l.EtcdLease
 		})
 	}

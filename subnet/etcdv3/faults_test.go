@@ -127,7 +127,7 @@ func (c *collector) missing(p netip.Prefix) bool {
 func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) etcdv3.Snapshot {
 	t.Helper()
 	for i := 1; i <= 3; i++ {
-		if _, err := dreg.Create(tctx(t), peerSubnet(i), peerAttrs(i), 0); err != nil {
+		if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(i)}, peerAttrs(i), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -142,13 +142,13 @@ func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) etcdv3.Snapshot {
 // MAC, which it returns.
 func changeMeanwhile(t *testing.T, dreg *etcdv3.Registry) string {
 	t.Helper()
-	if _, err := dreg.Create(tctx(t), peerSubnet(5), peerAttrs(5), 0); err != nil {
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(5)}, peerAttrs(5), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dreg.Delete(tctx(t), peerSubnet(1)); err != nil {
+	if _, err := dreg.Delete(tctx(t), subnet.Subnets{IPv4: peerSubnet(1)}); err != nil {
 		t.Fatal(err)
 	}
-	old, err := dreg.Get(tctx(t), peerSubnet(2))
+	old, err := dreg.Get(tctx(t), subnet.Subnets{IPv4: peerSubnet(2)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 		c.known[peerSubnet(i)] = "" // from the snapshot
 	}
 
-	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(4)}, peerAttrs(4), 0); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
@@ -211,7 +211,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	}
 
 	// The watch is live again, on a new stream.
-	if _, err := dreg.Create(tctx(t), peerSubnet(6), peerAttrs(6), 0); err != nil {
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(6)}, peerAttrs(6), 0); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, testenv.Slack, "a live add after the stall", func() bool { return c.has(peerSubnet(6), "") })
@@ -248,13 +248,13 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 				testenv.WaitFor(t, testenv.Slack, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
 				proxy.StallWatches()
 			}
-			if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+			if _, err := dreg.Delete(tctx(t), l.Subnets()); err != nil {
 				t.Fatal(err)
 			}
 			// Each stall is noticed within progress+stallTimeout and
 			// followed by a re-claim, which reads the key.
 			took := testenv.WaitFor(t, progress+stallTimeout+testenv.Slack, "the same subnet to be re-claimed", func() bool {
-				cur, err := dreg.Get(tctx(t), l.Subnet)
+				cur, err := dreg.Get(tctx(t), l.Subnets())
 				return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 			})
 			t.Logf("deletion during a stalled watch noticed and %s re-claimed after %s", l.Subnet, took.Round(time.Millisecond))
@@ -283,7 +283,7 @@ func TestWatchStallAtCreationIsDetected(t *testing.T) {
 	defer cancel()
 	const retry, relistSpread = 100 * time.Millisecond, 100 * time.Millisecond
 	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: retry, RelistSpread: relistSpread}))
-	if _, err := dreg.Create(tctx(t), peerSubnet(1), peerAttrs(1), 0); err != nil {
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(1)}, peerAttrs(1), 0); err != nil {
 		t.Fatal(err)
 	}
 	// The first stall resumes the watch (it stalls again); the second in a
@@ -328,7 +328,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	// Pin the manager's subnet below the peers' 10.244.100-149.0/24 it
 	// would otherwise collide with now and then (it picks at random).
 	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
-		Previous: peerSubnet(50)}
+		Previous: subnet.Subnets{IPv4: peerSubnet(50)}}
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond})
 	l, _, err := m.Acquire(tctx(t))
 	if err != nil {
@@ -341,7 +341,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 
 	proxy.Set(lab.ProxyDown)
 	for i := range 50 {
-		if _, err := dreg.Create(tctx(t), peerSubnet(100+i), peerAttrs(i), 0); err != nil {
+		if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(100 + i)}, peerAttrs(i), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -358,16 +358,16 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	if n := interrupted.Load(); n > 5 {
 		t.Fatalf("lease keeping was interrupted %d times within 3 s of reconnecting: a re-claim loop", n)
 	}
-	cur, err := dreg.Get(tctx(t), l.Subnet)
+	cur, err := dreg.Get(tctx(t), l.Subnets())
 	if err != nil || !cur.Attrs.OwnedBy(h.NodeID, h.PublicIP) || cur.EtcdLease != l.EtcdLease {
 		t.Fatalf("lease after the outage: %+v, %v; want %s with etcd lease %x", cur, err, l.Subnet, l.EtcdLease)
 	}
 	// And deletion is still noticed.
-	if _, err := dreg.Delete(tctx(t), l.Subnet); err != nil {
+	if _, err := dreg.Delete(tctx(t), l.Subnets()); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 100*time.Millisecond+testenv.Slack, "the same subnet to be re-claimed", func() bool {
-		cur, err := dreg.Get(tctx(t), l.Subnet)
+		cur, err := dreg.Get(tctx(t), l.Subnets())
 		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 	})
 	t.Logf("lease keeping interrupted %d time(s) by the outage and compaction", interrupted.Load())
@@ -395,7 +395,7 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		c.known[peerSubnet(i)] = "" // from the snapshot
 	}
-	if _, err := dreg.Create(tctx(t), peerSubnet(4), peerAttrs(4), 0); err != nil {
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(4)}, peerAttrs(4), 0); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })

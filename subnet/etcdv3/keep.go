@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -48,7 +47,7 @@ func (m *Manager) keepLease(ctx context.Context) error {
 			return nil
 		}
 		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrDuplicateNode) {
-			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnets", m.Lease().Subnets(), "err", err)
 			return err
 		}
 		if kg := (keyGoneError{}); errors.As(err, &kg) {
@@ -59,23 +58,23 @@ func (m *Manager) keepLease(ctx context.Context) error {
 		if time.Since(held) < m.opts.RetryInterval && !sleepCtx(ctx, m.opts.RetryInterval) {
 			return nil
 		}
-		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnet", m.Lease().Subnet, "err", err)
+		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnets", m.Lease().Subnets(), "err", err)
 		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 		err = m.reclaim(rctx)
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
-				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnet", m.Lease().Subnet, "err", err)
+				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnets", m.Lease().Subnets(), "err", err)
 				return err
 			}
-			warn.warn(m.log, "re-claim failed, will retry", "subnet", m.Lease().Subnet, "err", err)
+			warn.warn(m.log, "re-claim failed, will retry", "subnets", m.Lease().Subnets(), "err", err)
 			if !sleepCtx(ctx, m.opts.RetryInterval) {
 				return nil
 			}
 			continue
 		}
 		m.setKeyProblem(nil)
-		warn.recovered(m.log, "lease keeping resumed", "subnet", m.Lease().Subnet)
+		warn.recovered(m.log, "lease keeping resumed", "subnets", m.Lease().Subnets())
 	}
 	return nil
 }
@@ -94,7 +93,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			return fmt.Errorf("keep etcd lease %x alive: %w", l.EtcdLease, err)
 		}
 	}
-	key := m.reg.LeaseKey(l.Subnet)
+	key := m.reg.LeaseKey(l.Subnets())
 	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
 	wch, err := openWatch(wctx, m.reg.cli, m.opts.ProgressInterval+m.opts.StallTimeout, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
 	if err != nil {
@@ -169,7 +168,7 @@ func (m *Manager) clearEtcdLease() {
 // and reports ErrLeaseLost if another host now holds the subnet.
 func (m *Manager) reclaim(ctx context.Context) error {
 	want := m.Lease()
-	cur, rev, err := m.current(ctx, want.Subnet)
+	cur, rev, err := m.current(ctx, want.Subnets())
 	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, subnet.ErrInvalidLease) {
 		// Whatever happens to the key after rev, the watch will see.
 		defer m.setSeen(rev)
@@ -182,29 +181,32 @@ func (m *Manager) reclaim(ctx context.Context) error {
 				return err
 			}
 		}
-		rev, err := m.reg.Create(ctx, want.Subnet, m.attrs(), int64(id))
+		rev, err := m.reg.Create(ctx, want.Subnets(), m.attrs(), int64(id))
+		if errors.Is(err, ErrHeldElsewhere) {
+			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		}
 		if errors.Is(err, ErrTaken) {
 			return m.reclaim(ctx) // someone wrote it just now: look at what they wrote
 		}
 		if err != nil {
 			return err
 		}
-		m.setLease(subnet.Lease{Subnet: want.Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
-		m.log.Info("lease re-claimed", "subnet", want.Subnet)
+		m.setLease(subnet.Lease{Subnet: want.Subnet, IPv6Subnet: want.IPv6Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
+		m.log.Info("lease re-claimed", "subnets", want.Subnets())
 		return nil
 	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0,
 		err == nil && !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !cur.Attrs.NamesAHost():
 		// Our key holds a value naming no host: nobody's claim. Overwrite
 		// it, keeping the kind of claim we had (the writer may have dropped
 		// the etcd lease).
-		m.log.Warn("own lease key held a value naming no host; restoring it", "subnet", want.Subnet, "err", err)
+		m.log.Warn("own lease key held a value naming no host; restoring it", "subnets", want.Subnets(), "err", err)
 		cur.Attrs, cur.Reserved, cur.EtcdLease = subnet.LeaseAttrs{}, want.Reserved, want.EtcdLease
 	case err != nil:
 		return err
 	case !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
-		return fmt.Errorf("%w: %s is now held by node %q (public IP %s)", ErrLeaseLost, want.Subnet, cur.Attrs.NodeID, cur.Attrs.PublicIP)
+		return fmt.Errorf("%w: %s is now held by node %q (public IP %s)", ErrLeaseLost, want.Subnets(), cur.Attrs.NodeID, cur.Attrs.PublicIP)
 	}
-	l, err := m.adopt(ctx, cur)
+	l, err := m.adopt(ctx, cur, &takenSubnets{})
 	if err != nil {
 		return err
 	}
@@ -214,8 +216,8 @@ func (m *Manager) reclaim(ctx context.Context) error {
 
 // current reads the lease key like Registry.Get, and also returns the
 // revision it was read at.
-func (m *Manager) current(ctx context.Context, p netip.Prefix) (subnet.Lease, int64, error) {
-	key := m.reg.LeaseKey(p)
+func (m *Manager) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, int64, error) {
+	key := m.reg.LeaseKey(s)
 	resp, err := m.reg.cli.Get(ctx, key)
 	if err != nil {
 		return subnet.Lease{}, 0, fmt.Errorf("read %s: %w", key, err)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,8 +46,13 @@ type Host struct {
 	Hostname string
 	PublicIP netip.Addr
 	VtepMAC  net.HardwareAddr
-	// Previous is the subnet from an old subnet.env, reused if still free.
-	Previous netip.Prefix
+	// PublicIPv6 and VtepMACv6 are the IPv6 device's, used in a network
+	// that carries IPv6.
+	PublicIPv6 netip.Addr
+	VtepMACv6  net.HardwareAddr
+	// Previous names the subnets from an old subnet.env, each reused if
+	// still free.
+	Previous subnet.Subnets
 }
 
 // ManagerOptions tune a Manager; zero values mean the defaults.
@@ -162,7 +168,14 @@ func (m *Manager) setKeyProblem(err error) {
 }
 
 func (m *Manager) attrs() subnet.LeaseAttrs {
-	return subnet.NewVXLANAttrs(m.host.PublicIP, m.cfg.Backend.VNI, m.host.VtepMAC, m.host.NodeID, m.host.Hostname)
+	a := subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: m.host.NodeID, Hostname: m.host.Hostname}
+	if m.cfg.EnableIPv4 {
+		a = subnet.NewVXLANAttrs(m.host.PublicIP, m.cfg.Backend.VNI, m.host.VtepMAC, m.host.NodeID, m.host.Hostname)
+	}
+	if m.cfg.EnableIPv6 {
+		a = a.WithIPv6(m.host.PublicIPv6, m.cfg.Backend.VNI, m.host.VtepMACv6)
+	}
+	return a
 }
 
 // Acquire obtains a lease, in order of preference: one that already names this
@@ -191,40 +204,37 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
 		}
 		m.setLease(l)
 		m.setSeen(max(snap.Revision, l.ModRevision))
-		m.log.Info("lease acquired", "subnet", l.Subnet, "reserved", l.Reserved, "public_ip", m.host.PublicIP)
+		m.log.Info("lease acquired", "subnets", l.Subnets(), "reserved", l.Reserved, "public_ip", m.host.PublicIP)
 		return l, snap, nil
 	}
 	return subnet.Lease{}, Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
 }
 
 func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
-	taken := make(map[netip.Prefix]bool, len(snap.Leases)+len(snap.Invalid))
+	var taken takenSubnets
 	var own *subnet.Lease
 	for i, l := range snap.Leases {
-		taken[l.Subnet] = true
+		taken.add(l.Subnets())
 		switch {
 		case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
-		case !m.cfg.Contains(l.Subnet):
+		case !m.fits(l):
 			return subnet.Lease{}, m.stranded(l)
 		case own == nil:
 			own = &snap.Leases[i]
 		}
 	}
-	if own != nil {
-		return m.adopt(ctx, *own)
-	}
 	for _, inv := range snap.Invalid {
-		// A key whose value is garbage still occupies its subnet.
-		if p, err := subnet.ParseKey(inv.Key[len(m.reg.SubnetsPrefix()):]); err == nil {
-			taken[p] = true
+		// A key whose value is garbage still occupies its subnets.
+		if s, err := m.reg.ParseKey(inv.Key); err == nil {
+			taken.add(s)
 		}
 	}
-	want := m.host.Previous
-	if !m.cfg.InRange(want) || taken[want] {
-		var err error
-		if want, err = m.cfg.PickFree(taken, m.opts.Rand); err != nil {
-			return subnet.Lease{}, err
-		}
+	if own != nil {
+		return m.adopt(ctx, *own, &taken)
+	}
+	want, err := m.pick(subnet.Subnets{}, &taken)
+	if err != nil {
+		return subnet.Lease{}, err
 	}
 	id, err := m.ensureEtcdLease(ctx)
 	if err != nil {
@@ -235,7 +245,59 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 	if err != nil {
 		return subnet.Lease{}, err
 	}
-	return subnet.Lease{Subnet: want, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
+	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
+}
+
+// takenSubnets are the subnets of each family some key names.
+type takenSubnets struct{ v4, v6 map[netip.Prefix]bool }
+
+func (t *takenSubnets) add(s subnet.Subnets) {
+	if t.v4 == nil {
+		t.v4, t.v6 = map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
+	}
+	if s.IPv4.IsValid() {
+		t.v4[s.IPv4] = true
+	}
+	if s.IPv6.IsValid() {
+		t.v6[s.IPv6] = true
+	}
+}
+
+// pick completes have (the subnets a lease already holds, zero if none)
+// with a subnet of each family the network carries: the previous
+// subnet.env's if free, else a random free one. A subnet of a family the
+// network does not carry is dropped.
+func (m *Manager) pick(have subnet.Subnets, taken *takenSubnets) (subnet.Subnets, error) {
+	choose := func(have, previous netip.Prefix, pool *subnet.Pool, taken map[netip.Prefix]bool) (netip.Prefix, error) {
+		switch {
+		case have.IsValid():
+			return have, nil
+		case pool.InRange(previous) && !taken[previous]:
+			return previous, nil
+		}
+		return pool.PickFree(taken, m.opts.Rand)
+	}
+	var want subnet.Subnets
+	var err error
+	if m.cfg.EnableIPv4 {
+		if want.IPv4, err = choose(have.IPv4, m.host.Previous.IPv4, &m.cfg.Pool, taken.v4); err != nil {
+			return want, err
+		}
+	}
+	if m.cfg.EnableIPv6 {
+		if want.IPv6, err = choose(have.IPv6, m.host.Previous.IPv6, &m.cfg.IPv6, taken.v6); err != nil {
+			return want, err
+		}
+	}
+	return want, nil
+}
+
+// fits reports whether the subnets of this host's lease l are in the
+// network's pools; a missing or extra IPv6 subnet still fits (adopt adds
+// or drops it).
+func (m *Manager) fits(l subnet.Lease) bool {
+	return (!m.cfg.EnableIPv4 || m.cfg.Contains(l.Subnet)) &&
+		(!m.cfg.EnableIPv6 || !l.IPv6Subnet.IsValid() || m.cfg.IPv6.Contains(l.IPv6Subnet))
 }
 
 // stranded explains a lease of this host that the network config no longer
@@ -243,16 +305,31 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 func (m *Manager) stranded(l subnet.Lease) error {
 	fix := "restore the previous network config (`overlayd config put -f old.json`), or release it with `overlayd teardown` on this host and start again"
 	if l.Reserved {
-		fix = "restore the previous network config, or replace the reservation: `overlayd lease revoke " + l.Subnet.String() + "` and `overlayd lease reserve` a subnet of the new network"
+		fix = "restore the previous network config, or replace the reservation: `overlayd lease revoke " + l.Subnets().Primary().String() + "` and `overlayd lease reserve` a subnet of the new network"
 	}
-	return fmt.Errorf("%w: %s (key %s) names node %q but is not a /%d inside Network %s: %s",
-		ErrStranded, l.Subnet, m.reg.LeaseKey(l.Subnet), m.host.NodeID, m.cfg.SubnetLen, m.cfg.Network, fix)
+	return fmt.Errorf("%w: %s (key %s) names node %q but is not inside the network's pools (%s): %s",
+		ErrStranded, l.Subnets(), m.reg.LeaseKey(l.Subnets()), m.host.NodeID, m.pools(), fix)
+}
+
+// pools names the network's subnet pools, e.g. "/24 of 10.244.0.0/16".
+func (m *Manager) pools() string {
+	var pools []string
+	if m.cfg.EnableIPv4 {
+		pools = append(pools, fmt.Sprintf("/%d of %s", m.cfg.SubnetLen, m.cfg.Network))
+	}
+	if m.cfg.EnableIPv6 {
+		pools = append(pools, fmt.Sprintf("/%d of %s", m.cfg.IPv6.SubnetLen, m.cfg.IPv6.Network))
+	}
+	return strings.Join(pools, ", ")
 }
 
 // adopt takes over a lease that already names this host. A reservation stays
 // TTL-free; a leased key keeps its etcd lease if it is still alive, so a
-// restart never multiplies etcd leases.
-func (m *Manager) adopt(ctx context.Context, l subnet.Lease) (subnet.Lease, error) {
+// restart never multiplies etcd leases. If the network started or stopped
+// carrying IPv6 since the lease was written, the key is replaced by one
+// that adds or drops the IPv6 subnet (the IPv4 subnet, which pods hold
+// addresses of, is kept).
+func (m *Manager) adopt(ctx context.Context, l subnet.Lease, taken *takenSubnets) (subnet.Lease, error) {
 	id := clientv3.LeaseID(0)
 	if !l.Reserved {
 		ttl, err := m.reg.TTL(ctx, l.EtcdLease)
@@ -266,15 +343,25 @@ func (m *Manager) adopt(ctx context.Context, l subnet.Lease) (subnet.Lease, erro
 			return subnet.Lease{}, err
 		}
 	}
-	attrs := m.attrs()
-	if subnet.SameAttrs(attrs, l.Attrs) && int64(id) == l.EtcdLease {
-		return l, nil
-	}
-	rev, err := m.reg.Update(ctx, l, attrs, int64(id))
+	want, err := m.pick(l.Subnets(), taken)
 	if err != nil {
 		return subnet.Lease{}, err
 	}
-	return subnet.Lease{Subnet: l.Subnet, Attrs: attrs, Reserved: l.Reserved, EtcdLease: int64(id), ModRevision: rev}, nil
+	attrs := m.attrs()
+	var rev int64
+	switch {
+	case want != l.Subnets():
+		m.log.Info("replacing this host's lease key for the network's address families", "old", l.Subnets(), "new", want)
+		rev, err = m.reg.Rekey(ctx, l, want, attrs, int64(id))
+	case subnet.SameAttrs(attrs, l.Attrs) && int64(id) == l.EtcdLease:
+		return l, nil
+	default:
+		rev, err = m.reg.Update(ctx, l, attrs, int64(id))
+	}
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, Reserved: l.Reserved, EtcdLease: int64(id), ModRevision: rev}, nil
 }
 
 // ensureEtcdLease grants this host's etcd lease once and reuses it.
@@ -327,11 +414,11 @@ func (m *Manager) setLease(l subnet.Lease) {
 // key is kept, since an operator made it.
 func (m *Manager) Release(ctx context.Context) error {
 	l := m.Lease()
-	if !l.Subnet.IsValid() {
+	if !l.Subnets().Primary().IsValid() {
 		return nil
 	}
 	if !l.Reserved {
-		if _, err := m.reg.DeleteIfOwned(ctx, l.Subnet, l.ModRevision); err != nil {
+		if _, err := m.reg.DeleteIfOwned(ctx, l.Subnets(), l.ModRevision); err != nil {
 			return err
 		}
 		if _, err := m.reg.cli.Revoke(ctx, clientv3.LeaseID(l.EtcdLease)); err != nil {

@@ -40,7 +40,7 @@ func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 		t.Fatalf("another host: %v", err)
 	}
 	// A stranded reservation: the fix is to move the reservation.
-	if _, err := f.reg.Create(ctx(t), netip.MustParsePrefix("10.244.9.0/24"), subnet.LeaseAttrs{PublicIP: host(3).PublicIP.String(), BackendType: "vxlan"}, 0); err != nil {
+	if _, err := f.reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.9.0/24")}, subnet.LeaseAttrs{PublicIP: host(3).PublicIP.String(), BackendType: "vxlan"}, 0); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = NewManager(f.reg, moved, host(3), ManagerOptions{}).Acquire(ctx(t))

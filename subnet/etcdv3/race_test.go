@@ -102,7 +102,7 @@ func TestRaceReservationsDuringAcquisition(t *testing.T) {
 			}
 			// Every fourth host gets a reservation made just as it starts.
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(200 + i/4), 0}), 24)
-			if _, err := reg.Create(ctx(t), p, subnet.LeaseAttrs{PublicIP: host(i).PublicIP.String(), NodeID: host(i).NodeID}, 0); err == nil {
+			if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: p}, subnet.LeaseAttrs{PublicIP: host(i).PublicIP.String(), NodeID: host(i).NodeID}, 0); err == nil {
 				mu.Lock()
 				reserved[p] = host(i).NodeID
 				mu.Unlock()
@@ -110,7 +110,7 @@ func TestRaceReservationsDuringAcquisition(t *testing.T) {
 		})
 		assertNoDuplicates(t, reg, got, seed)
 		for p, node := range reserved {
-			l, err := reg.Get(ctx(t), p)
+			l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: p})
 			if err != nil {
 				t.Fatalf("seed %d: reservation %s vanished: %v", seed, p, err)
 			}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"time"
@@ -31,6 +32,10 @@ var (
 	ErrNoConfig = errors.New("no network config")
 	// ErrTaken means a create-if-absent lost: the key already exists.
 	ErrTaken = errors.New("subnet already leased")
+	// ErrHeldElsewhere means a create lost to another key that names one
+	// of its subnets (a dual-stack key and an IPv4-only key, or two
+	// dual-stack keys sharing a half). errors.Is(err, ErrTaken) holds too.
+	ErrHeldElsewhere = fmt.Errorf("%w under another key", ErrTaken)
 	// ErrConflict means the key changed since it was read.
 	ErrConflict = errors.New("lease changed concurrently")
 	// ErrNotFound means the lease key does not exist.
@@ -41,11 +46,36 @@ var (
 type Registry struct {
 	cli    *clientv3.Client
 	prefix string
+	// ipv6Only: the network carries IPv6 only, and its leases live under
+	// <prefix>/subnets6/ in the IPv6-only key form (see For).
+	ipv6Only bool
 }
 
 // NewRegistry returns a registry for prefix (trailing slashes ignored).
 func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
 	return &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/")}
+}
+
+// For returns the registry for the leases of network cfg. An IPv6-only
+// network keeps them under <prefix>/subnets6/, keyed by the IPv6 subnet
+// alone (flannel's keys begin with an IPv4 subnet and cannot express it);
+// the others under <prefix>/subnets/, where NewRegistry looks.
+func (r *Registry) For(cfg *subnet.Config) *Registry {
+	c := *r
+	c.ipv6Only = !cfg.EnableIPv4
+	return &c
+}
+
+// ParseKey decodes a lease key (the full key, under SubnetsPrefix).
+func (r *Registry) ParseKey(key string) (subnet.Subnets, error) {
+	suffix, ok := strings.CutPrefix(key, r.SubnetsPrefix())
+	switch {
+	case !ok:
+		return subnet.Subnets{}, fmt.Errorf("%w: key %q is not under %s", subnet.ErrInvalidLease, key, r.SubnetsPrefix())
+	case r.ipv6Only:
+		return subnet.ParseIPv6OnlyKey(suffix)
+	}
+	return subnet.ParseLeaseKey(suffix)
 }
 
 // Client returns the etcd client the registry uses.
@@ -55,10 +85,16 @@ func (r *Registry) Client() *clientv3.Client { return r.cli }
 func (r *Registry) ConfigKey() string { return r.prefix + "/config" }
 
 // SubnetsPrefix is the key prefix of all leases, with a trailing slash.
-func (r *Registry) SubnetsPrefix() string { return r.prefix + "/subnets/" }
+func (r *Registry) SubnetsPrefix() string {
+	if r.ipv6Only {
+		return r.prefix + "/subnets6/"
+	}
+	return r.prefix + "/subnets/"
+}
 
-// LeaseKey is the key of one subnet's lease.
-func (r *Registry) LeaseKey(p netip.Prefix) string { return r.SubnetsPrefix() + subnet.Key(p) }
+// LeaseKey is the key of the lease on s: one IPv4 subnet, or an IPv4 and
+// an IPv6 subnet (a dual-stack lease).
+func (r *Registry) LeaseKey(s subnet.Subnets) string { return r.SubnetsPrefix() + s.Key() }
 
 // NodesPrefix is the key prefix of the liveness keys, with a trailing slash.
 func (r *Registry) NodesPrefix() string { return r.prefix + "/nodes/" }
@@ -235,8 +271,8 @@ func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 // Get reads one lease; ErrNotFound if absent. If the value does not decode,
 // the error wraps subnet.ErrInvalidLease and the lease still carries its
 // subnet, ModRevision and etcd lease, so the owner can overwrite it.
-func (r *Registry) Get(ctx context.Context, p netip.Prefix) (subnet.Lease, error) {
-	key := r.LeaseKey(p)
+func (r *Registry) Get(ctx context.Context, s subnet.Subnets) (subnet.Lease, error) {
+	key := r.LeaseKey(s)
 	resp, err := r.cli.Get(ctx, key)
 	if err != nil {
 		return subnet.Lease{}, fmt.Errorf("read %s: %w", key, err)
@@ -248,43 +284,166 @@ func (r *Registry) Get(ctx context.Context, p netip.Prefix) (subnet.Lease, error
 	return r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 }
 
-func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, error) {
-	p, err := subnet.ParseKey(strings.TrimPrefix(string(key), r.SubnetsPrefix()))
+// Lookup finds the lease whose key names subnet p, of either family: the
+// IPv4-only key, or the dual-stack key with p as one half. ErrNotFound if
+// none; like Get, an undecodable value is returned with its error.
+func (r *Registry) Lookup(ctx context.Context, p netip.Prefix) (subnet.Lease, error) {
+	if r.ipv6Only {
+		return r.Get(ctx, subnet.Subnets{IPv6: p})
+	}
+	if p.Addr().Is4() {
+		l, err := r.Get(ctx, subnet.Subnets{IPv4: p})
+		if !errors.Is(err, ErrNotFound) {
+			return l, err
+		}
+		// At most one dual-stack key has this IPv4 half (Create sees to it).
+		resp, err := r.cli.Get(ctx, r.LeaseKey(subnet.Subnets{IPv4: p})+"&", clientv3.WithPrefix(), clientv3.WithLimit(1))
+		if err != nil {
+			return subnet.Lease{}, fmt.Errorf("read %s: %w", r.LeaseKey(subnet.Subnets{IPv4: p}), err)
+		}
+		if len(resp.Kvs) == 0 {
+			return subnet.Lease{}, fmt.Errorf("%w: no key names %s", ErrNotFound, p)
+		}
+		kv := resp.Kvs[0]
+		return r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	}
+	key, err := r.heldBefore(ctx, subnet.Subnets{IPv6: p}, math.MaxInt64)
+	if err != nil {
+		return subnet.Lease{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+	}
+	if key == "" {
+		return subnet.Lease{}, fmt.Errorf("%w: no key names %s", ErrNotFound, p)
+	}
+	s, err := r.ParseKey(key)
 	if err != nil {
 		return subnet.Lease{}, err
 	}
-	l := subnet.Lease{Subnet: p, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}
+	return r.Get(ctx, s)
+}
+
+func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, error) {
+	s, err := r.ParseKey(string(key))
+	if err != nil {
+		return subnet.Lease{}, err
+	}
+	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}
 	l.Attrs, err = subnet.DecodeAttrs(value)
 	return l, err
 }
 
-// Create writes a lease only if its key does not exist (CreateRevision == 0):
-// the one rule that keeps two hosts from ever holding one subnet. etcdLease 0
-// writes a reservation. It returns the revision of the write, or ErrTaken.
-func (r *Registry) Create(ctx context.Context, p netip.Prefix, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(p)
+// Create writes a lease on s only if no key names its IPv4 subnet (the
+// plain key, or a dual-stack key with any IPv6 half) and, in a dual-stack
+// lease, no key created before it names its IPv6 subnet: the rule that
+// keeps two hosts from ever holding one subnet. etcdLease 0 writes a
+// reservation. It returns the revision of the write, or ErrTaken.
+func (r *Registry) Create(ctx context.Context, s subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
+	key := r.LeaseKey(s)
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
 	}
+	free := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
+	if s.IPv4.IsValid() {
+		v4 := r.LeaseKey(subnet.Subnets{IPv4: s.IPv4})
+		free = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(v4), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(v4+"&"), "=", 0).WithPrefix()}
+	}
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		If(free...).
 		Then(clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", key, err)
 	}
 	if !resp.Succeeded {
+		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+			return 0, fmt.Errorf("%w: %s is held by a key naming another IPv6 subnet or none", ErrHeldElsewhere, s.IPv4)
+		}
 		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
 	}
-	return resp.Header.Revision, nil
+	return r.keepIfFirst(ctx, s, resp.Header.Revision)
+}
+
+// Rekey replaces the lease prev (still at its ModRevision) by a lease on
+// next, in one transaction: how a host's lease gains or drops its IPv6
+// subnet when the network config starts or stops carrying IPv6, keeping
+// its IPv4 subnet. It returns the revision of the write, ErrConflict if
+// prev changed, or ErrTaken if next is held.
+func (r *Registry) Rekey(ctx context.Context, prev subnet.Lease, next subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
+	key := r.LeaseKey(next)
+	val, err := attrs.Marshal()
+	if err != nil {
+		return 0, fmt.Errorf("encode lease %s: %w", key, err)
+	}
+	old := r.LeaseKey(prev.Subnets())
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(old), "=", prev.ModRevision),
+			clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpDelete(old), clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
+		Else(clientv3.OpGet(old, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("replace %s by %s: %w", old, key, err)
+	}
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].ModRevision != prev.ModRevision {
+			return 0, fmt.Errorf("%w: %s", ErrConflict, old)
+		}
+		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
+	}
+	return r.keepIfFirst(ctx, next, resp.Header.Revision)
+}
+
+// keepIfFirst ends the claim of s written at revision rev. etcd cannot
+// compare keys by their end, so a transaction cannot exclude a concurrent
+// claim of the same IPv6 subnet under another IPv4 subnet; instead every
+// claimer looks after writing, and the claim created later (which always
+// sees the earlier one) deletes itself and reports ErrTaken.
+func (r *Registry) keepIfFirst(ctx context.Context, s subnet.Subnets, rev int64) (int64, error) {
+	if !s.IPv6.IsValid() {
+		return rev, nil
+	}
+	earlier, err := r.heldBefore(ctx, s, rev)
+	if err == nil && earlier == "" {
+		return rev, nil
+	}
+	if _, derr := r.DeleteIfOwned(ctx, s, rev); derr != nil {
+		err = errors.Join(err, fmt.Errorf("withdraw the claim: %w", derr))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("check that no other lease holds %s: %w", s.IPv6, err)
+	}
+	return 0, fmt.Errorf("%w: %s is held by %s", ErrHeldElsewhere, s.IPv6, earlier)
+}
+
+// heldBefore returns a key other than s's that names s's IPv6 subnet and
+// was created before revision rev, or "". It reads keys only, in pages.
+func (r *Registry) heldBefore(ctx context.Context, s subnet.Subnets, rev int64) (string, error) {
+	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
+	suffix := "&" + subnet.Key(s.IPv6)
+	for {
+		resp, err := r.cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(listPage), clientv3.WithKeysOnly())
+		if err != nil {
+			return "", err
+		}
+		for _, kv := range resp.Kvs {
+			if k := string(kv.Key); strings.HasSuffix(k, suffix) && kv.CreateRevision < rev && k != r.LeaseKey(s) {
+				return k, nil
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return "", nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
 }
 
 // Update rewrites an existing lease if it is still at prev.ModRevision,
 // attaching etcdLease (0 keeps it a reservation). It returns ErrConflict if
 // someone else wrote or deleted the key since.
 func (r *Registry) Update(ctx context.Context, prev subnet.Lease, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(prev.Subnet)
+	key := r.LeaseKey(prev.Subnets())
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
@@ -303,8 +462,8 @@ func (r *Registry) Update(ctx context.Context, prev subnet.Lease, attrs subnet.L
 }
 
 // Delete removes a lease key; it reports whether the key existed.
-func (r *Registry) Delete(ctx context.Context, p netip.Prefix) (bool, error) {
-	key := r.LeaseKey(p)
+func (r *Registry) Delete(ctx context.Context, s subnet.Subnets) (bool, error) {
+	key := r.LeaseKey(s)
 	resp, err := r.cli.Delete(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", key, err)
@@ -314,8 +473,8 @@ func (r *Registry) Delete(ctx context.Context, p netip.Prefix) (bool, error) {
 
 // DeleteIfOwned removes a lease key only if it is still at modRev, so a
 // host's teardown never deletes a lease another host took over meanwhile.
-func (r *Registry) DeleteIfOwned(ctx context.Context, p netip.Prefix, modRev int64) (bool, error) {
-	key := r.LeaseKey(p)
+func (r *Registry) DeleteIfOwned(ctx context.Context, s subnet.Subnets, modRev int64) (bool, error) {
+	key := r.LeaseKey(s)
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
 		Then(clientv3.OpDelete(key)).
@@ -361,13 +520,13 @@ func (r *Registry) unchangedSince(rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(r.SubnetsPrefix()), "<", rev+1).WithPrefix()
 }
 
-// Reserve writes a reservation (a key without an etcd lease) for p only if
-// p is free and no lease was written after revision rev, the revision of
+// Reserve writes a reservation (a key without an etcd lease) for s only if
+// its key is free and no lease was written after revision rev, the revision of
 // the listing the caller checked it against (no other lease for the same
-// host). It returns ErrTaken if p exists, ErrConflict if another lease was
+// host, no other claim of either subnet). It returns ErrTaken if the key exists, ErrConflict if another lease was
 // written meanwhile: list again and re-check.
-func (r *Registry) Reserve(ctx context.Context, p netip.Prefix, attrs subnet.LeaseAttrs, rev int64) (int64, error) {
-	key := r.LeaseKey(p)
+func (r *Registry) Reserve(ctx context.Context, s subnet.Subnets, attrs subnet.LeaseAttrs, rev int64) (int64, error) {
+	key := r.LeaseKey(s)
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)

@@ -49,7 +49,7 @@ func TestListReadsInPagesAtOneRevision(t *testing.T) {
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
 			h := host(j)
 			val, _ := subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).Marshal()
-			ops = append(ops, clientv3.OpPut(reg.LeaseKey(p), string(val)))
+			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
 		}
 		if _, err := cli.Txn(ctx(t)).Then(ops...).Commit(); err != nil {
 			t.Fatal(err)

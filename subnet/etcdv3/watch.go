@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -113,9 +112,9 @@ func (o *WatchOptions) defaults() {
 // so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[netip.Prefix]uint64, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.Subnets]uint64, len(snap.Leases))}
 	for _, l := range snap.Leases {
-		w.known[l.Subnet] = subnet.Fingerprint(l)
+		w.known[l.Subnets()] = subnet.Fingerprint(l)
 	}
 	w.setInvalid(snap.Invalid)
 	out := make(chan Batch)
@@ -134,7 +133,7 @@ type watcher struct {
 	// known holds each lease's subnet.Fingerprint, not the lease: what
 	// the consumer needs of a value it gets in the event, and at thousands
 	// of leases the values would be most of the host's memory.
-	known map[netip.Prefix]uint64
+	known map[subnet.Subnets]uint64
 	// invalid holds the keys whose current value is invalid (nil while
 	// there are none, as in a healthy cluster), so that their deletion can
 	// be reported.
@@ -292,9 +291,9 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			pending[key] = true
 			w.markInvalid(key)
 		}
-		p, err := subnet.ParseKey(strings.TrimPrefix(key, w.reg.SubnetsPrefix()))
+		p, err := w.reg.ParseKey(key)
 		prev, had := w.known[p]
-		gone := subnet.Event{Type: subnet.Removed, Lease: subnet.Lease{Subnet: p}}
+		gone := subnet.Event{Type: subnet.Removed, Lease: subnet.Lease{Subnet: p.IPv4, IPv6Subnet: p.IPv6}}
 		switch {
 		case ev.Type == clientv3.EventTypeDelete && had:
 			delete(w.known, p)

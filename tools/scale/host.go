@@ -129,7 +129,7 @@ func (h *simHost) host() etcdv3.Host {
 		Hostname: fmt.Sprintf("sim-%05d", h.idx),
 		PublicIP: ip,
 		VtepMAC:  net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)},
-		Previous: h.lease,
+		Previous: subnet.Subnets{IPv4: h.lease},
 	}
 }
 

@@ -544,7 +544,7 @@ func (c *coordinator) join(reg *etcdv3.Registry, ws []*workerProc, k int) ([]flo
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		t0 = time.Now()
 		c.lastWrite = t0
-		_, err := reg.Create(ctx, p, attrs, 0)
+		_, err := reg.Create(ctx, subnet.Subnets{IPv4: p}, attrs, 0)
 		cancel()
 		if err == nil {
 			break
@@ -569,7 +569,7 @@ func (c *coordinator) join(reg *etcdv3.Registry, ws []*workerProc, k int) ([]flo
 	// The probe is removed again so the next one starts from the same set.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = reg.Delete(ctx, p)
+	_, _ = reg.Delete(ctx, subnet.Subnets{IPv4: p})
 	return lat, missing, err
 }
 

@@ -256,6 +256,9 @@ type LeaseRow struct {
 	Subnet      string `json:"subnet"`
 	PublicIP    string `json:"publicIP"`
 	VtepMAC     string `json:"vtepMAC"`
+	IPv6Subnet  string `json:"ipv6Subnet"` // "" unless the key is dual-stack
+	PublicIPv6  string `json:"publicIPv6"`
+	VtepMACv6   string `json:"vtepMACv6"`
 	NodeID      string `json:"nodeID"`
 	Hostname    string `json:"hostname"`
 	Reserved    bool   `json:"reserved"`

@@ -42,6 +42,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
@@ -223,8 +224,12 @@ type Host struct {
 	NSName string // namespace name, e.g. "ovl1234-h1"
 	NS     netns.NsHandle
 	IP     netip.Addr // eth0's address
+	IPv6   netip.Addr // eth0's IPv6 address (the underlay carries both families)
 	Iface  string     // "eth0"
 }
+
+// UnderlayIPv6 is the underlay's IPv6 network; host n has address ::n.
+var UnderlayIPv6 = netip.MustParsePrefix("fd18::/64")
 
 // NewUnderlay creates the underlay namespace and bridge for a run tagged
 // tag (empty for the process's default). Close removes everything.
@@ -262,12 +267,16 @@ func NewUnderlay(tag string) (*Underlay, error) {
 	return u, nil
 }
 
-// AddHost creates host name (e.g. "h1") with eth0 = 198.18.0.<n>/24.
+// AddHost creates host name (e.g. "h1") with eth0 = 198.18.0.<n>/24 and
+// fd18::<n>/64 (without duplicate address detection, so it is usable at
+// once).
 func (u *Underlay) AddHost(name string, n int) (*Host, error) {
 	if n < 1 || n > 250 {
 		return nil, fmt.Errorf("host number %d out of 1..250", n)
 	}
-	h := &Host{Name: name, NSName: u.Run + name, IP: netip.AddrFrom4([4]byte{198, 18, 0, byte(n)}), Iface: "eth0"}
+	v6 := UnderlayIPv6.Addr().As16()
+	v6[15] = byte(n)
+	h := &Host{Name: name, NSName: u.Run + name, IP: netip.AddrFrom4([4]byte{198, 18, 0, byte(n)}), IPv6: netip.AddrFrom16(v6), Iface: "eth0"}
 	_ = netns.DeleteNamed(h.NSName)
 	var err error
 	if h.NS, err = newNamedNS(h.NSName); err != nil {
@@ -298,6 +307,10 @@ func (u *Underlay) AddHost(name string, n int) (*Host, error) {
 	if err := hh.AddrAdd(eth0, addr); err != nil {
 		return nil, fmt.Errorf("%s: address %s: %w", name, h.IP, err)
 	}
+	addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: h.IPv6.AsSlice(), Mask: net.CIDRMask(UnderlayIPv6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+	if err := hh.AddrAdd(eth0, addr6); err != nil {
+		return nil, fmt.Errorf("%s: address %s: %w", name, h.IPv6, err)
+	}
 	for _, l := range []string{"eth0", "lo"} {
 		link, err := hh.LinkByName(l)
 		if err != nil {
@@ -308,6 +321,51 @@ func (u *Underlay) AddHost(name string, n int) (*Host, error) {
 		}
 	}
 	return h, nil
+}
+
+// Outside is an address of each family on the underlay bridge itself, in
+// the underlay's namespace: a destination outside every cluster network
+// that hosts reach directly, for testing masquerade. Its Responders answer
+// on ProbePort.
+type Outside struct {
+	IP, IPv6   netip.Addr
+	responders []*Responder
+}
+
+// Close stops the responders (the addresses go with the underlay).
+func (o *Outside) Close() {
+	for _, r := range o.responders {
+		r.Close()
+	}
+}
+
+// AddOutside puts 198.18.0.254/24 and fd18::fe/64 on the underlay bridge and
+// serves probes there.
+func (u *Underlay) AddOutside() (*Outside, error) {
+	v6 := UnderlayIPv6.Addr().As16()
+	v6[15] = 0xfe
+	o := &Outside{IP: netip.AddrFrom4([4]byte{198, 18, 0, 254}), IPv6: netip.AddrFrom16(v6)}
+	br, err := u.h.LinkByIndex(u.bridge)
+	if err != nil {
+		return nil, fmt.Errorf("underlay bridge: %w", err)
+	}
+	for _, a := range []*netlink.Addr{
+		{IPNet: &net.IPNet{IP: o.IP.AsSlice(), Mask: net.CIDRMask(u.network.Bits(), 32)}},
+		{IPNet: &net.IPNet{IP: o.IPv6.AsSlice(), Mask: net.CIDRMask(UnderlayIPv6.Bits(), 128)}, Flags: unix.IFA_F_NODAD},
+	} {
+		if err := u.h.AddrAdd(br, a); err != nil {
+			return nil, fmt.Errorf("outside address %s: %w", a.IPNet, err)
+		}
+	}
+	for _, ip := range []netip.Addr{o.IP, o.IPv6} {
+		r, err := Serve(u.NS, ip, ProbePort)
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.responders = append(o.responders, r)
+	}
+	return o, nil
 }
 
 // RemoveHost deletes a host's namespace (its veth goes with it).

@@ -395,8 +395,23 @@ func (r Route) String() string {
 	return b.String()
 }
 
-// Routes lists the host's overlay routes (ours by protocol), sorted.
-func (n *Node) Routes() ([]Route, error) {
+// Routes lists the host's IPv4 overlay routes (ours by protocol), sorted.
+func (n *Node) Routes() ([]Route, error) { return n.routes(unix.AF_INET) }
+
+// IPv6Routes lists the host's IPv6 overlay routes, sorted.
+func (n *Node) IPv6Routes() ([]Route, error) { return n.routes(unix.AF_INET6) }
+
+// IPv6Lease returns the IPv6 subnet in the host's subnet.env (zero if the
+// network carries no IPv6).
+func (n *Node) IPv6Lease() (netip.Prefix, error) {
+	e, err := n.Env()
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return e.IPv6Lease(), nil
+}
+
+func (n *Node) routes(family int) ([]Route, error) {
 	h, err := netlink.NewHandleAt(n.NS)
 	if err != nil {
 		return nil, fmt.Errorf("netlink in %s: %w", n.NSName, err)
@@ -404,7 +419,7 @@ func (n *Node) Routes() ([]Route, error) {
 	defer h.Close()
 	var rs []netlink.Route
 	for range 5 { // a dump interrupted by a concurrent change is retried
-		rs, err = h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		rs, err = h.RouteListFiltered(family, &netlink.Route{Protocol: vxlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		if !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
@@ -418,11 +433,13 @@ func (n *Node) Routes() ([]Route, error) {
 		if r.Dst == nil {
 			continue
 		}
-		dst, _ := netip.AddrFromSlice(r.Dst.IP.To4())
+		dst, _ := netip.AddrFromSlice(r.Dst.IP)
+		dst = dst.Unmap()
 		ones, _ := r.Dst.Mask.Size()
 		rt := Route{Dst: netip.PrefixFrom(dst, ones), Metric: r.Priority, Onlink: r.Flags&unix.RTNH_F_ONLINK != 0}
 		if r.Gw != nil {
-			rt.Via, _ = netip.AddrFromSlice(r.Gw.To4())
+			rt.Via, _ = netip.AddrFromSlice(r.Gw)
+			rt.Via = rt.Via.Unmap()
 		}
 		name, ok := names[r.LinkIndex]
 		if !ok {
@@ -441,7 +458,11 @@ func (n *Node) Routes() ([]Route, error) {
 
 // RouteTo returns the overlay route to dst, if there is one.
 func (n *Node) RouteTo(dst netip.Prefix) (Route, bool, error) {
-	rs, err := n.Routes()
+	family := unix.AF_INET
+	if dst.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	rs, err := n.routes(family)
 	if err != nil {
 		return Route{}, false, err
 	}
@@ -462,7 +483,7 @@ func (n *Node) DeleteRoute(dst netip.Prefix) error {
 	}
 	defer h.Close()
 	r := &netlink.Route{
-		Dst:      &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+		Dst:      &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
 		Protocol: vxlan.RouteProtocol,
 		Table:    unix.RT_TABLE_MAIN,
 	}

@@ -10,11 +10,15 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // Pod is a network namespace attached to its host's overlay network through
@@ -27,12 +31,13 @@ type Pod struct {
 	ContainerID string
 	NS          netns.NsHandle
 	IP          netip.Addr
+	IPv6        netip.Addr // zero unless the network carries IPv6
 	Node        *Node
 
-	rt        *libcni.RuntimeConf
-	responder *Responder
-	once      sync.Once
-	delErr    error
+	rt         *libcni.RuntimeConf
+	responders []*Responder
+	once       sync.Once
+	delErr     error
 }
 
 // confList is the project's conflist adapted to this host: its subnet.env,
@@ -114,18 +119,17 @@ func (n *Node) AddPod(ctx context.Context, name string) (_ *Pod, err error) {
 		return nil, fmt.Errorf("CNI ADD of pod %s on %s: %w", name, n.Name, err)
 	}
 	for _, ipc := range res.IPs {
-		if v4 := ipc.Address.IP.To4(); v4 != nil {
-			p.IP, _ = netip.AddrFromSlice(v4)
-			break
+		a, _ := netip.AddrFromSlice(ipc.Address.IP)
+		switch a = a.Unmap(); {
+		case a.Is4() && !p.IP.IsValid():
+			p.IP = a
+		case a.Is6() && !p.IPv6.IsValid():
+			p.IPv6 = a
 		}
 	}
-	if !p.IP.IsValid() {
+	if err := p.serve(ctx); err != nil {
 		_ = Do(n.NS, func() error { return n.lab.cni.DelNetworkList(context.WithoutCancel(ctx), list, p.rt) })
-		return nil, fmt.Errorf("CNI ADD of pod %s on %s gave no IPv4 address: %v", name, n.Name, res)
-	}
-	if p.responder, err = Serve(p.NS, p.IP, ProbePort); err != nil {
-		_ = Do(n.NS, func() error { return n.lab.cni.DelNetworkList(context.WithoutCancel(ctx), list, p.rt) })
-		return nil, fmt.Errorf("pod %s: %w", p.NSName, err)
+		return nil, fmt.Errorf("pod %s: %w (CNI result %v)", p.NSName, err, res)
 	}
 	n.mu.Lock()
 	n.pods = append(n.pods, p)
@@ -139,8 +143,8 @@ func (p *Pod) Delete(ctx context.Context) error {
 	p.once.Do(func() {
 		n := p.Node
 		var errs []error
-		if p.responder != nil {
-			p.responder.Close()
+		for _, r := range p.responders {
+			r.Close()
 		}
 		list, err := n.confList()
 		if err == nil {
@@ -161,8 +165,70 @@ func (p *Pod) Delete(ctx context.Context) error {
 	return p.delErr
 }
 
-// String is "h1/p1 (10.244.7.2)".
-func (p *Pod) String() string { return fmt.Sprintf("%s/%s (%s)", p.Node.Name, p.Name, p.IP) }
+// String is "h1/p1 (10.244.7.2)", or with the IPv6 address on an
+// IPv6-only host.
+func (p *Pod) String() string {
+	addr := p.IP
+	if !addr.IsValid() {
+		addr = p.IPv6
+	}
+	return fmt.Sprintf("%s/%s (%s)", p.Node.Name, p.Name, addr)
+}
+
+// serve starts a Responder on each of the pod's addresses. An IPv6 address
+// can be bound only once duplicate address detection is done: that is
+// waited for.
+func (p *Pod) serve(ctx context.Context) error {
+	if !p.IP.IsValid() && !p.IPv6.IsValid() {
+		return errors.New("CNI ADD gave no address")
+	}
+	if p.IPv6.IsValid() {
+		if err := waitNotTentative(ctx, p.NS, p.IPv6); err != nil {
+			return err
+		}
+	}
+	for _, a := range []netip.Addr{p.IP, p.IPv6} {
+		if !a.IsValid() {
+			continue
+		}
+		r, err := Serve(p.NS, a, ProbePort)
+		if err != nil {
+			return err
+		}
+		p.responders = append(p.responders, r)
+	}
+	return nil
+}
+
+// waitNotTentative polls ns until addr is there and usable (bounded: DAD
+// takes about a second).
+func waitNotTentative(ctx context.Context, ns netns.NsHandle, addr netip.Addr) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	deadline := time.Now().Add(testenv.Deadline(10 * time.Second))
+	for {
+		addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if ip, _ := netip.AddrFromSlice(a.IP); ip == addr && a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("address %s still tentative (duplicate address detection)", addr)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
 
 // linkUp brings up link name in ns.
 func linkUp(ns netns.NsHandle, name string) error {

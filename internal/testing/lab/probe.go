@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // ProbePort is where every pod's Responder listens, on TCP and UDP.
@@ -29,7 +30,7 @@ const ProbePort = 7777
 // DialTCP connects from namespace ns to dst.
 func DialTCP(ns netns.NsHandle, dst netip.AddrPort, timeout time.Duration) (conn net.Conn, err error) {
 	err = Do(ns, func() error {
-		conn, err = (&net.Dialer{Timeout: timeout}).Dial("tcp4", dst.String())
+		conn, err = (&net.Dialer{Timeout: timeout}).Dial(family("tcp", dst.Addr()), dst.String())
 		return err
 	})
 	return conn, err
@@ -38,16 +39,25 @@ func DialTCP(ns netns.NsHandle, dst netip.AddrPort, timeout time.Duration) (conn
 // ListenTCP listens in namespace ns.
 func ListenTCP(ns netns.NsHandle, addr netip.AddrPort) (ln net.Listener, err error) {
 	err = Do(ns, func() error {
-		ln, err = net.Listen("tcp4", addr.String())
+		ln, err = net.Listen(family("tcp", addr.Addr()), addr.String())
 		return err
 	})
 	return ln, err
 }
 
+// family is network ("tcp", "udp") for a's address family only ("tcp4",
+// "tcp6"), so an unspecified address never binds both families.
+func family(network string, a netip.Addr) string {
+	if a.Is6() && !a.Is4In6() {
+		return network + "6"
+	}
+	return network + "4"
+}
+
 // ListenUDP opens a UDP socket in namespace ns.
 func ListenUDP(ns netns.NsHandle, addr netip.AddrPort) (conn *net.UDPConn, err error) {
 	err = Do(ns, func() error {
-		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		conn, err = net.ListenUDP(family("udp", addr.Addr()), net.UDPAddrFromAddrPort(addr))
 		return err
 	})
 	return conn, err
@@ -142,12 +152,18 @@ var pingID atomic.Uint32
 
 func init() { pingID.Store(uint32(os.Getpid()) << 4) }
 
-// Ping sends one ICMP echo request from namespace ns to dst and returns the
-// round-trip time of the reply.
+// Ping sends one ICMP (or ICMPv6) echo request from namespace ns to dst and
+// returns the round-trip time of the reply.
 func Ping(ns netns.NsHandle, dst netip.Addr, timeout time.Duration) (time.Duration, error) {
+	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
+	var echo, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if dst.Is6() {
+		network, listen, proto = "ip6:ipv6-icmp", "::", 58
+		echo, reply = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
 	var conn *icmp.PacketConn
 	if err := Do(ns, func() (err error) {
-		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		conn, err = icmp.ListenPacket(network, listen)
 		return err
 	}); err != nil {
 		return 0, fmt.Errorf("icmp socket: %w", err)
@@ -156,8 +172,8 @@ func Ping(ns netns.NsHandle, dst netip.Addr, timeout time.Duration) (time.Durati
 	id := int(uint16(pingID.Add(1)))
 	payload := make([]byte, 32)
 	copy(payload, "overlay lab ping")
-	msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: 1, Data: payload}}
-	wire, err := msg.Marshal(nil)
+	msg := icmp.Message{Type: echo, Body: &icmp.Echo{ID: id, Seq: 1, Data: payload}}
+	wire, err := msg.Marshal(nil) // the kernel fills in the ICMPv6 checksum
 	if err != nil {
 		return 0, err
 	}
@@ -174,12 +190,12 @@ func Ping(ns netns.NsHandle, dst netip.Addr, timeout time.Duration) (time.Durati
 			return 0, fmt.Errorf("ping %s: no reply: %w", dst, err)
 		}
 		rtt := time.Since(start)
-		m, err := icmp.ParseMessage(1, buf[:n])
-		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+		m, err := icmp.ParseMessage(proto, buf[:n])
+		if err != nil || m.Type != reply {
 			continue
 		}
-		echo, ok := m.Body.(*icmp.Echo)
-		if !ok || echo.ID != id || echo.Seq != 1 {
+		e, ok := m.Body.(*icmp.Echo)
+		if !ok || e.ID != id || e.Seq != 1 {
 			continue
 		}
 		if ip, ok := from.(*net.IPAddr); !ok || !ip.IP.Equal(dst.AsSlice()) {
@@ -241,7 +257,11 @@ const streamMagic = 0x6f766c70726f6265 // "ovlprobe"
 
 // StartStream starts probing dst from namespace ns every interval.
 func StartStream(ns netns.NsHandle, dst netip.AddrPort, interval, timeout time.Duration) (*Stream, error) {
-	conn, err := ListenUDP(ns, netip.AddrPortFrom(netip.IPv4Unspecified(), 0))
+	any := netip.IPv4Unspecified()
+	if dst.Addr().Is6() {
+		any = netip.IPv6Unspecified()
+	}
+	conn, err := ListenUDP(ns, netip.AddrPortFrom(any, 0))
 	if err != nil {
 		return nil, fmt.Errorf("probe stream socket: %w", err)
 	}

@@ -1,0 +1,279 @@
+package etcdv3
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/overlaynet/overlay/subnet"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A small IPv6 pool (16 subnets), so that hosts racing for free subnets
+// collide often.
+const dualNetwork = `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/60","IPv6SubnetLen":64,"Backend":{"Type":"vxlan","VNI":1}}`
+
+func dualHost(i int) Host {
+	h := host(i)
+	h.PublicIPv6 = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i + 1)})
+	h.VtepMACv6 = net.HardwareAddr{0x0e, 0, 0, 6, byte(i >> 8), byte(i)}
+	return h
+}
+
+func dualAttrs(i int) subnet.LeaseAttrs {
+	h := dualHost(i)
+	return subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).WithIPv6(h.PublicIPv6, 1, h.VtepMACv6)
+}
+
+func subnets(v4, v6 string) subnet.Subnets {
+	s := subnet.Subnets{IPv4: netip.MustParsePrefix(v4)}
+	if v6 != "" {
+		s.IPv6 = netip.MustParsePrefix(v6)
+	}
+	return s
+}
+
+// A dual-stack host's lease names both subnets and says both addresses,
+// in flannel's form, and the config's pools hold both.
+func TestAcquireDualStack(t *testing.T) {
+	f := newFixture(t, dualNetwork)
+	l, _, err := f.manager(dualHost(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.cfg.Contains(l.Subnet) || !f.cfg.IPv6.Contains(l.IPv6Subnet) {
+		t.Fatalf("lease %s is not in the pools", l.Subnets())
+	}
+	got, err := f.reg.Get(ctx(t), l.Subnets())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !subnet.SameAttrs(got.Attrs, dualAttrs(1)) {
+		t.Errorf("stored value %+v, want %+v", got.Attrs, dualAttrs(1))
+	}
+	if _, v6, err := f.cfg.Peer(got); err != nil || v6.Subnet != l.IPv6Subnet || v6.PublicIP != dualHost(1).PublicIPv6 {
+		t.Errorf("the lease as a peer: IPv6 %+v, %v", v6, err)
+	}
+}
+
+// One IPv4 subnet has one key: a create under another key form or another
+// IPv6 half loses, and says it lost to another key.
+func TestCreateExcludesEveryKeyOfTheIPv4Subnet(t *testing.T) {
+	f := newFixture(t, dualNetwork)
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.7.0/24", ""), dualAttrs(1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.7.0/24", "fd00:10:244:7::/64"), dualAttrs(2), 0); !errors.Is(err, ErrHeldElsewhere) {
+		t.Errorf("dual-stack key on an IPv4-only key's subnet: %v, want ErrHeldElsewhere", err)
+	}
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.8.0/24", "fd00:10:244:8::/64"), dualAttrs(3), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []subnet.Subnets{subnets("10.244.8.0/24", ""), subnets("10.244.8.0/24", "fd00:10:244:9::/64")} {
+		if _, err := f.reg.Create(ctx(t), s, dualAttrs(4), 0); !errors.Is(err, ErrHeldElsewhere) {
+			t.Errorf("create %s beside 10.244.8.0/24&fd00:10:244:8::/64: %v, want ErrHeldElsewhere", s, err)
+		}
+	}
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.8.0/24", "fd00:10:244:8::/64"), dualAttrs(4), 0); !errors.Is(err, ErrTaken) || errors.Is(err, ErrHeldElsewhere) {
+		t.Errorf("create of an existing key: %v, want ErrTaken (not elsewhere)", err)
+	}
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.9.0/24", "fd00:10:244:8::/64"), dualAttrs(5), 0); !errors.Is(err, ErrHeldElsewhere) {
+		t.Errorf("an IPv6 subnet held under another IPv4 subnet: %v, want ErrHeldElsewhere", err)
+	}
+	if _, err := f.reg.Get(ctx(t), subnets("10.244.9.0/24", "fd00:10:244:8::/64")); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the losing claim was not withdrawn: %v", err)
+	}
+}
+
+// flannel races here; overlay must not: hosts claiming one IPv6 subnet
+// under different IPv4 subnets at once, exactly one keeps it.
+func TestRacingClaimsOfOneIPv6SubnetLeaveOne(t *testing.T) {
+	f := newFixture(t, dualNetwork)
+	const n = 8
+	v6 := "fd00:10:244:5::/64"
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = f.reg.Create(ctx(t), subnets(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(100 + i), 0}), 24).String(), v6), dualAttrs(i), 0)
+		})
+	}
+	close(start)
+	wg.Wait()
+	won := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, ErrHeldElsewhere):
+			t.Errorf("claim %d: %v, want success or ErrHeldElsewhere", i, err)
+		}
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holders []string
+	for _, l := range snap.Leases {
+		if l.IPv6Subnet == netip.MustParsePrefix(v6) {
+			holders = append(holders, l.Key())
+		}
+	}
+	if won != 1 || len(holders) != 1 {
+		t.Fatalf("%d claims won, keys holding %s: %v; want exactly one", won, v6, holders)
+	}
+}
+
+// Many dual-stack hosts starting at once get distinct subnets of both
+// families, with a small IPv6 pool that makes them collide.
+func TestConcurrentDualStackHostsGetDistinctSubnets(t *testing.T) {
+	f := newFixture(t, dualNetwork)
+	const n = 12 // most of the IPv6 pool (15 subnets between SubnetMin and SubnetMax)
+	got := make([]subnet.Subnets, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			m := f.manager(dualHost(i), ManagerOptions{Rand: rand.New(rand.NewPCG(uint64(i), 3))})
+			<-start
+			l, _, err := m.Acquire(ctx(t))
+			got[i], errs[i] = l.Subnets(), err
+		})
+	}
+	close(start)
+	wg.Wait()
+	seen4, seen6 := map[netip.Prefix]int{}, map[netip.Prefix]int{}
+	for i, s := range got {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i, errs[i])
+		}
+		if j, dup := seen4[s.IPv4]; dup {
+			t.Errorf("hosts %d and %d share %s", j, i, s.IPv4)
+		}
+		if j, dup := seen6[s.IPv6]; dup {
+			t.Errorf("hosts %d and %d share %s", j, i, s.IPv6)
+		}
+		seen4[s.IPv4], seen6[s.IPv6] = i, i
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Leases) != n {
+		t.Errorf("etcd holds %d leases, want %d (a losing claim left behind?)", len(snap.Leases), n)
+	}
+}
+
+// When the network starts carrying IPv6, a host's IPv4-only lease is
+// replaced by a dual-stack key with the same IPv4 subnet and etcd lease
+// (its pods keep their addresses); when it stops, the IPv6 half is dropped.
+func TestAdoptRekeysForTheNetworksFamilies(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	h := dualHost(1)
+	first, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.IPv6Subnet.IsValid() {
+		t.Fatalf("IPv4-only network gave %s", first.Subnets())
+	}
+
+	dual, err := subnet.ParseConfig([]byte(dualNetwork))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Previous = subnets("10.244.200.0/24", "fd00:10:244:3::/64") // the IPv6 half is free: reused
+	second, _, err := NewManager(f.reg, dual, h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Subnet != first.Subnet || second.IPv6Subnet != h.Previous.IPv6 || second.EtcdLease != first.EtcdLease {
+		t.Fatalf("after enabling IPv6: %s (etcd lease %x), want %s&%s (etcd lease %x)", second.Subnets(), second.EtcdLease, first.Subnet, h.Previous.IPv6, first.EtcdLease)
+	}
+	keys := f.leaseKeys(t)
+	if len(keys) != 1 || keys[0] != second.Key() {
+		t.Fatalf("keys after enabling IPv6: %v, want only %s", keys, second.Key())
+	}
+
+	third, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Subnets() != subnets(first.Subnet.String(), "") || third.Attrs.PublicIPv6 != "" {
+		t.Fatalf("after disabling IPv6: %s %+v", third.Subnets(), third.Attrs)
+	}
+	if keys := f.leaseKeys(t); len(keys) != 1 || keys[0] != third.Key() {
+		t.Fatalf("keys after disabling IPv6: %v, want only %s", keys, third.Key())
+	}
+}
+
+func (f *fixture) leaseKeys(t *testing.T) []string {
+	t.Helper()
+	snap, err := f.reg.List(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, l := range snap.Leases {
+		keys = append(keys, l.Key())
+	}
+	for _, inv := range snap.Invalid {
+		keys = append(keys, strings.TrimPrefix(inv.Key, f.reg.SubnetsPrefix()))
+	}
+	return keys
+}
+
+// An IPv6-only network's leases live under subnets6/, keyed by the IPv6
+// subnet alone, with only the IPv6 fields in the value; flannel's
+// subnets/ stays empty.
+func TestIPv6OnlyLeasesLiveUnderSubnets6(t *testing.T) {
+	f := newFixture(t, `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":1}}`)
+	reg := f.reg.For(f.cfg)
+	var got []subnet.Lease
+	for i := range 3 {
+		l, _, err := NewManager(reg, f.cfg, dualHost(i), ManagerOptions{}).Acquire(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l)
+	}
+	for i, l := range got {
+		if l.Subnet.IsValid() || !f.cfg.IPv6.Contains(l.IPv6Subnet) || l.Attrs.PublicIP != "" || len(l.Attrs.BackendData) != 0 || l.Attrs.PublicIPv6 != dualHost(i).PublicIPv6.String() {
+			t.Errorf("host %d's lease %s: %+v", i, l.Subnets(), l.Attrs)
+		}
+		if _, v6, err := f.cfg.Peer(l); err != nil || v6.Subnet != l.IPv6Subnet {
+			t.Errorf("host %d's lease as a peer: %+v, %v", i, v6, err)
+		}
+	}
+	if got[0].IPv6Subnet == got[1].IPv6Subnet || got[1].IPv6Subnet == got[2].IPv6Subnet || got[0].IPv6Subnet == got[2].IPv6Subnet {
+		t.Errorf("hosts share an IPv6 subnet: %v %v %v", got[0].Subnets(), got[1].Subnets(), got[2].Subnets())
+	}
+	resp, err := f.cli.Get(ctx(t), DefaultPrefix+"/subnets6/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(resp.Kvs) != 3 || string(resp.Kvs[0].Key) != DefaultPrefix+"/subnets6/"+subnet.Key(min6(got)) {
+		t.Fatalf("keys under subnets6/: %v, %v", resp, err)
+	}
+	if snap, err := f.reg.List(ctx(t)); err != nil || len(snap.Leases)+len(snap.Invalid) != 0 {
+		t.Errorf("flannel's subnets/ holds %+v, %v; want nothing", snap, err)
+	}
+	if l, err := reg.Lookup(ctx(t), got[1].IPv6Subnet); err != nil || l.Subnets() != got[1].Subnets() {
+		t.Errorf("Lookup(%s) = %v, %v", got[1].IPv6Subnet, l.Subnets(), err)
+	}
+}
+
+// min6 is the lowest IPv6 subnet of leases.
+func min6(leases []subnet.Lease) netip.Prefix {
+	low := leases[0].IPv6Subnet
+	for _, l := range leases[1:] {
+		if l.IPv6Subnet.Addr().Less(low.Addr()) {
+			low = l.IPv6Subnet
+		}
+	}
+	return low
+}

@@ -215,8 +215,9 @@ func TestReserveDualStack(t *testing.T) {
 		{"node only, no IPv6 subnet", []string{"10.244.61.0/24", "--node-name", "h61"}, exitError, noV6},
 		{"no public IPv6", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--ipv6-subnet", "fd00:10:244:61::/64"}, exitError, both},
 		{"no public IPv4", []string{"10.244.61.0/24", "--node-name", "h61", "--ipv6-subnet", "fd00:10:244:61::/64", "--public-ipv6", "2001:db8::61"}, exitError, both},
-		{"no address, no node", append([]string{"10.244.61.0/24"}, v6...), exitUsage, "--public-ip is required"},
-		{"IPv6 subnet as SUBNET", []string{"fd00:10:244:61::/64", "--public-ip", "198.18.0.61"}, exitUsage, "subnet fd00:10:244:61::/64 is an IPv6 subnet: name the IPv4 subnet as SUBNET and the IPv6 one with --ipv6-subnet"},
+		{"no address, no node", append([]string{"10.244.61.0/24"}, v6...), exitError, "give both --public-ip and --public-ipv6"},
+		{"IPv6 subnet as SUBNET", []string{"fd00:10:244:61::/64", "--public-ip", "198.18.0.61"}, exitError, "cannot reserve fd00:10:244:61::/64: the network carries IPv4: name the IPv4 subnet as SUBNET (and the IPv6 one with --ipv6-subnet)"},
+		{"two IPv6 subnets", []string{"fd00:10:244:61::/64", "--ipv6-subnet", "fd00:10:244:62::/64", "--public-ip", "198.18.0.61"}, exitUsage, "subnet fd00:10:244:61::/64 is an IPv6 subnet: name the IPv4 subnet as SUBNET and the IPv6 one with --ipv6-subnet"},
 		{"IPv6 subnet outside", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--ipv6-subnet", "fd00:99::/64", "--public-ipv6", "2001:db8::61"},
 			exitError, "daemons would skip it: lease does not fit the network config: subnet fd00:99::/64 is outside IPv6Network fd00:10:244::/56: pick a /24 inside 10.244.0.0/16 and a /64 inside fd00:10:244::/56"},
 		{"IPv6 subnet of another length", []string{"10.244.61.0/24", "--public-ip", "198.18.0.61", "--ipv6-subnet", "fd00:10:244:61::/80", "--public-ipv6", "2001:db8::61"},
@@ -432,5 +433,21 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 	}
 	if _, err := reg.For(cfg).Get(ctx(t), h.Previous); !errors.Is(err, etcdv3.ErrNotFound) {
 		t.Errorf("after revoke: %v, want ErrNotFound", err)
+	}
+	// reserve names the IPv6 subnet as SUBNET, the host by --public-ipv6.
+	if r := run(t, srv.Endpoint, "", "lease", "reserve", "fd00:10:244:9::/64", "--public-ipv6", "2001:db8::9", "--node-name", "h9"); r.code != exitOK || r.out != "reserved fd00:10:244:9::/64 for node h9 (2001:db8::9)\n" {
+		t.Errorf("lease reserve: %+v", r)
+	}
+	res, err := reg.For(cfg).Get(ctx(t), subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:9::/64")})
+	if err != nil || !res.Reserved || cfg.CheckClaim(res) != nil {
+		t.Errorf("the reservation: %+v, %v (CheckClaim %v)", res, err, cfg.CheckClaim(res))
+	}
+	for _, args := range [][]string{
+		{"10.244.9.0/24", "--public-ip", "198.18.0.9"},
+		{"fd00:10:244:a::/64", "--public-ip", "198.18.0.10", "--public-ipv6", "2001:db8::a"},
+	} {
+		if r := run(t, srv.Endpoint, "", append([]string{"lease", "reserve"}, args...)...); r.code != exitError || !strings.Contains(r.err, "the network carries no IPv4") {
+			t.Errorf("reserve %v in an IPv6-only network: %+v", args, r)
+		}
 	}
 }

@@ -25,7 +25,8 @@ node name (or, without --node-name, that public IP) adopts when it starts.
 In a network that carries IPv6 (EnableIPv6 in the network config) a host
 leases an IPv4 and an IPv6 subnet under one key: name the IPv6 subnet with
 --ipv6-subnet and the host's IPv6 underlay address with --public-ipv6.
-With --node-name alone, and no address, the reservation waits for the host
+In an IPv6-only network (EnableIPv4 false) SUBNET is the IPv6 subnet and
+--public-ipv6 the host's address. With --node-name alone, and no address, the reservation waits for the host
 of that node name, whatever its addresses.
 
 The reservation is checked as every daemon checks what it reads: the
@@ -40,8 +41,8 @@ another key holds.`,
 			if err != nil {
 				return err
 			}
-			if publicIP == "" && node == "" {
-				return usagef("--public-ip is required: the address of the host the subnet is for (or --node-name alone, if its addresses are not known yet)")
+			if publicIP == "" && publicIPv6 == "" && node == "" {
+				return usagef("--public-ip is required: the address of the host the subnet is for (--public-ipv6 in an IPv6-only network, or --node-name alone, if its addresses are not known yet)")
 			}
 			ctx, reg, done, err := g.connectLeases(cmd)
 			if err != nil {
@@ -77,15 +78,20 @@ another key holds.`,
 	return usesEtcd(c)
 }
 
-// reservedSubnets are the subnets a reservation's key names: SUBNET, the
-// IPv4 one, and --ipv6-subnet (checked when set) if given.
+// reservedSubnets are the subnets a reservation's key names: SUBNET (the
+// IPv4 one, or the IPv6 one of an IPv6-only network), and --ipv6-subnet
+// (checked when set) if given. Whether they are the network's families
+// checkFamilies says, once the config is read.
 func reservedSubnets(arg, ipv6Subnet string) (subnet.Subnets, error) {
 	p, err := parseSubnetArg(arg)
 	if err != nil {
 		return subnet.Subnets{}, err
 	}
 	if !p.Addr().Is4() {
-		return subnet.Subnets{}, usagef("subnet %s is an IPv6 subnet: name the IPv4 subnet as SUBNET and the IPv6 one with --ipv6-subnet", p)
+		if ipv6Subnet != "" {
+			return subnet.Subnets{}, usagef("subnet %s is an IPv6 subnet: name the IPv4 subnet as SUBNET and the IPv6 one with --ipv6-subnet", p)
+		}
+		return subnet.Subnets{IPv6: p}, nil
 	}
 	s := subnet.Subnets{IPv4: p}
 	if ipv6Subnet != "" {
@@ -135,7 +141,7 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs 
 	}
 	_, err = reg.Reserve(ctx, s, attrs, snap.Revision)
 	if errors.Is(err, etcdv3.ErrTaken) {
-		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", s, s.IPv4)
+		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", s, s.Primary())
 	}
 	return err
 }
@@ -146,8 +152,12 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs 
 // flag to add or drop.
 func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a subnet.LeaseAttrs) error {
 	switch {
+	case !cfg.EnableIPv4 && (s.IPv4.IsValid() || a.PublicIP != ""):
+		return refusef("cannot reserve %s: the network carries no IPv4 (EnableIPv4 is false in %s): name the IPv6 subnet as SUBNET, the host's address with --public-ipv6, and drop --public-ip", s, configKey)
 	case !cfg.EnableIPv4:
-		return refusef("cannot reserve %s: the network carries no IPv4 (EnableIPv4 is false in %s), and lease reserve writes IPv4 and dual-stack reservations only", s, configKey)
+		return nil
+	case !s.IPv4.IsValid():
+		return refusef("cannot reserve %s: the network carries IPv4: name the IPv4 subnet as SUBNET (and the IPv6 one with --ipv6-subnet)", s)
 	case cfg.EnableIPv6 && !s.IPv6.IsValid():
 		return refusef("cannot reserve %s: the network carries IPv6 (EnableIPv6 in %s), so a reservation names the host's IPv6 subnet too (other hosts skip a key without one as orphaned): add --ipv6-subnet (a /%d inside %s) and the host's --public-ipv6",
 			s, configKey, cfg.IPv6.SubnetLen, cfg.IPv6.Network)
@@ -161,16 +171,22 @@ func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a sub
 
 // subnetsWanted says what subnets the network leases, for a refusal.
 func subnetsWanted(cfg *subnet.Config) string {
-	want := fmt.Sprintf("a /%d inside %s", cfg.SubnetLen, cfg.Network)
-	if cfg.EnableIPv6 {
-		want += fmt.Sprintf(" and a /%d inside %s", cfg.IPv6.SubnetLen, cfg.IPv6.Network)
+	var want []string
+	if cfg.EnableIPv4 {
+		want = append(want, fmt.Sprintf("a /%d inside %s", cfg.SubnetLen, cfg.Network))
 	}
-	return want
+	if cfg.EnableIPv6 {
+		want = append(want, fmt.Sprintf("a /%d inside %s", cfg.IPv6.SubnetLen, cfg.IPv6.Network))
+	}
+	return strings.Join(want, " and ")
 }
 
 // addressFlags names the flags of the host's underlay addresses.
 func addressFlags(cfg *subnet.Config) string {
-	if cfg.EnableIPv6 {
+	switch {
+	case !cfg.EnableIPv4:
+		return "address as --public-ipv6"
+	case cfg.EnableIPv6:
 		return "addresses as --public-ip and --public-ipv6"
 	}
 	return "address as --public-ip"
@@ -190,14 +206,14 @@ func checkFree(reg *etcdv3.Registry, snap etcdv3.Snapshot, l subnet.Lease) error
 		}
 		if same := sameHost(l.Attrs, other.Attrs); same != "" {
 			return refusef("cannot reserve %s: %s already has %s (key %s): a host uses one subnet; revoke that one first (`overlayd lease revoke %s`)",
-				s, same, other.Subnets(), reg.LeaseKey(other.Subnets()), other.Subnet)
+				s, same, other.Subnets(), reg.LeaseKey(other.Subnets()), other.Subnets().Primary())
 		}
 		if err := heldElsewhere(s, other.Subnets(), reg.LeaseKey(other.Subnets())); err != nil {
 			return err
 		}
 	}
 	for _, inv := range snap.Invalid { // undecodable values still hold their subnets
-		other, err := subnet.ParseLeaseKey(strings.TrimPrefix(inv.Key, reg.SubnetsPrefix()))
+		other, err := reg.ParseKey(inv.Key)
 		if err != nil || other == s {
 			continue
 		}

@@ -103,8 +103,10 @@ lint:
 
 # Benchmarks (Documentation/benchmarks.md): namespaces, a real etcd and the
 # real binaries, every figure of issue #7 repeated; a table on stdout, JSON
-# lines (and a cold-start plot) in bench/results/. BENCHFLAGS adds flags,
-# e.g. BENCHFLAGS='-k 100,1000,5000 -runs 3' or '-only cold,events'.
+# lines (and a cold-start plot) in bench/results/. The cold starts include
+# dual-stack ones at 1000 and 5000 peers, alternated with IPv4-only ones
+# (-dual). BENCHFLAGS adds flags, e.g. BENCHFLAGS='-k 100,1000,5000 -runs 3',
+# '-only cold,events' or "-dual ''" (no dual-stack runs).
 BENCHFLAGS ?=
 
 bench: build plugins
@@ -113,10 +115,13 @@ bench: build plugins
 
 # A 3-host cluster with 2 pods per host in network namespaces: prints the
 # leases, routes and pod-to-pod pings, then removes everything. KEEP=1 keeps
-# it running in the background until `make demo-down`.
+# it running in the background until `make demo-down`. DUALSTACK=1 makes the
+# network dual stack: IPv4 and IPv6 subnets, routes and pings.
+DUALSTACK ?=
+
 demo: build plugins
 	@$(GO) build -o $(BIN)/overlay-demo ./tools/demo
-	@$(BIN)/overlay-demo -bin $(BIN)
+	@$(BIN)/overlay-demo -bin $(BIN)$(if $(filter-out 0,$(DUALSTACK)), -dual-stack)
 
 demo-down:
 	@$(GO) build -o $(BIN)/overlay-demo ./tools/demo

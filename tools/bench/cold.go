@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -12,7 +13,8 @@ import (
 )
 
 // coldRun is one cold start: K leases in etcd, overlayd started in a fresh
-// host namespace, until its last route, neighbour and FDB entry appear.
+// host namespace, until its last route, neighbour and FDB entry appear (on
+// both devices in a dual-stack cluster).
 type coldRun struct {
 	Wall     time.Duration // exec of overlayd -> last entry notified
 	CPU      time.Duration // the daemon's CPU time at that moment
@@ -20,9 +22,39 @@ type coldRun struct {
 	RSSAnon  int64         // then: anonymous memory (heap, stacks)
 	RSSFile  int64         // then: file-backed pages (the binary)
 	Notified int           // notifications the watcher parsed
+	// Dual stack only: exec -> the last IPv4 entry, and the last IPv6 one.
+	IPv4, IPv6 time.Duration
 }
 
-// benchCold measures cold convergence for every K.
+// coldSeries collects the runs of one K and stack.
+type coldSeries struct {
+	walls, cpus, rss, anon, file, rates, v4, v6 []float64
+}
+
+func (c *coldSeries) addRun(k int, r coldRun) {
+	c.walls = append(c.walls, secs(r.Wall))
+	c.cpus = append(c.cpus, secs(r.CPU))
+	c.rss = append(c.rss, float64(r.PeakRSS)/1e6)
+	c.anon = append(c.anon, float64(r.RSSAnon)/1e6)
+	c.file = append(c.file, float64(r.RSSFile)/1e6)
+	c.rates = append(c.rates, float64(k)/r.Wall.Seconds())
+	c.v4 = append(c.v4, secs(r.IPv4))
+	c.v6 = append(c.v6, secs(r.IPv6))
+}
+
+// coldStacks is the stacks a cold start of K peers runs with: IPv4 only,
+// and dual stack too if K is in -dual (a dual-stack figure is always taken
+// beside the IPv4-only one it is compared with).
+func (b *bench) coldStacks(k int) []stack {
+	if slices.Contains(b.cfg.DualKs, k) {
+		return []stack{ipv4Only, dualStack}
+	}
+	return []stack{ipv4Only}
+}
+
+// benchCold measures cold convergence for every K: IPv4 only (-k and
+// -dual) and dual stack (-dual). At a K measured both ways the runs
+// alternate, IPv4 only first, so that both see the same machine.
 func (b *bench) benchCold(ctx context.Context) error {
 	l, err := b.newLab(ctx, "cold", benchNetwork)
 	if err != nil {
@@ -36,41 +68,73 @@ func (b *bench) benchCold(ctx context.Context) error {
 	defer cli.Close()
 
 	hostNum := 0
-	for _, k := range b.cfg.Ks {
-		var walls, cpus, rss, anon, file, rates []float64
+	for _, k := range b.coldKs() {
+		stacks := b.coldStacks(k)
+		series := make([]coldSeries, len(stacks))
 		for run := range b.cfg.Runs {
-			hostNum++
-			r, err := b.coldOnce(ctx, l, cli, k, hostNum, b.cfg.Trace && run == 0)
-			if err != nil {
-				return fmt.Errorf("cold start K=%d run %d: %w", k, run+1, err)
+			for i, s := range stacks {
+				hostNum++
+				r, err := b.coldOnce(ctx, l, cli, s, k, hostNum, b.cfg.Trace && run == 0)
+				if err != nil {
+					return fmt.Errorf("cold start K=%d (%s) run %d: %w", k, s, run+1, err)
+				}
+				family := ""
+				if s == dualStack {
+					family = fmt.Sprintf(" (dual stack: IPv4 %.1f ms, IPv6 %.1f ms)", ms(r.IPv4), ms(r.IPv6))
+				}
+				b.logf("cold start K=%-5d run %d: %6.1f ms wall, %6.1f ms CPU, peak RSS %.1f MB, %d notifications%s",
+					k, run+1, ms(r.Wall), ms(r.CPU), float64(r.PeakRSS)/1e6, r.Notified, family)
+				series[i].addRun(k, r)
 			}
-			b.logf("cold start K=%-5d run %d: %6.1f ms wall, %6.1f ms CPU, peak RSS %.1f MB, %d notifications",
-				k, run+1, ms(r.Wall), ms(r.CPU), float64(r.PeakRSS)/1e6, r.Notified)
-			walls = append(walls, secs(r.Wall))
-			cpus = append(cpus, secs(r.CPU))
-			rss = append(rss, float64(r.PeakRSS)/1e6)
-			anon = append(anon, float64(r.RSSAnon)/1e6)
-			file = append(file, float64(r.RSSFile)/1e6)
-			rates = append(rates, float64(k)/r.Wall.Seconds())
 		}
-		p := map[string]any{"k": k}
-		b.add(result{Measure: "cold_start", Metric: "wall", Unit: "s", Params: p}, walls)
-		b.add(result{Measure: "cold_start", Metric: "cpu", Unit: "s", Params: p}, cpus)
-		b.add(result{Measure: "cold_start", Metric: "peak_rss", Unit: "MB", Params: p}, rss)
-		b.add(result{Measure: "cold_start", Metric: "rss_anon_after", Unit: "MB", Params: p}, anon)
-		b.add(result{Measure: "cold_start", Metric: "rss_file_after", Unit: "MB", Params: p}, file)
-		b.add(result{Measure: "cold_start", Metric: "peers_per_second", Unit: "peers/s", Params: p}, rates)
+		for i, s := range stacks {
+			b.addCold(k, s, series[i])
+		}
 	}
 	return nil
 }
 
-func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, k, hostNum int, trace bool) (coldRun, error) {
+// coldKs is every K of -k, then those of -dual not in -k.
+func (b *bench) coldKs() []int {
+	ks := slices.Clone(b.cfg.Ks)
+	for _, k := range b.cfg.DualKs {
+		if !slices.Contains(ks, k) {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// addCold records the figures of one K and stack. IPv4-only figures have
+// the parameter k alone (as they always had); dual-stack ones also
+// family=dual, and the times at which each device was complete.
+func (b *bench) addCold(k int, s stack, c coldSeries) {
+	p := map[string]any{"k": k}
+	if s == dualStack {
+		p["family"] = s.String()
+	}
+	b.add(result{Measure: "cold_start", Metric: "wall", Unit: "s", Params: p}, c.walls)
+	b.add(result{Measure: "cold_start", Metric: "cpu", Unit: "s", Params: p}, c.cpus)
+	b.add(result{Measure: "cold_start", Metric: "peak_rss", Unit: "MB", Params: p}, c.rss)
+	b.add(result{Measure: "cold_start", Metric: "rss_anon_after", Unit: "MB", Params: p}, c.anon)
+	b.add(result{Measure: "cold_start", Metric: "rss_file_after", Unit: "MB", Params: p}, c.file)
+	b.add(result{Measure: "cold_start", Metric: "peers_per_second", Unit: "peers/s", Params: p}, c.rates)
+	if s == dualStack {
+		b.add(result{Measure: "cold_start", Metric: "ipv4_device_complete", Unit: "s", Params: p}, c.v4)
+		b.add(result{Measure: "cold_start", Metric: "ipv6_device_complete", Unit: "s", Params: p}, c.v6)
+	}
+}
+
+func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, s stack, k, hostNum int, trace bool) (coldRun, error) {
 	var r coldRun
 	if err := resetLeases(ctx, cli); err != nil {
 		return r, err
 	}
-	peers := synthPeers(1, k+1)
-	if _, err := putLeases(ctx, cli, peers); err != nil {
+	if err := useNetwork(ctx, cli, s); err != nil {
+		return r, err
+	}
+	v4, v6, err := seedLeases(ctx, cli, s, k)
+	if err != nil {
 		return r, err
 	}
 	n, err := l.AddNode(fmt.Sprintf("c%d", hostNum), hostNum)
@@ -85,18 +149,33 @@ func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, k, hos
 		return r, err
 	}
 	defer w.Close()
-	done := w.expect(peers, true)
+	// One expectation per device: the run is complete when both are.
+	done4 := w.expect(v4, true)
+	var done6 <-chan time.Time
+	if s == dualStack {
+		done6 = w.expect(v6, true)
+	}
 
 	start := time.Now()
 	if err := n.Start(); err != nil {
 		return r, err
 	}
 	pid := n.PID()
-	at, err := w.wait(done, b.cfg.ColdTimeout)
+	at, err := w.wait(done4, b.cfg.ColdTimeout)
 	if err != nil {
-		return r, fmt.Errorf("%w (overlayd log: %s)", err, n.LogFile)
+		return r, fmt.Errorf("IPv4 entries: %w (overlayd log: %s)", err, n.LogFile)
+	}
+	if done6 != nil {
+		at6, err := w.wait(done6, max(time.Second, b.cfg.ColdTimeout-time.Since(start)))
+		if err != nil {
+			return r, fmt.Errorf("IPv6 entries: %w (overlayd log: %s)", err, n.LogFile)
+		}
+		r.IPv4, r.IPv6 = at.Sub(start), at6.Sub(start)
+		at = latest(at, at6)
 	}
 	r.Wall = at.Sub(start)
+	// The CPU time is read once both devices are complete (the later
+	// wait returns at once if its notification came first).
 	if r.CPU, err = procCPU(pid); err != nil {
 		return r, err
 	}
@@ -117,6 +196,13 @@ func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, k, hos
 		return r, err
 	}
 	return r, nil
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // traceLog prints the daemon's log lines with their time from the exec of

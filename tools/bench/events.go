@@ -103,7 +103,7 @@ func (b *bench) benchEvents(ctx context.Context) error {
 }
 
 func (b *bench) eventsAt(ctx context.Context, base, hostNum int) error {
-	sh, err := b.seedHost(ctx, fmt.Sprintf("ev%d", hostNum), "w1", base)
+	sh, err := b.seedHost(ctx, fmt.Sprintf("ev%d", hostNum), "w1", base, ipv4Only)
 	if err != nil {
 		return err
 	}

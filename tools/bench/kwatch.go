@@ -31,10 +31,10 @@ type kernelWatch struct {
 	f *os.File
 
 	mu      sync.Mutex
-	routes  map[routeKey]struct{}     // our routes (proto 115)
+	routes  map[routeKey]struct{}     // our routes (proto 115), IPv4 and IPv6
 	dsts    map[netip.Prefix]int      // how many of them go to each destination
-	neighs  map[netip.Addr]vxlan.MAC  // permanent IPv4 neighbours by address
-	fdbs    map[vxlan.MAC]netip.Addr  // bridge FDB entries by MAC: last remote
+	neighs  map[netip.Addr]vxlan.MAC  // permanent IPv4 and IPv6 neighbours by address
+	fdbs    map[vxlan.MAC]netip.Addr  // bridge FDB entries by MAC: last remote (either family)
 	waiters map[*expectation]struct{} // pending expectations
 	err     error                     // the subscription broke (overflow): figures are void
 	msgs    int                       // notifications parsed
@@ -42,7 +42,10 @@ type kernelWatch struct {
 }
 
 // peerEntry is what a peer puts into the kernel: route to Subnet, neighbour
-// Subnet.Addr() -> MAC, FDB MAC -> PublicIP.
+// Subnet.Addr() -> MAC, FDB MAC -> PublicIP. A dual-stack peer is two: its
+// IPv4 entries on the IPv4 device, its IPv6 ones on the IPv6 device (the
+// watcher tells them apart by address family and by MAC, never by device:
+// the synthetic peers' IPv6 MACs differ from their IPv4 ones).
 type peerEntry struct {
 	Subnet   netip.Prefix
 	PublicIP netip.Addr
@@ -59,7 +62,9 @@ type expectation struct {
 	at      chan time.Time
 }
 
-// watchKernel subscribes in ns to IPv4 route and neighbour notifications.
+// watchKernel subscribes in ns to IPv4 and IPv6 route notifications and to
+// neighbour notifications (of every family: IPv4 and IPv6 neighbours, and
+// the bridge family's FDB entries).
 func watchKernel(ns netns.NsHandle) (*kernelWatch, error) {
 	var fd int
 	err := lab.Do(ns, func() (err error) {
@@ -69,13 +74,13 @@ func watchKernel(ns netns.NsHandle) (*kernelWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
-	// 10,000 peers are 30,000 notifications of ~1 KiB of socket memory each
-	// when they all land before we read: ask for room (root may exceed
-	// rmem_max with the FORCE variant).
+	// 10,000 peers are 30,000 notifications (60,000 in a dual stack) of
+	// ~1 KiB of socket memory each when they all land before we read: ask
+	// for room (root may exceed rmem_max with the FORCE variant).
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 128<<20); err != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 128<<20)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_NEIGH}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_IPV6_ROUTE | unix.RTMGRP_NEIGH}); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("netlink bind: %w", err)
 	}
@@ -168,6 +173,17 @@ type routeKey struct {
 
 func nlmAlign(n int) int { return (n + 3) &^ 3 }
 
+// addrFrom is the IPv4 or IPv6 address in an attribute (zero if neither).
+func addrFrom(val []byte) netip.Addr {
+	switch len(val) {
+	case 4:
+		return netip.AddrFrom4([4]byte(val))
+	case 16:
+		return netip.AddrFrom16([16]byte(val))
+	}
+	return netip.Addr{}
+}
+
 // attrs calls fn for each rtattr in b.
 func attrs(b []byte, fn func(typ uint16, val []byte)) {
 	for len(b) >= 4 {
@@ -182,15 +198,15 @@ func attrs(b []byte, fn func(typ uint16, val []byte)) {
 
 func (w *kernelWatch) route(body []byte, add bool, now time.Time) {
 	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags(4)
-	if len(body) < 12 || body[0] != unix.AF_INET || body[5] != vxlan.RouteProtocol {
+	if len(body) < 12 || (body[0] != unix.AF_INET && body[0] != unix.AF_INET6) || body[5] != vxlan.RouteProtocol {
 		return
 	}
 	var dst netip.Addr
 	var metric uint32
 	attrs(body[12:], func(typ uint16, val []byte) {
 		switch {
-		case typ == unix.RTA_DST && len(val) == 4:
-			dst = netip.AddrFrom4([4]byte(val))
+		case typ == unix.RTA_DST:
+			dst = addrFrom(val)
 		case typ == unix.RTA_PRIORITY && len(val) == 4:
 			metric = binary.NativeEndian.Uint32(val)
 		}
@@ -234,9 +250,7 @@ func (w *kernelWatch) neigh(body []byte, add bool, now time.Time) {
 	attrs(body[12:], func(typ uint16, val []byte) {
 		switch typ {
 		case unix.NDA_DST:
-			if len(val) == 4 {
-				dst = netip.AddrFrom4([4]byte(val))
-			}
+			dst = addrFrom(val)
 		case unix.NDA_LLADDR:
 			if len(val) == 6 {
 				mac, hasMAC = vxlan.MAC(val), true
@@ -244,7 +258,7 @@ func (w *kernelWatch) neigh(body []byte, add bool, now time.Time) {
 		}
 	})
 	switch family {
-	case unix.AF_INET:
+	case unix.AF_INET, unix.AF_INET6:
 		if !dst.IsValid() {
 			return
 		}

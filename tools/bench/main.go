@@ -3,7 +3,8 @@
 //
 //	cold      cold start: K leases in etcd -> overlayd started in a fresh host
 //	          namespace -> its last route, neighbour and FDB entry present
-//	          (wall, the daemon's CPU time, its peak RSS, peers/s)
+//	          (wall, the daemon's CPU time, its peak RSS, peers/s); with
+//	          dual-stack leases too (-dual): until both devices are complete
 //	events    a running daemon with a base of peers: 100 leases added in one
 //	          etcd transaction, then deleted, and single lease events, timed
 //	          from the write's commit to the kernel entries present (gone)
@@ -58,7 +59,8 @@ type config struct {
 	Root, BinDir, OutDir string
 	Sections             []string
 	Ks                   []int
-	Runs                 int // repetitions of cheap figures (cold starts, streams, restarts)
+	DualKs               []int // peer counts of the dual-stack cold starts
+	Runs                 int   // repetitions of cheap figures (cold starts, streams, restarts)
 	EventBase            []int
 	Batches              int // 100-lease add/delete rounds
 	Events               int // single add and delete events each
@@ -79,12 +81,13 @@ var allSections = []string{"cold", "events", "cni", "net", "restart"}
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("overlay-bench", flag.ContinueOnError)
 	var c config
-	var ks, base, only string
+	var ks, dual, base, only string
 	fs.StringVar(&c.Root, "root", ".", "repository root (for deploy/cni/10-overlay.conflist)")
 	fs.StringVar(&c.BinDir, "bin", "bin", "directory with overlayd, overlay-cni and cni/ (make build plugins)")
 	fs.StringVar(&c.OutDir, "out", "bench/results", "directory for the JSON lines file (\"\" writes none)")
 	fs.StringVar(&only, "only", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ","))
 	fs.StringVar(&ks, "k", "100,1000,5000,10000", "peer counts of the cold starts")
+	fs.StringVar(&dual, "dual", "1000,5000", "peer counts of the dual-stack cold starts, each run alternated with an IPv4-only one at the same K (\"\": none)")
 	fs.IntVar(&c.Runs, "runs", 5, "repetitions of each cold start, stream and restart")
 	fs.StringVar(&base, "event-base", "1000,5000", "peers already programmed while the event figures are taken (comma-separated for several)")
 	fs.IntVar(&c.Batches, "batches", 10, "rounds of 100 leases added and deleted at once")
@@ -106,10 +109,13 @@ func parseFlags(args []string) (config, error) {
 	if c.Ks, err = intList(ks); err != nil {
 		return c, fmt.Errorf("-k: %w", err)
 	}
+	if c.DualKs, err = intList(dual); err != nil {
+		return c, fmt.Errorf("-dual: %w", err)
+	}
 	if c.EventBase, err = intList(base); err != nil {
 		return c, fmt.Errorf("-event-base: %w", err)
 	}
-	for _, k := range append(slices.Clone(c.Ks), c.EventBase...) {
+	for _, k := range slices.Concat(c.Ks, c.DualKs, c.EventBase) {
 		if k < 0 || k+c.Events+200 > maxPeers {
 			return c, fmt.Errorf("peer count %d out of range 0..%d", k, maxPeers-c.Events-200)
 		}
@@ -186,19 +192,25 @@ func (b *bench) add(r result, samples []float64) {
 	b.results = append(b.results, r)
 }
 
-// find returns the figure measure/metric with the given params.
+// find returns the figure measure/metric with the given params. A figure
+// with a family (a dual-stack cold start) is found only by a query that
+// names it: the IPv4-only figure of the same measure and K has none.
 func (b *bench) find(measure, metric string, params ...any) (result, bool) {
 	for _, r := range b.results {
 		if r.Measure != measure || r.Metric != metric {
 			continue
 		}
+		_, unnamedFamily := r.Params["family"]
 		match := true
 		for i := 0; i+1 < len(params); i += 2 {
+			if params[i] == "family" {
+				unnamedFamily = false
+			}
 			if fmt.Sprint(r.Params[params[i].(string)]) != fmt.Sprint(params[i+1]) {
 				match = false
 			}
 		}
-		if match {
+		if match && !unnamedFamily {
 			return r, true
 		}
 	}

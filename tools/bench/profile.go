@@ -21,6 +21,7 @@ import (
 // and its event path can be read function by function:
 //
 //	cold.cpu.pprof, cold.allocs.pprof   cold start with the largest K
+//	cold-dual.cpu.pprof, ...            dual-stack cold start with the largest K of -dual (if any)
 //	event.cpu.pprof, event.allocs.pprof single lease events at the first event base
 //
 // The daemon shares the process with the observer and etcd; the profiles
@@ -29,9 +30,13 @@ func (b *bench) profile(ctx context.Context) error {
 	if err := os.MkdirAll(b.cfg.ProfileDir, 0o755); err != nil {
 		return err
 	}
-	k := slicesMax(b.cfg.Ks)
-	if err := b.profileCold(ctx, k); err != nil {
+	if err := b.profileCold(ctx, slicesMax(b.cfg.Ks), ipv4Only); err != nil {
 		return fmt.Errorf("cold path: %w", err)
+	}
+	if len(b.cfg.DualKs) > 0 {
+		if err := b.profileCold(ctx, slicesMax(b.cfg.DualKs), dualStack); err != nil {
+			return fmt.Errorf("dual-stack cold path: %w", err)
+		}
 	}
 	base := 1000
 	if len(b.cfg.EventBase) > 0 {
@@ -90,8 +95,12 @@ func startInProcess(ctx context.Context, endpoint, name, dir string, h *lab.Host
 	return d, nil
 }
 
-func (b *bench) profileCold(ctx context.Context, k int) error {
-	sh, err := b.seedHost(ctx, "pcold", "pc1", k)
+func (b *bench) profileCold(ctx context.Context, k int, s stack) error {
+	name := "cold"
+	if s == dualStack {
+		name = "cold-dual"
+	}
+	sh, err := b.seedHost(ctx, "p"+name, "pc1", k, s)
 	if err != nil {
 		return err
 	}
@@ -99,7 +108,7 @@ func (b *bench) profileCold(ctx context.Context, k int) error {
 	l, n, w, peers := sh.lab, sh.node, sh.watch, sh.peers
 	done := w.expect(peers, true)
 	runtime.GC()
-	stopProf, err := startProfile(b.cfg.ProfileDir, "cold")
+	stopProf, err := startProfile(b.cfg.ProfileDir, name)
 	if err != nil {
 		return err
 	}
@@ -116,7 +125,7 @@ func (b *bench) profileCold(ctx context.Context, k int) error {
 		_ = d.stop()
 		return werr
 	}
-	b.logf("in-process cold start of %d peers: %s (profiles cold.*.pprof)", k, at.Sub(start).Round(time.Millisecond))
+	b.logf("in-process %s cold start of %d peers: %s (profiles %s.*.pprof)", s, k, at.Sub(start).Round(time.Millisecond), name)
 	if err := d.stop(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -124,7 +133,7 @@ func (b *bench) profileCold(ctx context.Context, k int) error {
 }
 
 func (b *bench) profileEvents(ctx context.Context, base int) error {
-	sh, err := b.seedHost(ctx, "pev", "pe1", base)
+	sh, err := b.seedHost(ctx, "pev", "pe1", base, ipv4Only)
 	if err != nil {
 		return err
 	}

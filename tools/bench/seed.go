@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/overlaynet/overlay/internal/testing/lab"
 	"net/netip"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -17,6 +17,42 @@ import (
 // benchNetwork is the cluster network of the control-plane benchmarks: a /8
 // of /24s has room for 65,000 peers.
 const benchNetwork = `{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}`
+
+// benchNetworkDual is benchNetwork with IPv6 as well: a /48 of /64s, room
+// for as many peers.
+const benchNetworkDual = `{"Network":"10.0.0.0/8","SubnetLen":24,"EnableIPv6":true,"IPv6Network":"fd00:10::/48","IPv6SubnetLen":64,"Backend":{"Type":"vxlan"}}`
+
+// stack is the address families of a synthetic cluster.
+type stack int
+
+const (
+	ipv4Only  stack = iota // IPv4 leases, one VXLAN device
+	dualStack              // dual-stack leases, a second (IPv6) device
+)
+
+// String is the stack's name in the results ("family").
+func (s stack) String() string {
+	if s == dualStack {
+		return "dual"
+	}
+	return "ipv4"
+}
+
+// network is the stack's network config.
+func (s stack) network() string {
+	if s == dualStack {
+		return benchNetworkDual
+	}
+	return benchNetwork
+}
+
+// useNetwork stores s's network config, for the daemons started next.
+func useNetwork(ctx context.Context, cli *clientv3.Client, s stack) error {
+	if _, err := etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix).PutConfig(ctx, []byte(s.network())); err != nil {
+		return fmt.Errorf("store the %s network config: %w", s, err)
+	}
+	return nil
+}
 
 // maxTxnOps stays under etcd's default limit of 128 operations per
 // transaction.
@@ -39,19 +75,48 @@ func synthPeer(i int) peerEntry {
 	}
 }
 
+// synthPeer6 is the IPv6 half of dual-stack peer i: subnet
+// fd00:10:0:<i>::/64, public IPv6 fd19::<i> (outside the lab's underlay
+// fd18::/64), VTEP MAC 0e:00:00:01:<i/256>:<i%256> (never one of the IPv4
+// MACs).
+func synthPeer6(i int) peerEntry {
+	hi, lo := byte(i>>8), byte(i)
+	return peerEntry{
+		Subnet:   netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x00, 0x00, 0x10, 0, 0, hi, lo}), 64),
+		PublicIP: netip.AddrFrom16([16]byte{0xfd, 0x19, 14: hi, 15: lo}),
+		MAC:      vxlan.MAC{0x0e, 0, 0, 1, hi, lo},
+	}
+}
+
 // synthPeers returns peers from..to-1.
-func synthPeers(from, to int) []peerEntry {
+func synthPeers(from, to int) []peerEntry { return synthRange(synthPeer, from, to) }
+
+// synthPeers6 returns the IPv6 halves of peers from..to-1.
+func synthPeers6(from, to int) []peerEntry { return synthRange(synthPeer6, from, to) }
+
+func synthRange(peer func(int) peerEntry, from, to int) []peerEntry {
 	out := make([]peerEntry, 0, to-from)
 	for i := from; i < to; i++ {
-		out = append(out, synthPeer(i))
+		out = append(out, peer(i))
 	}
 	return out
 }
 
 // leaseValue is the flannel-compatible value of a synthetic lease.
 func leaseValue(p peerEntry) string {
+	v, _ := leaseAttrs(p).Marshal()
+	return string(v)
+}
+
+func leaseAttrs(p peerEntry) subnet.LeaseAttrs {
 	data, _ := json.Marshal(subnet.VXLANData{VNI: 1, VtepMAC: p.MAC.String()})
-	v, _ := json.Marshal(subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: data})
+	return subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: data}
+}
+
+// dualLeaseValue is the value of a dual-stack lease: v4's fields, plus
+// PublicIPv6 and BackendV6Data from v6.
+func dualLeaseValue(v4, v6 peerEntry) string {
+	v, _ := leaseAttrs(v4).WithIPv6(v6.PublicIP, 1, v6.MAC.HardwareAddr()).Marshal()
 	return string(v)
 }
 
@@ -59,40 +124,63 @@ func leaseKey(p netip.Prefix) string {
 	return etcdv3.DefaultPrefix + "/subnets/" + subnet.Key(p)
 }
 
+func dualLeaseKey(v4, v6 netip.Prefix) string {
+	return etcdv3.DefaultPrefix + "/subnets/" + subnet.Subnets{IPv4: v4, IPv6: v6}.Key()
+}
+
 // putLeases writes peers' leases in transactions of up to maxTxnOps keys
 // (one transaction, one watch response, when there are few enough) and
 // returns the revision of the last.
 func putLeases(ctx context.Context, cli *clientv3.Client, peers []peerEntry) (int64, error) {
+	return inTxns(ctx, cli, "write", len(peers), func(i int) clientv3.Op {
+		return clientv3.OpPut(leaseKey(peers[i].Subnet), leaseValue(peers[i]))
+	})
+}
+
+// putDualLeases writes dual-stack leases, v4[i] with v6[i], the same way.
+func putDualLeases(ctx context.Context, cli *clientv3.Client, v4, v6 []peerEntry) (int64, error) {
+	return inTxns(ctx, cli, "write", len(v4), func(i int) clientv3.Op {
+		return clientv3.OpPut(dualLeaseKey(v4[i].Subnet, v6[i].Subnet), dualLeaseValue(v4[i], v6[i]))
+	})
+}
+
+// deleteLeases deletes peers' leases the same way.
+func deleteLeases(ctx context.Context, cli *clientv3.Client, peers []peerEntry) (int64, error) {
+	return inTxns(ctx, cli, "delete", len(peers), func(i int) clientv3.Op {
+		return clientv3.OpDelete(leaseKey(peers[i].Subnet))
+	})
+}
+
+// inTxns commits the operations op(0..n-1) in transactions of up to
+// maxTxnOps and returns the revision of the last.
+func inTxns(ctx context.Context, cli *clientv3.Client, verb string, n int, op func(i int) clientv3.Op) (int64, error) {
 	var rev int64
-	for start := 0; start < len(peers); start += maxTxnOps {
+	for start := 0; start < n; start += maxTxnOps {
 		ops := make([]clientv3.Op, 0, maxTxnOps)
-		for _, p := range peers[start:min(len(peers), start+maxTxnOps)] {
-			ops = append(ops, clientv3.OpPut(leaseKey(p.Subnet), leaseValue(p)))
+		for i := start; i < min(n, start+maxTxnOps); i++ {
+			ops = append(ops, op(i))
 		}
 		resp, err := cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return 0, fmt.Errorf("write %d leases: %w", len(ops), err)
+			return 0, fmt.Errorf("%s %d leases: %w", verb, len(ops), err)
 		}
 		rev = resp.Header.Revision
 	}
 	return rev, nil
 }
 
-// deleteLeases deletes peers' leases the same way.
-func deleteLeases(ctx context.Context, cli *clientv3.Client, peers []peerEntry) (int64, error) {
-	var rev int64
-	for start := 0; start < len(peers); start += maxTxnOps {
-		ops := make([]clientv3.Op, 0, maxTxnOps)
-		for _, p := range peers[start:min(len(peers), start+maxTxnOps)] {
-			ops = append(ops, clientv3.OpDelete(leaseKey(p.Subnet)))
-		}
-		resp, err := cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return 0, fmt.Errorf("delete %d leases: %w", len(ops), err)
-		}
-		rev = resp.Header.Revision
+// seedLeases writes k synthetic leases of stack s (peers 1..k) and returns
+// every kernel entry a host must program for them: the IPv4 peers, then,
+// in a dual-stack cluster, the IPv6 ones.
+func seedLeases(ctx context.Context, cli *clientv3.Client, s stack, k int) (v4, v6 []peerEntry, err error) {
+	v4 = synthPeers(1, k+1)
+	if s != dualStack {
+		_, err = putLeases(ctx, cli, v4)
+		return v4, nil, err
 	}
-	return rev, nil
+	v6 = synthPeers6(1, k+1)
+	_, err = putDualLeases(ctx, cli, v4, v6)
+	return v4, v6, err
 }
 
 // resetLeases empties the subnets and nodes prefixes and compacts etcd, so
@@ -121,11 +209,12 @@ type seededHost struct {
 	cli   *clientv3.Client
 	node  *lab.Node
 	watch *kernelWatch
-	peers []peerEntry
+	peers []peerEntry // every kernel entry of the peers: IPv4, then IPv6 (dual stack)
 }
 
-// seedHost builds a seededHost: a lab tagged tag, k peers, host name.
-func (b *bench) seedHost(ctx context.Context, tag, name string, k int) (_ *seededHost, err error) {
+// seedHost builds a seededHost: a lab tagged tag, k peers of stack s, host
+// name.
+func (b *bench) seedHost(ctx context.Context, tag, name string, k int, s stack) (_ *seededHost, err error) {
 	// h, not the named result: a failed step returns nil, and the cleanup
 	// must still reach what was built so far.
 	h := &seededHost{}
@@ -134,16 +223,17 @@ func (b *bench) seedHost(ctx context.Context, tag, name string, k int) (_ *seede
 			h.Close()
 		}
 	}()
-	if h.lab, err = b.newLab(ctx, tag, benchNetwork); err != nil {
+	if h.lab, err = b.newLab(ctx, tag, s.network()); err != nil {
 		return nil, err
 	}
 	if h.cli, err = h.lab.Etcd.Client(); err != nil {
 		return nil, err
 	}
-	h.peers = synthPeers(1, k+1)
-	if _, err = putLeases(ctx, h.cli, h.peers); err != nil {
+	v4, v6, err := seedLeases(ctx, h.cli, s, k)
+	if err != nil {
 		return nil, err
 	}
+	h.peers = append(v4, v6...)
 	if h.node, err = h.lab.AddNode(name, 1); err != nil {
 		return nil, err
 	}

@@ -58,6 +58,20 @@ func (b *bench) headlines() []headline {
 	fig("cold start, 1000 peers in etcd → all programmed", "1.04 s", "≤ 0.12 s", "cold", "<=", 0.12, "cold_start", "wall", "k", 1000)
 	fig("cold start, 5000 peers → all programmed (wall)", "5.67 s", "≤ 0.5 s", "cold", "<=", 0.5, "cold_start", "wall", "k", 5000)
 	fig("cold start, 5000 peers → all programmed (CPU)", "3.1 s", "≤ 0.5 s", "cold", "<=", 0.5, "cold_start", "cpu", "k", 5000)
+	// Issue #16: a dual-stack cold start within 2× of the IPv4-only one
+	// at the same K (their runs alternate).
+	for _, k := range b.cfg.DualKs {
+		h := headline{name: fmt.Sprintf("dual-stack cold start, %d peers → both devices programmed", k), flannel: "—", target: "≤ 2× IPv4 only"}
+		d, ok1 := b.find("cold_start", "wall", "k", k, "family", dualStack)
+		v4, ok2 := b.find("cold_start", "wall", "k", k)
+		if ok1 && ok2 {
+			h.value = fmt.Sprintf("%s, %.2f× IPv4 only (%s)", span(d), d.Median/v4.Median, fmtFig(v4.Median, v4.Unit))
+			h.met = check(d.Median/v4.Median, "<=", 2)
+		} else {
+			h.value = missing("cold")
+		}
+		rows = append(rows, h)
+	}
 	base := 0
 	if len(b.cfg.EventBase) > 0 {
 		base = b.cfg.EventBase[0]

@@ -137,10 +137,17 @@ func (a LeaseAttrs) VXLANv6() (VXLANData, error) {
 	return decodeVXLAN("BackendV6Data", a.BackendV6Data)
 }
 
+// The errors of absent backend data, made once: an IPv4-only lease has no
+// BackendV6Data, and every check of it would otherwise allocate one.
+var missingData = map[string]error{
+	"BackendData":   fmt.Errorf("%w: BackendData is missing", ErrInvalidLease),
+	"BackendV6Data": fmt.Errorf("%w: BackendV6Data is missing", ErrInvalidLease),
+}
+
 func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
 	var d VXLANData
 	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return d, fmt.Errorf("%w: %s is missing", ErrInvalidLease, name)
+		return d, missingData[name]
 	}
 	if err := decodeObject(name+".", raw, []field{
 		{"VNI", &d.VNI, wantNumber, nil},
@@ -189,20 +196,37 @@ func orphaned(format string, args ...any) error {
 
 // Orphaned says why l does not fit this network config, or nil: the
 // checks of Peer that depend on the config rather than on the lease alone.
-func (c *Config) Orphaned(l Lease) error {
+func (c *Config) Orphaned(l Lease) error { return c.orphaned(l, l.Attrs.vxlanData()) }
+
+func (c *Config) orphaned(l Lease, d vxlanData) error {
 	if err := c.fits(ipv4, c.EnableIPv4, &c.Pool, l.Subnet); err != nil {
 		return err
 	}
 	if err := c.fits(ipv6, c.EnableIPv6, &c.IPv6, l.IPv6Subnet); err != nil {
 		return err
 	}
-	if d, err := l.Attrs.VXLAN(); err == nil && d.VNI != 0 && d.VNI != c.Backend.VNI {
-		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.VNI, c.Backend.VNI)
+	if d.err4 == nil && d.v4.VNI != 0 && d.v4.VNI != c.Backend.VNI {
+		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.v4.VNI, c.Backend.VNI)
 	}
-	if d, err := l.Attrs.VXLANv6(); err == nil && d.VNI != 0 && d.VNI != c.Backend.VNI {
-		return orphaned("its IPv6 VNI %d is not the network's Backend.VNI %d", d.VNI, c.Backend.VNI)
+	if d.err6 == nil && d.v6.VNI != 0 && d.v6.VNI != c.Backend.VNI {
+		return orphaned("its IPv6 VNI %d is not the network's Backend.VNI %d", d.v6.VNI, c.Backend.VNI)
 	}
 	return nil
+}
+
+// vxlanData is a lease value's backend data of each family, decoded once
+// for all of Peer's checks (with thousands of leases at a cold start, each
+// JSON decoding counts).
+type vxlanData struct {
+	v4, v6     VXLANData
+	err4, err6 error
+}
+
+func (a LeaseAttrs) vxlanData() vxlanData {
+	var d vxlanData
+	d.v4, d.err4 = a.VXLAN()
+	d.v6, d.err6 = a.VXLANv6()
+	return d
 }
 
 // fits says why a lease's subnet s of family f does not fit pool, which
@@ -232,8 +256,10 @@ func (c *Config) fits(f family, enabled bool, pool *Pool, s netip.Prefix) error 
 // Peer applies it to what the daemon reads; `overlayd lease reserve`
 // applies it to what it writes, so the CLI never writes what a daemon
 // would skip.
-func (c *Config) CheckClaim(l Lease) error {
-	if err := c.Orphaned(l); err != nil {
+func (c *Config) CheckClaim(l Lease) error { return c.checkClaim(l, l.Attrs.vxlanData()) }
+
+func (c *Config) checkClaim(l Lease, d vxlanData) error {
+	if err := c.orphaned(l, d); err != nil {
 		return err
 	}
 	// A reservation may name only its node, whose addresses are not known
@@ -276,19 +302,20 @@ func (c *Config) checkVTEP(f family, enabled bool, pool *Pool, raw string) error
 // the IPv6 data plane take it (the zero Peer for a family the network does
 // not carry).
 func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
-	if err := c.CheckClaim(l); err != nil {
+	d := l.Attrs.vxlanData()
+	if err := c.checkClaim(l, d); err != nil {
 		return v4, v6, err
 	}
 	if l.Attrs.BackendType != DefaultBackendType {
 		return v4, v6, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
 	}
 	if c.EnableIPv4 {
-		if v4, err = peerOf(l.Subnet, l.Attrs.PublicAddr(), l.Attrs.VXLAN); err != nil {
+		if v4, err = peerOf(l.Subnet, l.Attrs.PublicAddr(), d.v4, d.err4); err != nil {
 			return v4, v6, err
 		}
 	}
 	if c.EnableIPv6 {
-		if v6, err = peerOf(l.IPv6Subnet, l.Attrs.PublicAddrV6(), l.Attrs.VXLANv6); err != nil {
+		if v6, err = peerOf(l.IPv6Subnet, l.Attrs.PublicAddrV6(), d.v6, d.err6); err != nil {
 			return v4, v6, err
 		}
 	}
@@ -296,9 +323,8 @@ func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
 }
 
 // peerOf is one family's peer, given a subnet and public address CheckClaim
-// accepted and the family's backend data.
-func peerOf(s netip.Prefix, public netip.Addr, data func() (VXLANData, error)) (backend.Peer, error) {
-	d, err := data()
+// accepted and the family's backend data as decoded (d, err).
+func peerOf(s netip.Prefix, public netip.Addr, d VXLANData, err error) (backend.Peer, error) {
 	if err != nil {
 		return backend.Peer{}, err
 	}

@@ -131,6 +131,35 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// Network is a cluster network and the VXLAN device that carries it on
+// this host ("" for none).
+type Network struct {
+	Prefix netip.Prefix
+	Device string
+}
+
+// NewNetworks is New for a list of cluster networks, at most one per
+// address family, each with its device.
+func NewNetworks(nets []Network, opts ...Option) (*Masq, error) {
+	if len(nets) == 0 {
+		return nil, fmt.Errorf("%w: no cluster network", ErrInvalidConfig)
+	}
+	for i, n := range nets {
+		if i > 0 {
+			opts = append(opts, WithNetwork(n.Prefix))
+		}
+		if n.Device == "" {
+			continue
+		}
+		if n.Prefix.Addr().Is4() {
+			opts = append(opts, WithOverlayDevice(n.Device))
+		} else {
+			opts = append(opts, WithIPv6OverlayDevice(n.Device))
+		}
+	}
+	return New(nets[0].Prefix, opts...)
+}
+
 // New returns a Masq for the cluster network, an IPv4 prefix such as
 // 10.244.0.0/16 or an IPv6 one such as fd00:10:244::/48 (host bits are
 // ignored); WithNetwork adds the other family's. It touches nothing in the

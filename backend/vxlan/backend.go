@@ -1,8 +1,10 @@
 package vxlan
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -72,9 +74,13 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	name := cfg.fam.deviceName(cfg.VNI)
+	name := cmp.Or(cfg.DeviceName, cfg.fam.deviceName(cfg.VNI))
 	log = log.With("component", "vxlan", "device", name)
-	mac, _ := backend.MACFrom(cfg.fam.vtepMAC(cfg.NodeID, cfg.VNI))
+	hw := cfg.VtepMAC
+	if hw == nil {
+		hw = cfg.fam.vtepMAC(cfg.NodeID, cfg.VNI)
+	}
+	mac, _ := backend.MACFrom(hw) // withDefaults checked an explicit one
 	b := &Backend{
 		cfg:    cfg,
 		log:    log,
@@ -121,6 +127,45 @@ func (b *Backend) EnsureDevice(ctx context.Context) (DeviceInfo, error) {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	return b.rec.ensureDevice()
+}
+
+// AdoptRoutes makes the routes another program left on our device (of our
+// family, not of our protocol) ours: each is replaced in place, same key
+// (destination and metric), with our protocol, one atomic write per route.
+// The next pass then replaces each by our route at its own metric, or
+// removes it if no peer wants it, the way it treats any stale route of
+// ours: the new route is in place before the old one goes. This is how a
+// host taken over from flanneld keeps forwarding through the switch. It
+// returns the number of routes adopted.
+func (b *Backend) AdoptRoutes(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	dev, err := b.nl.LinkByName(b.name)
+	if err != nil {
+		return 0, fmt.Errorf("adopt routes: %w", err)
+	}
+	routes, err := b.nl.RouteListFamily(b.cfg.fam)
+	if err != nil {
+		return 0, fmt.Errorf("adopt routes: list routes: %w", err)
+	}
+	var writes []Write
+	for _, r := range routes {
+		if r.LinkIndex == dev.Index && r.Protocol != RouteProtocol && !isConnected(r) {
+			r.Protocol = RouteProtocol
+			writes = append(writes, Write{Kind: RouteReplace, Route: r})
+		}
+	}
+	adopted := 0
+	for i, err := range b.nl.Write(writes) {
+		if err != nil {
+			return adopted, fmt.Errorf("adopt route %s: %w", writes[i].Route, err)
+		}
+		adopted++
+	}
+	return adopted, nil
 }
 
 // Family is the address family of the overlay b programs, chosen by its

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
@@ -100,6 +101,13 @@ type Config struct {
 
 	OwnSubnet netip.Prefix // this host's lease, e.g. 10.244.7.0/24
 	NodeID    string       // stable host identity; seeds the VTEP MAC
+
+	// DeviceName and VtepMAC, if set, replace the device's name
+	// (overlay.<VNI>, overlay-v6.<VNI>) and the MAC derived from NodeID:
+	// a host taken over from flanneld keeps flannel's device and MAC, so
+	// that the other hosts' entries for it stay valid.
+	DeviceName string
+	VtepMAC    net.HardwareAddr
 
 	// ResyncInterval is how often the kernel is listed and repaired even
 	// when nothing was notified (jittered by ±10%). 0 means
@@ -224,6 +232,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Underlay == "" && c.UnderlayIndex <= 0 {
 		errs = append(errs, errors.New("no underlay link: set Underlay (name) or UnderlayIndex"))
+	}
+	if c.DeviceName != "" && (len(c.DeviceName) > 15 || strings.ContainsAny(c.DeviceName, "/ \x00")) {
+		errs = append(errs, fmt.Errorf("device name %q is not a Linux interface name", c.DeviceName))
+	}
+	if m, ok := backend.MACFrom(c.VtepMAC); c.VtepMAC != nil && (!ok || m.IsZero() || m[0]&1 == 1) {
+		errs = append(errs, fmt.Errorf("VTEP MAC %v is not a unicast MAC", c.VtepMAC))
 	}
 	var err error
 	if c.fam, err = c.family(); err != nil {

@@ -289,8 +289,12 @@ func (d *device) explainLinkAdd(want Link, err error) error {
 		if links, lerr := d.nl.LinkList(); lerr == nil {
 			for _, l := range links {
 				if l.Kind == "vxlan" && l.VNI == want.VNI && l.Port == want.Port && l.Name != want.Name && l.Family() == want.Family() {
-					return fmt.Errorf("create %s: device %s already uses VNI %d on port %d; delete it or choose another VNI/port: %w",
-						want.Name, l.Name, want.VNI, want.Port, err)
+					hint := "delete it or choose another VNI/port"
+					if strings.HasPrefix(l.Name, "flannel") {
+						hint = "to take over flanneld's device, its routes and masquerade in place, run overlayd with --adopt-flannel (Documentation/migrating-from-flannel.md); else " + hint
+					}
+					return fmt.Errorf("create %s: device %s already uses VNI %d on port %d; %s: %w",
+						want.Name, l.Name, want.VNI, want.Port, hint, err)
 				}
 			}
 		}

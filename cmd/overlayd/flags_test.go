@@ -60,6 +60,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "kernel-resync", "0", "want 1s or more"},
 	{[]string{"run"}, "lease-resync", "-5m", "want 1s or more"},
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
+	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
 	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
 	{[]string{"run"}, "health-addr", "127.0.0.1:99999", "not 0..65535"},
 	{[]string{"run"}, "health-addr", "example.com:9436", "not an IP address or localhost"},

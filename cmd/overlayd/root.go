@@ -138,6 +138,7 @@ are taken only from the command line.`,
 		newStatusCommand(g),
 		newLeaseCommand(g),
 		newConfigCommand(g),
+		newMasqueradeCommand(g),
 		newVersionCommand(),
 	)
 	// cobra's own commands now, so they get the same treatment.

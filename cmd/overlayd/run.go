@@ -87,7 +87,7 @@ func newRunCommand(g *GlobalFlags) *cobra.Command {
 		h                         hostFlags
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
-		ipMasq                    bool
+		ipMasq, adoptFlannel      bool
 		healthAddr                string
 	)
 	c := &cobra.Command{
@@ -113,7 +113,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 				return err
 			}
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
-			cfg.IPMasq, cfg.HealthAddr = ipMasq, healthAddr
+			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
 			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -129,12 +129,14 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().DurationVar(&leaseResync, "lease-resync", 5*time.Minute, "how often to re-list all leases from etcd in case a watch stalled")
 	c.Flags().BoolVar(&ipMasq, "ip-masq", true, "masquerade pod traffic leaving the cluster network (nftables table \"overlay\"); pod-to-pod traffic is never NATed")
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
+	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
+	checkFlag(c.Flags(), "adopt-flannel", boolean)
 	checkFlag(c.Flags(), "lease-ttl", durationAtLeast(10*time.Second))
 	checkFlag(c.Flags(), "kernel-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "lease-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "ip-masq", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
-	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr")
+	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr", "adopt-flannel")
 	return usesEtcd(c)
 }
 

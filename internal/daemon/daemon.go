@@ -56,6 +56,12 @@ type Config struct {
 	// IPMasq: overlayd masquerades pod traffic leaving the cluster network
 	// (so subnet.env tells the bridge plugin not to).
 	IPMasq bool
+	// AdoptFlannel takes over what flanneld left on this host, in place
+	// (--adopt-flannel): its devices flannel.<VNI> and flannel-v6.<VNI>
+	// with their MACs, the routes on them, and its masquerade chain once
+	// ours is in place. Its lease is adopted as any lease naming this
+	// host's public IP is. Without flannel's devices it does nothing.
+	AdoptFlannel bool
 
 	// HealthAddr is where /healthz, /readyz, /metrics and /status are
 	// served ("" disables); HealthListener, if set, is used instead (tests
@@ -176,8 +182,11 @@ type daemon struct {
 	dev    vxlan.DeviceInfo
 	be6    *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
 	dev6   vxlan.DeviceInfo
-	peers  *peerSet
-	env    *envKeeper
+	// flannel4 and flannel6 are flanneld's devices being taken over
+	// (AdoptFlannel), zero if none.
+	flannel4, flannel6 flannelDevice
+	peers              *peerSet
+	env                *envKeeper
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"time"
 
@@ -30,20 +31,18 @@ type Kernel interface {
 	// Masquerade installs the masquerade of traffic from each cluster
 	// network (one per address family) to outside it and returns what
 	// keeps it in place.
-	Masquerade(networks []MasqNetwork, log *slog.Logger) (Masquerader, error)
-}
-
-// MasqNetwork is a cluster network and its VXLAN device.
-type MasqNetwork struct {
-	Network netip.Prefix
-	Device  string
+	Masquerade(networks []masq.Network, log *slog.Logger) (Masquerader, error)
+	// LinkMAC returns the MAC of the link called name, if there is one.
+	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
 }
 
 // Masquerader keeps the masquerade in place until ctx ends (Run); Close
-// releases it and leaves the rules installed.
+// releases it and leaves the rules installed. RemoveFlannel deletes the
+// masquerade flanneld left (see masq.Masq.RemoveFlannel).
 type Masquerader interface {
 	Run(ctx context.Context) error
 	Close() error
+	RemoveFlannel() ([]string, error)
 }
 
 // hostKernel is the real Kernel, in namespace ns (closed: the process's).
@@ -66,30 +65,32 @@ func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 	return nl, func() { _ = nl.Close() }, nil
 }
 
+func (k hostKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return nil, false, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("look up %s: %w", name, err)
+	}
+	return l.Attrs().HardwareAddr, true, nil
+}
+
 // masqInterval is how often the masquerade table is checked and repaired.
 const masqInterval = 30 * time.Second
 
-func (k hostKernel) Masquerade(networks []MasqNetwork, log *slog.Logger) (Masquerader, error) {
-	if len(networks) == 0 {
-		return nil, errors.New("--ip-masq: no cluster network to masquerade")
-	}
+func (k hostKernel) Masquerade(networks []masq.Network, log *slog.Logger) (Masquerader, error) {
 	opts := []masq.Option{masq.WithLogger(log)}
-	var all []netip.Prefix
-	for _, n := range networks {
-		all = append(all, n.Network)
-		if n.Network.Addr().Is4() {
-			opts = append(opts, masq.WithOverlayDevice(n.Device))
-		} else {
-			opts = append(opts, masq.WithIPv6OverlayDevice(n.Device))
-		}
-	}
-	for _, p := range all[1:] {
-		opts = append(opts, masq.WithNetwork(p))
-	}
 	if k.ns.IsOpen() {
 		opts = append(opts, masq.WithNetNS(k.ns))
 	}
-	mq, err := masq.New(all[0], opts...)
+	mq, err := masq.NewNetworks(networks, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +100,7 @@ func (k hostKernel) Masquerade(networks []MasqNetwork, log *slog.Logger) (Masque
 	}
 	if drops, err := mq.ForwardDrops(); err == nil && len(drops) > 0 {
 		log.Warn("forward chains with policy drop exist; they drop pod traffic unless they accept the cluster networks: add that accept there",
-			"chains", drops, "networks", all)
+			"chains", drops, "networks", mq.Networks())
 	}
 	return keptMasq{mq}, nil
 }

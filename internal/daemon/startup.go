@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
@@ -48,10 +49,13 @@ func (d *daemon) join(ctx context.Context) error {
 	}
 	// An IPv6-only network keeps its leases apart (under subnets6/).
 	d.reg = d.reg.For(d.netCfg)
+	if err := d.findFlannel(); err != nil {
+		return err
+	}
 
 	vni := d.netCfg.Backend.VNI
-	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: vxlan.VtepMAC(d.nodeID, vni),
-		PublicIPv6: d.ul.PublicIPv6, VtepMACv6: vxlan.VtepMACv6(d.nodeID, vni),
+	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: d.flannel4.macOr(vxlan.VtepMAC(d.nodeID, vni)),
+		PublicIPv6: d.ul.PublicIPv6, VtepMACv6: d.flannel6.macOr(vxlan.VtepMACv6(d.nodeID, vni)),
 		Previous: previousLease(d.cfg.SubnetFile, d.netCfg, d.log)}
 	host.Hostname, _ = os.Hostname()
 	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
@@ -89,7 +93,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// Event latency is measured on the first plane: a peer's subnets
 	// arrive in one event, named by its primary subnet.
 	if nc.EnableIPv4 {
-		if d.be, d.dev, err = d.dataPlane(ctx, d.ul.PublicIP, d.lease.Subnet, d.m.programmed); err != nil {
+		if d.be, d.dev, err = d.dataPlane(ctx, d.ul.PublicIP, d.lease.Subnet, d.flannel4, d.m.programmed); err != nil {
 			return err
 		}
 	}
@@ -98,7 +102,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		if nc.EnableIPv4 {
 			onProgrammed = nil
 		}
-		if d.be6, d.dev6, err = d.dataPlane(ctx, d.ul.PublicIPv6, d.lease.IPv6Subnet, onProgrammed); err != nil {
+		if d.be6, d.dev6, err = d.dataPlane(ctx, d.ul.PublicIPv6, d.lease.IPv6Subnet, d.flannel6, onProgrammed); err != nil {
 			return err
 		}
 	}
@@ -127,6 +131,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 			return err
 		}
 		d.closers = append(d.closers, func() { _ = mq.Close() })
+		d.removeFlannelMasq(mq)
 		d.wg.Go(func() { _ = mq.Run(ctx) })
 	}
 	env := subnet.Env{MTU: d.podMTU(), IPMasq: d.cfg.IPMasq}
@@ -150,8 +155,9 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 
 // dataPlane opens a netlink connection for one family's VXLAN backend,
 // creates the backend for the lease's subnet own of that family, and sets
-// up its device.
-func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Prefix, onProgrammed func(backend.Peer, time.Time)) (*vxlan.Backend, vxlan.DeviceInfo, error) {
+// up its device: flanneld's device fl, if one is being taken over, with
+// the routes flanneld left on it.
+func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Prefix, fl flannelDevice, onProgrammed func(backend.Peer, time.Time)) (*vxlan.Backend, vxlan.DeviceInfo, error) {
 	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
 	if err != nil {
 		return nil, vxlan.DeviceInfo{}, err
@@ -160,7 +166,7 @@ func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Pref
 	nc := d.netCfg
 	be, err := vxlan.New(vxlan.Config{
 		VNI: nc.Backend.VNI, Port: nc.Backend.Port, DirectRouting: nc.Backend.DirectRouting, MTU: nc.Backend.MTU,
-		Underlay: d.ul.Iface, LocalIP: local, OwnSubnet: own, NodeID: d.nodeID,
+		Underlay: d.ul.Iface, LocalIP: local, OwnSubnet: own, NodeID: d.nodeID, DeviceName: fl.name, VtepMAC: fl.mac,
 		ResyncInterval: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed,
 	}, nl)
 	if err != nil {
@@ -171,18 +177,18 @@ func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Pref
 	if err != nil {
 		return nil, dev, fmt.Errorf("set up the VXLAN device: %w", err)
 	}
-	return be, dev, nil
+	return be, dev, d.adoptFlannelRoutes(ctx, be, fl)
 }
 
 // masqNetworks are the cluster networks to masquerade traffic out of, each
 // with its VXLAN device.
-func (d *daemon) masqNetworks() []MasqNetwork {
-	var out []MasqNetwork
+func (d *daemon) masqNetworks() []masq.Network {
+	var out []masq.Network
 	if d.be != nil {
-		out = append(out, MasqNetwork{Network: d.netCfg.Network, Device: d.dev.Name})
+		out = append(out, masq.Network{Prefix: d.netCfg.Network, Device: d.dev.Name})
 	}
 	if d.be6 != nil {
-		out = append(out, MasqNetwork{Network: d.netCfg.IPv6.Network, Device: d.dev6.Name})
+		out = append(out, masq.Network{Prefix: d.netCfg.IPv6.Network, Device: d.dev6.Name})
 	}
 	return out
 }

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -81,12 +82,12 @@ func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 	}, nil
 }
 
-func (k *fakeKernel) Masquerade(networks []MasqNetwork, _ *slog.Logger) (Masquerader, error) {
+func (k *fakeKernel) Masquerade(networks []masq.Network, _ *slog.Logger) (Masquerader, error) {
 	_, err := k.nl.LinkByName(networks[0].Device)
 	k.mu.Lock()
 	k.deviceAtMasq = err == nil
 	k.mu.Unlock()
-	k.note("masq installed for " + networks[0].Network.String())
+	k.note("masq installed for " + networks[0].Prefix.String())
 	return fakeMasq{k}, nil
 }
 
@@ -100,6 +101,19 @@ func (m fakeMasq) Run(ctx context.Context) error {
 }
 
 func (m fakeMasq) Close() error { m.k.note("masq closed"); return nil }
+
+func (m fakeMasq) RemoveFlannel() ([]string, error) {
+	m.k.note("flannel masq removed")
+	return nil, nil
+}
+
+func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
+	l, err := k.nl.LinkByName(name)
+	if err != nil {
+		return nil, false, nil
+	}
+	return l.MAC.HardwareAddr(), true, nil
+}
 
 // wiring is one daemon run against srv with a fake kernel.
 type wiring struct {

@@ -37,6 +37,12 @@ type Node struct {
 	Dir        string
 	SubnetFile string
 	LogFile    string
+	// ExtraArgs are appended to this host's `overlayd run` (after the lab's).
+	ExtraArgs []string
+	// NetworkName, if set, replaces the conflist's network name in this
+	// host's pods' CNI config (a host taken over from flannel keeps
+	// flannel's, so host-local's store stays the same).
+	NetworkName string
 
 	lab    *Lab
 	http   *http.Client
@@ -134,7 +140,7 @@ func (n *Node) RunArgs() []string {
 		"--health-addr=" + HealthAddr,
 		"--log-level=" + n.lab.cfg.LogLevel,
 	}
-	return append(args, n.lab.cfg.RunArgs...)
+	return append(append(args, n.lab.cfg.RunArgs...), n.ExtraArgs...)
 }
 
 // hostArgs are the flags that identify this host to `overlayd teardown`.

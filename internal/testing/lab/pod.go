@@ -58,6 +58,9 @@ func (n *Node) confList() (*libcni.NetworkConfigList, error) {
 	if overlay == nil {
 		return nil, fmt.Errorf("%s has no overlay-cni plugin", n.lab.cfg.ConfList)
 	}
+	if n.NetworkName != "" {
+		list["name"] = n.NetworkName
+	}
 	overlay["subnetFile"] = n.SubnetFile
 	overlay["dataDir"] = filepath.Join(n.Dir, "cni-cache")
 	ipam, _ := overlay["ipam"].(map[string]any)
@@ -77,16 +80,23 @@ func (n *Node) confList() (*libcni.NetworkConfigList, error) {
 // namespace (so the plugins, exec'd from there, build cni0 and the veth
 // there), and a Responder on the pod's address. overlayd must have written
 // subnet.env (WaitReady).
-func (n *Node) AddPod(ctx context.Context, name string) (_ *Pod, err error) {
+func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
+	list, err := n.confList()
+	if err != nil {
+		return nil, err
+	}
+	return n.AddPodWith(ctx, name, list)
+}
+
+// AddPodWith is AddPod with the CNI config list list, e.g. one a previous
+// network plugin used (Delete still goes through the project's conflist,
+// as a runtime's DEL does once the host's conflist changed).
+func (n *Node) AddPodWith(ctx context.Context, name string, list *libcni.NetworkConfigList) (_ *Pod, err error) {
 	n.mu.Lock()
 	closed := n.closed
 	n.mu.Unlock()
 	if closed {
 		return nil, fmt.Errorf("%s is closed", n.Name)
-	}
-	list, err := n.confList()
-	if err != nil {
-		return nil, err
 	}
 	p := &Pod{Name: name, NSName: n.NSName + "-" + name, Node: n}
 	p.ContainerID = p.NSName

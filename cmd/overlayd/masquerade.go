@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/overlaynet/overlay/backend/masq"
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/subnet"
+)
+
+func newMasqueradeCommand(g *GlobalFlags) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "masquerade",
+		Short: "Manage overlayd's masquerade table on this host",
+	}
+	c.AddCommand(newMasqueradeInstallCommand(g))
+	return c
+}
+
+func newMasqueradeInstallCommand(g *GlobalFlags) *cobra.Command {
+	return usesEtcd(&cobra.Command{
+		Use:   "install",
+		Short: "Install overlayd's masquerade table for the stored network now, e.g. before stopping flanneld",
+		Long: `Install overlayd's nftables table "inet overlay" for the network config
+stored in etcd, as 'overlayd run --ip-masq' keeps it, and exit.
+
+Before a host is taken over from flanneld (overlayd run --adopt-flannel), run
+this while flanneld still runs: some flanneld versions delete their
+masquerade rules when they stop, and with overlayd's table already in place
+pod traffic to the outside is masqueraded at every moment. Both tables
+masquerading the same traffic at once is harmless: a connection is NATed
+once, by the first rule it meets. overlayd run keeps the table from then on;
+overlayd teardown removes it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, reg, done, err := g.connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			cfg, _, err := reg.GetConfig(ctx)
+			if err != nil {
+				return g.etcdHint(err)
+			}
+			m, err := masq.NewNetworks(masqNetworks(cfg))
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			if _, err := m.Ensure(); err != nil {
+				return fmt.Errorf("install the nftables table inet %s: %w", masq.TableName, err)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "installed nftables table inet %s for %s\n", masq.TableName, describeNetworks(cfg))
+			return err
+		},
+	})
+}
+
+// masqNetworks are cfg's networks, each with the VXLAN device that
+// carries it on this host: flanneld's, while it is there.
+func masqNetworks(cfg *subnet.Config) []masq.Network {
+	vni := strconv.Itoa(cfg.Backend.VNI)
+	device := func(flannel, ours string) string {
+		if _, err := net.InterfaceByName(flannel); err == nil {
+			return flannel
+		}
+		return ours
+	}
+	var nets []masq.Network
+	if cfg.EnableIPv4 {
+		nets = append(nets, masq.Network{Prefix: cfg.Network, Device: device("flannel."+vni, vxlan.DeviceName(cfg.Backend.VNI))})
+	}
+	if cfg.EnableIPv6 {
+		nets = append(nets, masq.Network{Prefix: cfg.IPv6.Network, Device: device("flannel-v6."+vni, vxlan.DeviceNameV6(cfg.Backend.VNI))})
+	}
+	return nets
+}
+
+// describeNetworks names cfg's cluster networks.
+func describeNetworks(cfg *subnet.Config) string {
+	var nets []string
+	if cfg.EnableIPv4 {
+		nets = append(nets, cfg.Network.String())
+	}
+	if cfg.EnableIPv6 {
+		nets = append(nets, cfg.IPv6.Network.String())
+	}
+	return strings.Join(nets, " and ")
+}

@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
+
+	"github.com/overlaynet/overlay/backend/masq"
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/testing/flannelhost"
+	"github.com/overlaynet/overlay/internal/testing/lab"
+	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A host as flanneld leaves it is taken over in place by overlayd
+// --adopt-flannel while a pod on another host probes a pod on it 20 times
+// a second: no probe lost, the pod not restarted, the lease key, subnet,
+// device and VTEP MAC kept, flannel's routes and masquerade replaced by
+// overlay's.
+func TestAdoptFlannelHostInPlace(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{})
+	ctx := ctxT(t, 2*time.Minute)
+	cli, err := l.Etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+
+	// h2 is the flannel host: its lease first, so h1 leases around it.
+	h2, err := l.AddNode("h2", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
+		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
+		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
+	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	h1 := labtest.StartHost(t, l, "h1", 1)
+	labtest.WaitReady(t, h1)
+	row, ok := leaseRow(t, l, "h1")
+	if !ok {
+		t.Fatal("h1 has no lease")
+	}
+	mac1, _ := net.ParseMAC(row.VtepMAC)
+	fl.Peers = []flannelhost.Peer{{Subnet: lease(t, h1), PublicIP: h1.IP, VtepMAC: mac1}}
+	if _, err := cli.Revoke(ctx, grant.ID); err != nil { // Build writes the lease again, with its own etcd lease
+		t.Fatal(err)
+	}
+	if _, err := fl.Build(ctx, h2.NS, cli, etcdv3.DefaultPrefix); err != nil {
+		t.Fatal(err)
+	}
+	before, err := cli.Get(ctx, fl.LeaseKey(etcdv3.DefaultPrefix))
+	if err != nil || len(before.Kvs) != 1 {
+		t.Fatalf("flannel's lease: %v %v", before, err)
+	}
+	dev, err := linkIndex(h2, flannelhost.DeviceName(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A pod flannel's plugin attached: the bridge plugin with the delegate
+	// config flannel renders, network cbr0.
+	old, err := h2.AddPodWith(ctx, "old", flannelConfList(t, h2, fl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1 := labtest.AddPod(t, h1, "p1")
+	labtest.Eventually(t, settle, "h1's pod and flannel's pod to reach each other", func() error {
+		return errors.Join(reach(p1, old), reach(old, p1))
+	})
+
+	s, err := lab.StartStream(p1.NS, netip.AddrPortFrom(old.IP, lab.ProbePort), streamInterval, streamTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	warmUp(t, s, 5)
+	// The documented first step, while flanneld still runs: overlay's
+	// masquerade beside flannel's.
+	if out, err := h2.CLI(ctx, "masquerade", "install"); err != nil || out != "installed nftables table inet overlay for 10.244.0.0/16\n" {
+		t.Fatalf("overlayd masquerade install: %q, %v", out, err)
+	}
+	if rules, err := masqRules(h2); err != nil || !strings.Contains(strings.Join(rules, "\n"), `oifname "flannel.1"`) {
+		t.Fatalf("overlay's table after masquerade install: %v, %v; want the outside-to-remote-pod rule on flannel.1", rules, err)
+	}
+	if present, err := flannelhost.MasqPresent(h2.NS); err != nil || !present {
+		t.Fatalf("flanneld's masquerade is gone before the takeover (%v)", err)
+	}
+	h2.ExtraArgs = []string{"--adopt-flannel"}
+	if err := h2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	labtest.WaitReady(t, h2)
+	seenAt := s.Stats().Sent
+	labtest.Eventually(t, 50*streamInterval+settle, "2.5 s of traffic after the takeover", func() error {
+		if sent := s.Stats().Sent; sent < seenAt+50 {
+			return fmt.Errorf("%d probes since ready", sent-seenAt)
+		}
+		return nil
+	})
+	checkStream(t, fmt.Sprintf("%s -> %s across the takeover of flanneld's host", p1, old), s.Stop())
+
+	// Kept: the lease key and its subnet, the device and its MAC.
+	after, err := cli.Get(ctx, fl.LeaseKey(etcdv3.DefaultPrefix))
+	if err != nil || len(after.Kvs) != 1 || after.Kvs[0].CreateRevision != before.Kvs[0].CreateRevision {
+		t.Errorf("flannel's lease key was not kept (before %v, after %v, %v)", before.Kvs, after.Kvs, err)
+	}
+	if got := lease(t, h2); got != fl.Subnet {
+		t.Errorf("h2's subnet.env names %s, want flannel's subnet %s", got, fl.Subnet)
+	}
+	if row, ok := leaseRow(t, l, "h2"); !ok || row.Subnet != fl.Subnet.String() || row.VtepMAC != fl.VtepMAC.String() {
+		t.Errorf("h2's lease after the takeover: %+v (found %v), want %s with flannel's MAC %s", row, ok, fl.Subnet, fl.VtepMAC)
+	}
+	if idx, err := linkIndex(h2, flannelhost.DeviceName(1)); err != nil || idx != dev {
+		t.Errorf("flannel.1 is index %d (%v), was %d: recreated", idx, err, dev)
+	}
+	if _, err := linkIndex(h2, vxlan.DeviceName(1)); err == nil {
+		t.Errorf("overlay.1 was created beside flannel.1")
+	}
+	// Replaced: flannel's routes by overlay's, its masquerade by overlay's.
+	labtest.Eventually(t, settle, "h2's route to h1 to be overlay's on flannel.1", func() error {
+		r, ok, err := h2.RouteTo(lease(t, h1))
+		if err != nil || !ok || r.Dev != flannelhost.DeviceName(1) || r.Metric != vxlan.RouteMetric(lease(t, h1)) {
+			return fmt.Errorf("route %v (found %v, err %v)", r, ok, err)
+		}
+		return nil
+	})
+	if present, err := flannelhost.MasqPresent(h2.NS); err != nil || present {
+		t.Errorf("flanneld's masquerade chain is still there (%v)", err)
+	}
+	if rules, err := masqRules(h2); err != nil || len(rules) == 0 {
+		t.Errorf("overlay's masquerade table on h2: %v, %v", rules, err)
+	}
+	if err := errors.Join(reach(p1, old), reach(old, p1)); err != nil {
+		t.Error(err)
+	}
+}
+
+// flannelConfList is the network config flannel's CNI plugin hands the
+// bridge plugin for fl's host: network cbr0, host-local on the lease.
+func flannelConfList(t *testing.T, n *lab.Node, fl flannelhost.Host) *libcni.NetworkConfigList {
+	t.Helper()
+	raw, err := json.Marshal(map[string]any{
+		"cniVersion": "0.3.1", "name": "cbr0",
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": "cni0", "mtu": 1450, "ipMasq": false, "isGateway": true, "isDefaultGateway": true, "hairpinMode": true,
+			"ipam": map[string]any{"type": "host-local", "dataDir": filepath.Join(n.Dir, "ipam"),
+				"ranges": [][]map[string]string{{{"subnet": fl.Subnet.String()}}}, "routes": []map[string]string{{"dst": fl.Network.String()}}},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.ConfListFromBytes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
+func leaseRow(t *testing.T, l *lab.Lab, node string) (lab.LeaseRow, bool) {
+	t.Helper()
+	ll, err := l.Leases(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ll.ByNode(node)
+}
+
+func linkIndex(n *lab.Node, name string) (int, error) {
+	h, err := netlink.NewHandleAt(n.NS)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return 0, err
+	}
+	return link.Attrs().Index, nil
+}
+
+// masqRules lists overlay's masquerade table in n.
+func masqRules(n *lab.Node) ([]string, error) {
+	m, err := masq.New(netip.MustParsePrefix("10.244.0.0/16"), masq.WithNetNS(n.NS))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return m.Rules()
+}
+

@@ -203,8 +203,10 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 	if res.DeviceRemoved {
 		lines = append(lines, "removed device "+res.Device+" and its routes, neighbours and FDB entries")
 	}
-	if res.DeviceV6 != "" {
-		lines = append(lines, "removed device "+res.DeviceV6+" and its routes, neighbours and FDB entries")
+	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
+		if dev != "" {
+			lines = append(lines, "removed device "+dev+" and its routes, neighbours and FDB entries")
+		}
 	}
 	if res.MasqRemoved {
 		lines = append(lines, "removed nftables table inet "+masq.TableName)

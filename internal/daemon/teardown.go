@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -24,10 +27,13 @@ type TeardownResult struct {
 	Device        string // the VXLAN device looked for
 	DeviceRemoved bool   // it existed and was removed (with its routes, neighbours, FDB entries)
 	DeviceV6      string // the IPv6 VXLAN device, if one existed and was removed likewise
-	MasqRemoved   bool   // overlayd's nftables table existed and was removed
-	LeaseRemoved  string // the subnet whose lease key was deleted, if any
-	LeaseKept     string // why no lease was deleted, if none was
-	SubnetFile    string // subnet.env, if it existed and was removed
+	// FlannelDevices are flanneld's devices overlayd had taken over
+	// (--adopt-flannel), removed likewise.
+	FlannelDevices []string
+	MasqRemoved    bool   // overlayd's nftables table existed and was removed
+	LeaseRemoved   string // the subnet whose lease key was deleted, if any
+	LeaseKept      string // why no lease was deleted, if none was
+	SubnetFile     string // subnet.env, if it existed and was removed
 }
 
 // ErrLeaseNotReleased means teardown removed what it could on this host but
@@ -103,14 +109,30 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		res.DeviceRemoved = false
 		return res, err
 	}
+	v6 := v4
+	// Either address selects the family: the underlay's, else any IPv6 prefix.
+	v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
 	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
-		v6 := v4
-		// Either address selects the family: the underlay's, else any IPv6 prefix.
-		v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
 		if err := teardownDataPath(ctx, cfg, v6); err != nil {
 			return res, err
 		}
 		res.DeviceV6 = vxlan.DeviceNameV6(vni)
+	}
+	// flanneld's devices, if overlayd took them over (--adopt-flannel).
+	for _, fl := range []struct {
+		name string
+		base vxlan.Config
+		fam  int
+	}{{fmt.Sprintf("flannel.%d", vni), v4, unix.AF_INET}, {fmt.Sprintf("flannel-v6.%d", vni), v6, unix.AF_INET6}} {
+		if !takenOver(h, fl.name, fl.fam) {
+			continue
+		}
+		c := fl.base
+		c.DeviceName = fl.name
+		if err := teardownDataPath(ctx, cfg, c); err != nil {
+			return res, err
+		}
+		res.FlannelDevices = append(res.FlannelDevices, fl.name)
 	}
 	if res.MasqRemoved, err = removeMasq(cfg); err != nil {
 		return res, err
@@ -128,6 +150,18 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
 	}
 	return res, nil
+}
+
+// takenOver reports whether flanneld's device name carries routes of
+// overlayd's: overlayd took it over, and it is overlayd's to remove.
+func takenOver(h *netlink.Handle, name string, family int) bool {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return false
+	}
+	routes, err := h.RouteListFiltered(family, &netlink.Route{LinkIndex: link.Attrs().Index, Protocol: vxlan.RouteProtocol},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	return err == nil && len(routes) > 0
 }
 
 // teardownDataPath removes one family's device, routes, neighbours and

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,6 +152,18 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	}
 	if err := errors.Join(reach(p1, old), reach(old, p1)); err != nil {
 		t.Error(err)
+	}
+
+	// flannel.1 is overlay's now: teardown removes it.
+	if err := h2.Stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h2.Teardown(ctx)
+	if err != nil || !strings.Contains(out, "removed device flannel.1 and its routes, neighbours and FDB entries") {
+		t.Errorf("teardown after the takeover: %q, %v", out, err)
+	}
+	if _, err := linkIndex(h2, flannelhost.DeviceName(1)); err == nil {
+		t.Errorf("flannel.1 is still there after teardown")
 	}
 }
 

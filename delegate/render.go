@@ -26,6 +26,38 @@ type Delegate struct {
 // the only range is ever the lease.
 var legacyRangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
 
+// podRoutes are the pod's routes: to each cluster network, then the
+// user's (duplicates dropped), each of a family the host has a lease of.
+func podRoutes(c *NetConf, networks []netip.Prefix, lease, lease6 netip.Prefix) ([]json.RawMessage, error) {
+	userRoutes, err := ipamRoutes(c.IPAM)
+	if err != nil {
+		return nil, err
+	}
+	var routes []json.RawMessage
+	seen := map[string]bool{}
+	for _, n := range networks {
+		dst, _ := json.Marshal(map[string]string{"dst": n.String()}) // cannot fail: strings
+		routes = append(routes, dst)
+		seen[n.String()+" via "] = true
+	}
+	for i, r := range userRoutes {
+		own := lease6
+		if r.dst.Addr().Is4() {
+			own = lease
+		}
+		if !own.IsValid() {
+			return nil, invalidf("ipam.routes[%d].dst %s: this host has no lease of its address family (OVERLAY_IPV6_SUBNET or OVERLAY_SUBNET is absent), so a pod has no source address to route it from", i, r.dst)
+		}
+		key := r.dst.String() + " via " + r.gw
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		routes = append(routes, r.raw)
+	}
+	return routes, nil
+}
+
 // Render builds the delegate configuration for the host's lease
 // (DESIGN.md §7):
 //
@@ -100,30 +132,9 @@ func Render(c *NetConf, env subnet.Env) (Delegate, error) {
 	}
 	ipam["type"] = enc("host-local")
 	ipam["ranges"] = enc(ranges)
-	userRoutes, err := ipamRoutes(c.IPAM)
+	routes, err := podRoutes(c, networks, lease, lease6)
 	if err != nil {
 		return Delegate{}, err
-	}
-	var routes []json.RawMessage
-	seen := map[string]bool{}
-	for _, n := range networks {
-		routes = append(routes, enc(map[string]string{"dst": n.String()}))
-		seen[n.String()+" via "] = true
-	}
-	for i, r := range userRoutes {
-		own := lease6
-		if r.dst.Addr().Is4() {
-			own = lease
-		}
-		if !own.IsValid() {
-			return Delegate{}, invalidf("ipam.routes[%d].dst %s: this host has no lease of its address family (OVERLAY_IPV6_SUBNET or OVERLAY_SUBNET is absent), so a pod has no source address to route it from", i, r.dst)
-		}
-		key := r.dst.String() + " via " + r.gw
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
-		routes = append(routes, r.raw)
 	}
 	ipam["routes"] = enc(routes)
 	out["ipam"] = enc(ipam)

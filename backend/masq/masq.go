@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -50,85 +49,6 @@ type Masq struct {
 	mu      sync.Mutex
 	closed  bool
 	batches int // write batches sent to the kernel, for tests
-}
-
-// Option configures New.
-type Option func(*options) error
-
-type options struct {
-	networks []netip.Prefix // besides New's
-	ns       netns.NsHandle
-	nsSet    bool
-	device4  string
-	device6  string
-	timeout  time.Duration
-	log      *slog.Logger
-}
-
-// WithNetwork adds the cluster network of the other address family, for a
-// dual-stack cluster: New(10.244.0.0/16, WithNetwork(fd00:10:244::/48))
-// masquerades both. A second network of New's family is an error.
-func WithNetwork(p netip.Prefix) Option {
-	return func(o *options) error {
-		o.networks = append(o.networks, p)
-		return nil
-	}
-}
-
-// WithNetNS programs the network namespace ns instead of the one the calling
-// thread of New is in. Masq keeps its own duplicate of the handle; the
-// caller may close ns.
-func WithNetNS(ns netns.NsHandle) Option {
-	return func(o *options) error {
-		if !ns.IsOpen() {
-			return fmt.Errorf("network namespace handle %d is not open: %w", int(ns), ErrInvalidConfig)
-		}
-		o.ns, o.nsSet = ns, true
-		return nil
-	}
-}
-
-// WithOverlayDevice names the VXLAN device of the IPv4 network (e.g.
-// "overlay.1") and adds the rule that masquerades traffic from outside the
-// cluster network leaving through it to pods on other hosts (see the package
-// documentation). It needs an IPv4 cluster network.
-func WithOverlayDevice(name string) Option {
-	return deviceOption(name, "overlay device", func(o *options) *string { return &o.device4 })
-}
-
-// WithIPv6OverlayDevice is WithOverlayDevice for the IPv6 network's VXLAN
-// device (e.g. "overlay-v6.1"). It needs an IPv6 cluster network.
-func WithIPv6OverlayDevice(name string) Option {
-	return deviceOption(name, "IPv6 overlay device", func(o *options) *string { return &o.device6 })
-}
-
-func deviceOption(name, what string, field func(*options) *string) Option {
-	return func(o *options) error {
-		if err := validDeviceName(name); err != nil {
-			return fmt.Errorf("%s: %w: %w", what, err, ErrInvalidConfig)
-		}
-		*field(o) = name
-		return nil
-	}
-}
-
-// WithTimeout bounds each netlink operation (default DefaultTimeout).
-func WithTimeout(d time.Duration) Option {
-	return func(o *options) error {
-		if d <= 0 {
-			return fmt.Errorf("timeout %v is not positive: %w", d, ErrInvalidConfig)
-		}
-		o.timeout = d
-		return nil
-	}
-}
-
-// WithLogger sets the logger Run reports through (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
-		o.log = l
-		return nil
-	}
 }
 
 // Network is a cluster network and the VXLAN device that carries it on
@@ -355,47 +275,6 @@ func (m *Masq) write() error {
 func deleteTable(c *nftables.Conn, t nftables.Table) {
 	c.AddTable(&t)
 	c.DelTable(&t)
-}
-
-// kernelHint explains an install the kernel refused as an unsupported
-// feature. NAT in an inet table came with Linux 5.2; distributions may have
-// backported it, so the version alone decides nothing.
-func kernelHint(release string) string {
-	const need = "it needs nf_tables NAT in family inet: Linux 5.2 or later with CONFIG_NF_TABLES_INET, CONFIG_NFT_NAT and CONFIG_NFT_MASQ, built in or loadable"
-	if major, minor, ok := kernelVersion(release); ok && (major < 5 || major == 5 && minor < 2) {
-		return fmt.Sprintf("this kernel, %s, is older than 5.2: %s", release, need)
-	}
-	return fmt.Sprintf("the kernel (%s) lacks an nf_tables feature: %s", release, need)
-}
-
-// kernelRelease returns the running kernel's release, e.g. "6.1.0-18-amd64".
-func kernelRelease() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return "release unknown"
-	}
-	return unix.ByteSliceToString(u.Release[:])
-}
-
-// kernelVersion parses the major and minor version of a kernel release.
-func kernelVersion(release string) (major, minor int, ok bool) {
-	fields := strings.SplitN(release, ".", 3)
-	if len(fields) < 2 {
-		return 0, 0, false
-	}
-	major, err := strconv.Atoi(fields[0])
-	if err != nil {
-		return 0, 0, false
-	}
-	digits := strings.IndexFunc(fields[1], func(r rune) bool { return r < '0' || r > '9' })
-	if digits < 0 {
-		digits = len(fields[1])
-	}
-	minor, err = strconv.Atoi(fields[1][:digits])
-	if err != nil {
-		return 0, 0, false
-	}
-	return major, minor, true
 }
 
 // Remove deletes our table, and the ip-family table of older versions, with

@@ -3,13 +3,13 @@ package main
 import (
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -64,7 +64,7 @@ overlayd teardown removes it.`,
 // masqNetworks are cfg's networks, each with the VXLAN device that
 // carries it on this host: flanneld's, while it is there.
 func masqNetworks(cfg *subnet.Config) []masq.Network {
-	vni := strconv.Itoa(cfg.Backend.VNI)
+	fl4, fl6 := daemon.FlannelDeviceNames(cfg.Backend.VNI)
 	device := func(flannel, ours string) string {
 		if _, err := net.InterfaceByName(flannel); err == nil {
 			return flannel
@@ -73,10 +73,10 @@ func masqNetworks(cfg *subnet.Config) []masq.Network {
 	}
 	var nets []masq.Network
 	if cfg.EnableIPv4 {
-		nets = append(nets, masq.Network{Prefix: cfg.Network, Device: device("flannel."+vni, vxlan.DeviceName(cfg.Backend.VNI))})
+		nets = append(nets, masq.Network{Prefix: cfg.Network, Device: device(fl4, vxlan.DeviceName(cfg.Backend.VNI))})
 	}
 	if cfg.EnableIPv6 {
-		nets = append(nets, masq.Network{Prefix: cfg.IPv6.Network, Device: device("flannel-v6."+vni, vxlan.DeviceNameV6(cfg.Backend.VNI))})
+		nets = append(nets, masq.Network{Prefix: cfg.IPv6.Network, Device: device(fl6, vxlan.DeviceNameV6(cfg.Backend.VNI))})
 	}
 	return nets
 }

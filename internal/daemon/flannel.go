@@ -23,18 +23,23 @@ func (f flannelDevice) macOr(def net.HardwareAddr) net.HardwareAddr {
 	return f.mac
 }
 
+// FlannelDeviceNames are flanneld's VXLAN devices for vni, IPv4 and IPv6.
+func FlannelDeviceNames(vni int) (v4, v6 string) {
+	return "flannel." + strconv.Itoa(vni), "flannel-v6." + strconv.Itoa(vni)
+}
+
 // findFlannel looks for flanneld's devices of the network's families
 // (flannel.<VNI>, flannel-v6.<VNI>) when asked to adopt them.
 func (d *daemon) findFlannel() error {
 	if !d.cfg.AdoptFlannel {
 		return nil
 	}
-	vni := strconv.Itoa(d.netCfg.Backend.VNI)
+	v4, v6 := FlannelDeviceNames(d.netCfg.Backend.VNI)
 	for _, f := range []struct {
 		on   bool
 		name string
 		dev  *flannelDevice
-	}{{d.netCfg.EnableIPv4, "flannel." + vni, &d.flannel4}, {d.netCfg.EnableIPv6, "flannel-v6." + vni, &d.flannel6}} {
+	}{{d.netCfg.EnableIPv4, v4, &d.flannel4}, {d.netCfg.EnableIPv6, v6, &d.flannel6}} {
 		if !f.on {
 			continue
 		}

@@ -49,6 +49,34 @@ func newMetrics(p *probe) *metrics {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5}}),
 		pending: map[netip.Prefix]time.Time{},
 	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.leasesSeen, m.leasesRejected, m.leasesOrphaned, m.leasesReserved, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_lease_expiry_seconds",
+			Help: "Seconds until this host's lease expires unless renewed; +Inf for a reservation, 0 before a lease is held."},
+			func() float64 {
+				p.mu.Lock()
+				mgr := p.mgr
+				p.mu.Unlock()
+				switch {
+				case mgr == nil:
+					return 0
+				case mgr.Lease().Reserved:
+					return math.Inf(1)
+				}
+				return max(0, time.Until(mgr.Expires()).Seconds())
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_ready", Help: "1 if /readyz reports ready."},
+			func() float64 { return b2f(p.status(time.Now()).Ready) }),
+	)
+	m.reg.MustRegister(dataPlaneCollectors(p)...)
+	return m
+}
+
+// dataPlaneCollectors are the metrics of the data planes' combined status
+// (both families' on a dual-stack host).
+func dataPlaneCollectors(p *probe) []prometheus.Collector {
 	status := func(f func(backend.Status) float64) func() float64 {
 		return func() float64 {
 			p.mu.Lock()
@@ -70,10 +98,7 @@ func newMetrics(p *probe) *metrics {
 	counter := func(name, help string, f func(backend.Status) float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, status(f))
 	}
-	m.reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.leasesSeen, m.leasesRejected, m.leasesOrphaned, m.leasesReserved, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
+	return []prometheus.Collector{
 		gauge("overlay_peers", "Peers in the desired set (valid leases of other hosts).",
 			func(s backend.Status) float64 { return float64(s.Peers) }),
 		gauge("overlay_peers_programmed", "Peers whose route, neighbour and FDB entry are all in the kernel.",
@@ -94,24 +119,7 @@ func newMetrics(p *probe) *metrics {
 			func(s backend.Status) float64 { return float64(s.DriftRepairs) }),
 		counter("overlay_device_recreations_total", "Times the VXLAN device was deleted and created again.",
 			func(s backend.Status) float64 { return float64(s.DeviceRecreations) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_lease_expiry_seconds",
-			Help: "Seconds until this host's lease expires unless renewed; +Inf for a reservation, 0 before a lease is held."},
-			func() float64 {
-				p.mu.Lock()
-				mgr := p.mgr
-				p.mu.Unlock()
-				switch {
-				case mgr == nil:
-					return 0
-				case mgr.Lease().Reserved:
-					return math.Inf(1)
-				}
-				return max(0, time.Until(mgr.Expires()).Seconds())
-			}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_ready", Help: "1 if /readyz reports ready."},
-			func() float64 { return b2f(p.status(time.Now()).Ready) }),
-	)
-	return m
+	}
 }
 
 func b2f(b bool) float64 {

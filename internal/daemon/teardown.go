@@ -99,40 +99,8 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		vni = netCfg.Backend.VNI
 	}
 
-	res.Device = vxlan.DeviceName(vni)
-	_, err = h.LinkByName(res.Device)
-	res.DeviceRemoved = err == nil
-	// The IPv4 data path is torn down in any case (its routes may outlive
-	// the device), the IPv6 one if its device exists.
-	v4 := vxlan.Config{VNI: vni, Underlay: ul.Iface, LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
-	if err := teardownDataPath(ctx, cfg, v4); err != nil {
-		res.DeviceRemoved = false
+	if err := teardownDevices(ctx, cfg, h, ul, nodeID, vni, &res); err != nil {
 		return res, err
-	}
-	v6 := v4
-	// Either address selects the family: the underlay's, else any IPv6 prefix.
-	v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
-	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
-		if err := teardownDataPath(ctx, cfg, v6); err != nil {
-			return res, err
-		}
-		res.DeviceV6 = vxlan.DeviceNameV6(vni)
-	}
-	// flanneld's devices, if overlayd took them over (--adopt-flannel).
-	for _, fl := range []struct {
-		name string
-		base vxlan.Config
-		fam  int
-	}{{fmt.Sprintf("flannel.%d", vni), v4, unix.AF_INET}, {fmt.Sprintf("flannel-v6.%d", vni), v6, unix.AF_INET6}} {
-		if !takenOver(h, fl.name, fl.fam) {
-			continue
-		}
-		c := fl.base
-		c.DeviceName = fl.name
-		if err := teardownDataPath(ctx, cfg, c); err != nil {
-			return res, err
-		}
-		res.FlannelDevices = append(res.FlannelDevices, fl.name)
 	}
 	if res.MasqRemoved, err = removeMasq(cfg); err != nil {
 		return res, err
@@ -150,6 +118,49 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
 	}
 	return res, nil
+}
+
+// teardownDevices removes the data path of each family: overlayd's
+// devices and, if overlayd took them over, flanneld's, with their routes,
+// neighbours and FDB entries.
+func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Underlay, nodeID string, vni int, res *TeardownResult) error {
+	res.Device = vxlan.DeviceName(vni)
+	_, err := h.LinkByName(res.Device)
+	res.DeviceRemoved = err == nil
+	// The IPv4 data path is torn down in any case (its routes may outlive
+	// the device), the IPv6 one if its device exists.
+	v4 := vxlan.Config{VNI: vni, Underlay: ul.Iface, LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
+	if err := teardownDataPath(ctx, cfg, v4); err != nil {
+		res.DeviceRemoved = false
+		return err
+	}
+	v6 := v4
+	// Either address selects the family: the underlay's, else any IPv6 prefix.
+	v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
+	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
+		if err := teardownDataPath(ctx, cfg, v6); err != nil {
+			return err
+		}
+		res.DeviceV6 = vxlan.DeviceNameV6(vni)
+	}
+	// flanneld's devices, if overlayd took them over (--adopt-flannel).
+	fl4, fl6 := FlannelDeviceNames(vni)
+	for _, fl := range []struct {
+		name string
+		base vxlan.Config
+		fam  int
+	}{{fl4, v4, unix.AF_INET}, {fl6, v6, unix.AF_INET6}} {
+		if !takenOver(h, fl.name, fl.fam) {
+			continue
+		}
+		c := fl.base
+		c.DeviceName = fl.name
+		if err := teardownDataPath(ctx, cfg, c); err != nil {
+			return err
+		}
+		res.FlannelDevices = append(res.FlannelDevices, fl.name)
+	}
+	return nil
 }
 
 // takenOver reports whether flanneld's device name carries routes of

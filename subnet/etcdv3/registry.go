@@ -17,10 +17,8 @@ import (
 	"math"
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/overlaynet/overlay/subnet"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -101,118 +99,6 @@ func (r *Registry) NodesPrefix() string { return r.prefix + "/nodes/" }
 
 // NodeKey is the liveness key of one node.
 func (r *Registry) NodeKey(nodeID string) string { return r.NodesPrefix() + nodeID }
-
-// GetConfig reads and validates the network config; it returns the raw bytes
-// too, unknown fields included, for printing.
-func (r *Registry) GetConfig(ctx context.Context) (*subnet.Config, []byte, error) {
-	resp, err := r.cli.Get(ctx, r.ConfigKey())
-	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", r.ConfigKey(), err)
-	}
-	if len(resp.Kvs) == 0 {
-		return nil, nil, r.configErr(false, nil)
-	}
-	raw := resp.Kvs[0].Value
-	cfg, err := subnet.ParseConfig(raw)
-	return cfg, raw, r.configErr(true, err)
-}
-
-// configErr explains a missing or invalid config.
-func (r *Registry) configErr(exists bool, err error) error {
-	switch {
-	case !exists:
-		return fmt.Errorf("%w at %s: create one with `overlayd config put -f net.json`", ErrNoConfig, r.ConfigKey())
-	case err != nil:
-		return fmt.Errorf("%s: %w: fix it with `overlayd config put -f net.json`", r.ConfigKey(), err)
-	}
-	return nil
-}
-
-// ConfigUpdate is the network config as read after <prefix>/config changed:
-// Config, or Err if it is gone (ErrNoConfig) or invalid.
-type ConfigUpdate struct {
-	Config *subnet.Config
-	Err    error
-}
-
-// WatchConfig delivers the network config as it is now, then again each
-// time <prefix>/config changes, until ctx ends (then the channel closes).
-// A broken watch is re-established after retry, delivering the config as
-// read then, so a change made meanwhile is not missed.
-func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan ConfigUpdate {
-	out := make(chan ConfigUpdate)
-	go func() {
-		defer close(out)
-		for ctx.Err() == nil {
-			rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-			resp, err := r.cli.Get(rctx, r.ConfigKey())
-			cancel()
-			if err == nil {
-				if !sendConfig(ctx, out, r.configUpdate(resp.Kvs)) {
-					return
-				}
-				r.followConfig(ctx, resp.Header.Revision, out)
-			}
-			if !sleepCtx(ctx, retry) {
-				return
-			}
-		}
-	}()
-	return out
-}
-
-// followConfig sends each change of the config key after rev until the
-// watch breaks or ctx ends.
-func (r *Registry) followConfig(ctx context.Context, rev int64, out chan<- ConfigUpdate) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range r.cli.Watch(ownStream(clientv3.WithRequireLeader(wctx), "config"), r.ConfigKey(), clientv3.WithRev(rev+1)) {
-		if wr.Err() != nil || wr.Canceled {
-			return
-		}
-		for _, ev := range wr.Events {
-			var kvs []*mvccpb.KeyValue
-			if ev.Type == clientv3.EventTypePut {
-				kvs = []*mvccpb.KeyValue{ev.Kv}
-			}
-			if !sendConfig(ctx, out, r.configUpdate(kvs)) {
-				return
-			}
-		}
-	}
-}
-
-func (r *Registry) configUpdate(kvs []*mvccpb.KeyValue) ConfigUpdate {
-	if len(kvs) == 0 {
-		return ConfigUpdate{Err: r.configErr(false, nil)}
-	}
-	cfg, err := subnet.ParseConfig(kvs[0].Value)
-	if err != nil {
-		return ConfigUpdate{Err: r.configErr(true, err)}
-	}
-	return ConfigUpdate{Config: cfg}
-}
-
-func sendConfig(ctx context.Context, out chan<- ConfigUpdate, u ConfigUpdate) bool {
-	select {
-	case out <- u:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// PutConfig validates raw and stores it unchanged (unknown fields kept).
-func (r *Registry) PutConfig(ctx context.Context, raw []byte) (*subnet.Config, error) {
-	cfg, err := subnet.ParseConfig(raw)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := r.cli.Put(ctx, r.ConfigKey(), string(raw)); err != nil {
-		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
-	}
-	return cfg, nil
-}
 
 // Invalid is a key under subnets/ that could not be decoded.
 type Invalid struct {
@@ -331,114 +217,6 @@ func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Le
 	return l, err
 }
 
-// Create writes a lease on s only if no key names its IPv4 subnet (the
-// plain key, or a dual-stack key with any IPv6 half) and, in a dual-stack
-// lease, no key created before it names its IPv6 subnet: the rule that
-// keeps two hosts from ever holding one subnet. etcdLease 0 writes a
-// reservation. It returns the revision of the write, or ErrTaken.
-func (r *Registry) Create(ctx context.Context, s subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(s)
-	val, err := attrs.Marshal()
-	if err != nil {
-		return 0, fmt.Errorf("encode lease %s: %w", key, err)
-	}
-	free := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
-	if s.IPv4.IsValid() {
-		v4 := r.LeaseKey(subnet.Subnets{IPv4: s.IPv4})
-		free = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(v4), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(v4+"&"), "=", 0).WithPrefix()}
-	}
-	resp, err := r.cli.Txn(ctx).
-		If(free...).
-		Then(clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
-		Commit()
-	if err != nil {
-		return 0, fmt.Errorf("create %s: %w", key, err)
-	}
-	if !resp.Succeeded {
-		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
-			return 0, fmt.Errorf("%w: %s is held by a key naming another IPv6 subnet or none", ErrHeldElsewhere, s.IPv4)
-		}
-		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
-	}
-	return r.keepIfFirst(ctx, s, resp.Header.Revision)
-}
-
-// Rekey replaces the lease prev (still at its ModRevision) by a lease on
-// next, in one transaction: how a host's lease gains or drops its IPv6
-// subnet when the network config starts or stops carrying IPv6, keeping
-// its IPv4 subnet. It returns the revision of the write, ErrConflict if
-// prev changed, or ErrTaken if next is held.
-func (r *Registry) Rekey(ctx context.Context, prev subnet.Lease, next subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(next)
-	val, err := attrs.Marshal()
-	if err != nil {
-		return 0, fmt.Errorf("encode lease %s: %w", key, err)
-	}
-	old := r.LeaseKey(prev.Subnets())
-	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(old), "=", prev.ModRevision),
-			clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpDelete(old), clientv3.OpPut(key, string(val), leaseOpt(etcdLease)...)).
-		Else(clientv3.OpGet(old, clientv3.WithKeysOnly())).
-		Commit()
-	if err != nil {
-		return 0, fmt.Errorf("replace %s by %s: %w", old, key, err)
-	}
-	if !resp.Succeeded {
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].ModRevision != prev.ModRevision {
-			return 0, fmt.Errorf("%w: %s", ErrConflict, old)
-		}
-		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
-	}
-	return r.keepIfFirst(ctx, next, resp.Header.Revision)
-}
-
-// keepIfFirst ends the claim of s written at revision rev. etcd cannot
-// compare keys by their end, so a transaction cannot exclude a concurrent
-// claim of the same IPv6 subnet under another IPv4 subnet; instead every
-// claimer looks after writing, and the claim created later (which always
-// sees the earlier one) deletes itself and reports ErrTaken.
-func (r *Registry) keepIfFirst(ctx context.Context, s subnet.Subnets, rev int64) (int64, error) {
-	if !s.IPv6.IsValid() {
-		return rev, nil
-	}
-	earlier, err := r.heldBefore(ctx, s, rev)
-	if err == nil && earlier == "" {
-		return rev, nil
-	}
-	if _, derr := r.DeleteIfOwned(ctx, s, rev); derr != nil {
-		err = errors.Join(err, fmt.Errorf("withdraw the claim: %w", derr))
-	}
-	if err != nil {
-		return 0, fmt.Errorf("check that no other lease holds %s: %w", s.IPv6, err)
-	}
-	return 0, fmt.Errorf("%w: %s is held by %s", ErrHeldElsewhere, s.IPv6, earlier)
-}
-
-// heldBefore returns a key other than s's that names s's IPv6 subnet and
-// was created before revision rev, or "". It reads keys only, in pages.
-func (r *Registry) heldBefore(ctx context.Context, s subnet.Subnets, rev int64) (string, error) {
-	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
-	suffix := "&" + subnet.Key(s.IPv6)
-	for {
-		resp, err := r.cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(listPage), clientv3.WithKeysOnly())
-		if err != nil {
-			return "", err
-		}
-		for _, kv := range resp.Kvs {
-			if k := string(kv.Key); strings.HasSuffix(k, suffix) && kv.CreateRevision < rev && k != r.LeaseKey(s) {
-				return k, nil
-			}
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			return "", nil
-		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-	}
-}
-
 // Update rewrites an existing lease if it is still at prev.ModRevision,
 // attaching etcdLease (0 keeps it a reservation). It returns ErrConflict if
 // someone else wrote or deleted the key since.
@@ -546,25 +324,4 @@ func (r *Registry) Reserve(ctx context.Context, s subnet.Subnets, attrs subnet.L
 		return 0, fmt.Errorf("%w: a lease under %s was written meanwhile", ErrConflict, r.SubnetsPrefix())
 	}
 	return resp.Header.Revision, nil
-}
-
-// PutConfigIfUnchanged validates raw and stores it unchanged only if
-// neither the config nor any lease was written after revision rev, the
-// revision of the listing the caller checked the change against.
-func (r *Registry) PutConfigIfUnchanged(ctx context.Context, raw []byte, rev int64) (*subnet.Config, error) {
-	cfg, err := subnet.ParseConfig(raw)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(r.ConfigKey()), "<", rev+1), r.unchangedSince(rev)).
-		Then(clientv3.OpPut(r.ConfigKey(), string(raw))).
-		Commit()
-	if err != nil {
-		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
-	}
-	if !resp.Succeeded {
-		return nil, fmt.Errorf("%w: the config or a lease was written while checking the change", ErrConflict)
-	}
-	return cfg, nil
 }

@@ -18,8 +18,8 @@ import (
 
 // In a dual-stack network pods on different hosts reach each other over
 // both families without NAT, and the outside with it; hosts join and
-// leave, a restart drops no IPv6 packet, and a deleted IPv6 route is
-// repaired.
+// leave, a restart drops no packet of either family, and a deleted IPv6
+// route is repaired.
 func TestDualStack(t *testing.T) {
 	t.Parallel()
 	testIPv6Network(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`, true)
@@ -127,27 +127,37 @@ func testIPv6Network(t *testing.T, config string, dual bool) {
 		}
 	})
 
-	t.Run("restart drops no IPv6 packet", func(t *testing.T) {
+	t.Run("restart drops no packet of either family", func(t *testing.T) {
 		a, b, h := pods[0], pods[1], nodes[1]
 		before := subnetsOf(t, h)
-		s, err := lab.StartStream(a.NS, netip.AddrPortFrom(b.IPv6, lab.ProbePort), streamInterval, streamTimeout)
-		if err != nil {
-			t.Fatal(err)
+		dsts := []netip.Addr{b.IPv6}
+		if dual {
+			dsts = append(dsts, b.IP)
 		}
-		defer s.Stop()
-		warmUp(t, s, 5)
+		var streams []*lab.Stream
+		for _, dst := range dsts {
+			s, err := lab.StartStream(a.NS, netip.AddrPortFrom(dst, lab.ProbePort), streamInterval, streamTimeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop()
+			warmUp(t, s, 5)
+			streams = append(streams, s)
+		}
 		if err := h.Restart(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		labtest.WaitReady(t, h)
-		seenAt := s.Stats().Sent
+		seenAt := streams[0].Stats().Sent
 		labtest.Eventually(t, 50*streamInterval+settle, "2.5 s of traffic after the restart", func() error {
-			if sent := s.Stats().Sent; sent < seenAt+50 {
+			if sent := streams[0].Stats().Sent; sent < seenAt+50 {
 				return fmt.Errorf("%d probes since ready", sent-seenAt)
 			}
 			return nil
 		})
-		checkStream(t, fmt.Sprintf("%s -> %s over IPv6 across a SIGKILL restart of overlayd on %s", a, b.IPv6, h.Name), s.Stop())
+		for i, s := range streams {
+			checkStream(t, fmt.Sprintf("%s -> %s across a SIGKILL restart of overlayd on %s", a, dsts[i], h.Name), s.Stop())
+		}
 		if after := subnetsOf(t, h); after != before {
 			t.Errorf("%s's subnets changed across the restart: %s -> %s", h.Name, before, after)
 		}

@@ -62,28 +62,49 @@ func (a Attachment) Validate() error {
 	for _, f := range []struct{ what, val string }{
 		{"network name", a.Network}, {"container ID", a.ContainerID}, {"interface name", a.IfName},
 	} {
-		switch {
-		case f.val == "":
-			return fmt.Errorf("%w: %s is empty", ErrInvalidAttachment, f.what)
-		case strings.ContainsRune(f.val, 0):
-			return fmt.Errorf("%w: %s %q contains NUL", ErrInvalidAttachment, f.what, f.val)
-		case strings.ContainsAny(f.val, `/\`):
-			return fmt.Errorf("%w: %s %q contains a path separator", ErrInvalidAttachment, f.what, f.val)
-		case strings.Contains(f.val, ".."):
-			return fmt.Errorf("%w: %s %q contains \"..\"", ErrInvalidAttachment, f.what, f.val)
+		if err := checkNamePart(f.what, f.val); err != nil {
+			return err
 		}
 	}
 	if err := utils.ValidateNetworkName(a.Network); err != nil {
 		return fmt.Errorf("%w: network name %q: %s", ErrInvalidAttachment, a.Network, err.Msg)
 	}
-	if err := utils.ValidateContainerID(a.ContainerID); err != nil {
-		return fmt.Errorf("%w: container ID %q: %s", ErrInvalidAttachment, a.ContainerID, err.Msg)
+	if err := validateContainerID(a.ContainerID); err != nil {
+		return err
 	}
 	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
 		return fmt.Errorf("%w: interface name %q: %s", ErrInvalidAttachment, a.IfName, err.Msg)
 	}
 	if n := len(a.fileName()); n > maxFileName {
 		return fmt.Errorf("%w: cache file name would be %d bytes long (at most %d)", ErrInvalidAttachment, n, maxFileName)
+	}
+	return nil
+}
+
+// checkNamePart refuses a value that could not be part of a file name
+// safely: empty, with NUL, a path separator or "..".
+func checkNamePart(what, val string) error {
+	switch {
+	case val == "":
+		return fmt.Errorf("%w: %s is empty", ErrInvalidAttachment, what)
+	case strings.ContainsRune(val, 0):
+		return fmt.Errorf("%w: %s %q contains NUL", ErrInvalidAttachment, what, val)
+	case strings.ContainsAny(val, `/\`):
+		return fmt.Errorf("%w: %s %q contains a path separator", ErrInvalidAttachment, what, val)
+	case strings.Contains(val, ".."):
+		return fmt.Errorf("%w: %s %q contains \"..\"", ErrInvalidAttachment, what, val)
+	}
+	return nil
+}
+
+// validateContainerID accepts what the CNI library accepts as a container
+// ID, and what can name a file (flannel's cache names its files by it).
+func validateContainerID(id string) error {
+	if err := checkNamePart("container ID", id); err != nil {
+		return err
+	}
+	if err := utils.ValidateContainerID(id); err != nil {
+		return fmt.Errorf("%w: container ID %q: %s", ErrInvalidAttachment, id, err.Msg)
 	}
 	return nil
 }

@@ -11,9 +11,11 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/types/create"
+	cniversion "github.com/containernetworking/cni/pkg/version"
 )
 
-// Check verifies an attachment: its cache entry exists, subnet.env is there
+// Check verifies an attachment: its cache entry (or flannel's, for a pod
+// flannel's plugin added: see cachedEntry) exists, subnet.env is there
 // and still holds the lease the attachment was made from, and the delegate's
 // CHECK (with the cached configuration and the runtime's prevResult) passes.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
@@ -27,10 +29,10 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if conf.PrevResult == nil {
 		return cniError(types.ErrInvalidNetworkConfig, nil, "CHECK of %s needs a prevResult: the runtime must pass the ADD result", att)
 	}
-	e, err := Cache{Dir: conf.DataDir}.Read(att)
+	e, _, err := p.cachedEntry(conf, att)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return cniError(CodeNoCache, err, "%s has no cache entry in %s: it was not added by overlay-cni (or the entry was removed); recreate the pod", att, conf.DataDir)
+		return cniError(CodeNoCache, err, "%s has no cache entry in %s%s: it was not added by overlay-cni (or the entry was removed); recreate the pod", att, conf.DataDir, flannelToo(conf))
 	case errors.Is(err, ErrCacheCorrupt):
 		return cniError(CodeCacheCorrupt, err, "the cache entry of %s is corrupt: recreate the pod", att)
 	case err != nil:
@@ -61,7 +63,11 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 }
 
 // withPrevResult returns the cached delegate configuration with prevResult
-// set, converted to the cached configuration's cniVersion.
+// set, converted to the cached configuration's cniVersion. A configuration
+// of a version before CHECK existed (0.4.0) — flannel's plugin caches
+// kube-flannel's 0.3.1, and the delegate refuses to CHECK that — is raised
+// to the request's version (which has CHECK, or the runtime would not ask):
+// CHECK changes nothing, and the keys are the same.
 func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(config, &m); err != nil {
@@ -70,6 +76,14 @@ func withPrevResult(config []byte, version string, prev json.RawMessage) ([]byte
 	var cachedVersion string
 	if err := json.Unmarshal(m["cniVersion"], &cachedVersion); err != nil {
 		return nil, fmt.Errorf("cached cniVersion: %w", err)
+	}
+	if hasCheck, err := cniversion.GreaterThanOrEqualTo(cachedVersion, "0.4.0"); err != nil {
+		return nil, fmt.Errorf("cached cniVersion: %w", err)
+	} else if !hasCheck {
+		cachedVersion = version
+		if m["cniVersion"], err = json.Marshal(version); err != nil {
+			return nil, err
+		}
 	}
 	conv, err := convertResult(version, prev, cachedVersion)
 	if err != nil {
@@ -132,4 +146,13 @@ func orNone(p netip.Prefix) string {
 		return "none"
 	}
 	return p.String()
+}
+
+// flannelToo names flannel's cache directory for a message about a missing
+// entry, when it was looked at.
+func flannelToo(conf *NetConf) string {
+	if conf.FlannelDataDir == "" {
+		return ""
+	}
+	return " (nor in flannel's " + conf.FlannelDataDir + ")"
 }

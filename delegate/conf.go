@@ -47,6 +47,12 @@ type NetConf struct {
 	SubnetFile string
 	// DataDir holds the cache ("dataDir", default DefaultDataDir).
 	DataDir string
+	// FlannelDataDir is flannel's CNI plugin's cache ("flannelDataDir",
+	// flannel's default is /var/lib/cni/flannel): DEL, CHECK and GC of
+	// pods that flannel's plugin added before the conflist switched to
+	// overlay-cni use it. Empty (the default): not looked at, since GC
+	// removes files in it and it is another program's directory.
+	FlannelDataDir string
 	// HealthAddr is overlayd's health endpoint, a loopback address
 	// ("healthAddr", default DefaultHealthAddr); STATUS asks its /readyz.
 	// Empty: STATUS does not ask overlayd.
@@ -80,6 +86,7 @@ type rawConf struct {
 	Name             string          `json:"name"`
 	SubnetFile       *string         `json:"subnetFile"`
 	DataDir          *string         `json:"dataDir"`
+	FlannelDataDir   *string         `json:"flannelDataDir"`
 	HealthAddr       *string         `json:"healthAddr"`
 	Delegate         json.RawMessage `json:"delegate"`
 	IPAM             json.RawMessage `json:"ipam"`
@@ -128,6 +135,9 @@ func ParseConf(data []byte) (*NetConf, error) {
 			return nil, err
 		}
 	}
+	if err := c.setFlannelDataDir(raw.FlannelDataDir); err != nil {
+		return nil, err
+	}
 	if raw.HealthAddr != nil {
 		if err := checkHealthAddr(*raw.HealthAddr); err != nil {
 			return nil, err
@@ -170,6 +180,25 @@ func ParseConf(data []byte) (*NetConf, error) {
 		c.ValidAttachments = append(c.ValidAttachments, list...)
 	}
 	return c, nil
+}
+
+// setFlannelDataDir sets FlannelDataDir from its key: absent or "" leaves
+// it off; a path must be absolute and must not be dataDir, whose entries
+// would otherwise be taken for flannel's (files named like a container ID)
+// and removed by GC.
+func (c *NetConf) setFlannelDataDir(raw *string) error {
+	if raw == nil || *raw == "" {
+		return nil
+	}
+	dir, err := absPath("flannelDataDir", *raw)
+	if err != nil {
+		return err
+	}
+	if dir == c.DataDir {
+		return invalidf("flannelDataDir %q is also dataDir: flannel's cache and overlay-cni's must be different directories", *raw)
+	}
+	c.FlannelDataDir = dir
+	return nil
 }
 
 // takeDelegateKeys moves the keys of "delegate" that are not passed through

@@ -18,7 +18,8 @@ import (
 // GC removes what belongs to attachments that are no longer valid: each
 // cached attachment not in the valid list is deleted through the delegate
 // (with an empty netns: the namespace is gone, or is no longer ours to
-// touch) and its cache entry removed; then host-local reservations of
+// touch) and its cache entry removed; so are flannel's cache entries of
+// containers no longer valid (gcFlannel); then host-local reservations of
 // invalid attachments are released under host-local's lock; then the GC is
 // forwarded to the delegate. It continues past errors and reports them all.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
@@ -76,6 +77,8 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		p.logf("GC: deleted stale %s", att)
 	}
 
+	errs = append(errs, p.gcFlannel(conf, valid)...)
+
 	released, err := SweepHostLocal(conf.HostLocalDir(), valid)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("sweep host-local reservations in %s: %w", conf.HostLocalDir(), err))
@@ -125,6 +128,46 @@ func (p *Plugin) delegateGC(ctx context.Context, conf *NetConf, env subnet.Env, 
 		return fmt.Errorf("delegate %s GC: %w", d.Type, err)
 	}
 	return nil
+}
+
+// gcFlannel removes the entries flannel's CNI plugin left in its cache
+// for this network's containers that have no valid attachment. Entries of
+// valid containers and of other networks are kept, and so are files that
+// are not recognisably flannel's entries (they are logged): overlay-cni
+// removes nothing it does not recognise in another program's directory.
+// No delegate DEL is run for the stale ones: flannel's entry names no
+// interface, so host-local could not match the reservation; the sweep
+// after this releases it by (containerID, ifname) as host-local's store
+// has it, and the veth went with the pod's namespace.
+func (p *Plugin) gcFlannel(conf *NetConf, valid ValidSet) []error {
+	if conf.FlannelDataDir == "" {
+		return nil
+	}
+	listed, err := FlannelCache{Dir: conf.FlannelDataDir}.List()
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, l := range listed {
+		switch {
+		case valid.HasContainer(l.ContainerID):
+			continue
+		case errors.Is(l.Err, ErrCacheCorrupt):
+			p.logf("GC: leaving alone a file in flannel's cache that is not a usable entry: %v", l.Err)
+			continue
+		case l.Err != nil:
+			errs = append(errs, l.Err)
+			continue
+		case l.Network != conf.Name:
+			continue
+		}
+		if err := removeFile(l.Path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.logf("GC: removed flannel's cache entry of stale container %q (host-local's sweep releases its address): %s", l.ContainerID, l.Path)
+	}
+	return errs
 }
 
 func removeFile(p string) error {

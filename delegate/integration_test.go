@@ -224,10 +224,17 @@ func (l *lab) mustDel(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) {
 	}
 }
 
-// reservations returns host-local's reservations: address -> "cid/ifname".
+// reservations returns host-local's reservations of network overlay:
+// address -> "cid/ifname".
 func (l *lab) reservations() map[string]string {
 	l.t.Helper()
-	dir := filepath.Join(l.ipamDir, "overlay")
+	return l.reservationsOf("overlay")
+}
+
+// reservationsOf returns host-local's reservations of a network.
+func (l *lab) reservationsOf(network string) map[string]string {
+	l.t.Helper()
+	dir := filepath.Join(l.ipamDir, network)
 	des, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return map[string]string{}

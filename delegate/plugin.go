@@ -232,11 +232,13 @@ func joinDetails(a, b string) string {
 }
 
 // Del releases an attachment. It never needs the daemon: with a cache entry
-// it replays the cached configuration through the delegate's DEL and removes
-// the entry only if that succeeded; without a usable entry it re-renders the
-// configuration from subnet.env and still runs the delegate's DEL; with
-// neither there is nothing it could release, and it succeeds. An empty
-// CNI_NETNS is passed on (the bridge plugin then only releases the address).
+// (overlay-cni's own, or flannel's for a pod flannel's plugin added, see
+// cachedEntry) it replays the cached configuration through the delegate's
+// DEL and removes the entry only if that succeeded; without a usable entry
+// it re-renders the configuration from subnet.env and still runs the
+// delegate's DEL; with neither there is nothing it could release, and it
+// succeeds. An empty CNI_NETNS is passed on (the bridge plugin then only
+// releases the address).
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, att, err := loadAttachment(args)
 	if err != nil {
@@ -247,16 +249,15 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	ctx := context.Background()
 	rt := runtimeOf(args)
-	cache := Cache{Dir: conf.DataDir}
 
-	e, err := cache.Read(att)
+	e, store, err := p.cachedEntry(conf, att)
 	if err == nil {
 		if err := p.invoker.Del(ctx, e.Delegate.Type, e.Delegate.Config, rt); err != nil {
 			te := delegateError("DEL", e.Delegate.Type, err)
 			te.Msg += " (the cache entry is kept; DEL can be retried)"
 			return te
 		}
-		if err := cache.Remove(att); err != nil {
+		if err := store.Remove(att); err != nil {
 			p.logf("DEL of %s succeeded, but its cache entry stays (GC or the next DEL removes it): %v", att, err)
 		}
 		return nil
@@ -277,10 +278,48 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := p.invoker.Del(ctx, d.Type, d.Config, rt); err != nil {
 		return delegateError("DEL", d.Type, err)
 	}
-	if !missing {
-		if err := cache.Remove(att); err != nil {
+	if !missing && store != nil {
+		if err := store.Remove(att); err != nil {
 			p.logf("DEL of %s succeeded, but its unusable cache entry stays: %v", att, err)
 		}
 	}
 	return nil
+}
+
+// entryStore is where a cached delegate configuration was found, so that
+// the entry is removed where it was.
+type entryStore interface {
+	Remove(Attachment) error
+}
+
+// cachedEntry returns the cached delegate configuration of att and the
+// store it is in: overlay-cni's own entry, or — when there is none — the
+// one flannel's CNI plugin left in FlannelDataDir for a pod it added before
+// the conflist switched to overlay-cni. Errors are as Cache.Read's: a
+// missing entry wraps fs.ErrNotExist, an unusable one (of either store)
+// ErrCacheCorrupt. A file of flannel's that is unusable, or names another
+// network, comes with no store: overlay-cni removes nothing in flannel's
+// directory that it does not recognise as flannel's entry of this network
+// (the directory is another program's, and a file there that is not JSON
+// may be anything); one of another network also reads as missing.
+func (p *Plugin) cachedEntry(conf *NetConf, att Attachment) (Entry, entryStore, error) {
+	own := Cache{Dir: conf.DataDir}
+	e, err := own.Read(att)
+	if !errors.Is(err, fs.ErrNotExist) || conf.FlannelDataDir == "" {
+		return e, own, err
+	}
+	flannel := FlannelCache{Dir: conf.FlannelDataDir}
+	fe, ferr := flannel.Read(att)
+	switch {
+	case errors.Is(ferr, fs.ErrNotExist):
+		return e, own, err
+	case errors.Is(ferr, ErrOtherNetwork):
+		p.logf("%s: %v; left alone", att, ferr)
+		return e, nil, err
+	case ferr != nil:
+		p.logf("%s: %v; left in place", att, ferr)
+		return fe, nil, ferr
+	}
+	p.logf("%s was added by flannel's CNI plugin: using its cached configuration", att)
+	return fe, flannel, nil
 }

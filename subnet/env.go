@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -76,23 +77,62 @@ func (e Env) IPv6Lease() netip.Prefix {
 	return e.IPv6Subnet.Masked()
 }
 
+// EnvFormat is the dialect of subnet.env: overlayd's own keys (OVERLAY_*,
+// DESIGN.md §6) or flanneld's (FLANNEL_*), for hosts where flannel's CNI
+// plugin or other tools written for flannel still read the file.
+type EnvFormat string
+
+const (
+	// FormatOverlay is the contract's format, the default.
+	FormatOverlay EnvFormat = "overlay"
+	// FormatFlannel is what flanneld writes to /run/flannel/subnet.env.
+	FormatFlannel EnvFormat = "flannel"
+)
+
+// ParseEnvFormat reads a format's name; "" is FormatOverlay.
+func ParseEnvFormat(s string) (EnvFormat, error) {
+	switch f := EnvFormat(s); f {
+	case "":
+		return FormatOverlay, nil
+	case FormatOverlay, FormatFlannel:
+		return f, nil
+	}
+	return "", fmt.Errorf("unknown subnet.env format %q: want %s or %s", s, FormatOverlay, FormatFlannel)
+}
+
+// prefix starts every key of the format.
+func (f EnvFormat) prefix() string {
+	if f == FormatFlannel {
+		return "FLANNEL_"
+	}
+	return "OVERLAY_"
+}
+
+// envKeys are the keys both formats have, without their prefix.
+var envKeys = []string{"NETWORK", "SUBNET", "MTU", "IPMASQ", "IPV6_NETWORK", "IPV6_SUBNET"}
+
 // Validate reports whether the values are coherent: the IPv4 prefixes (but
 // for an IPv6-only host) and the IPv6 ones, if given, of their family, each
-// subnet inside its network, an MTU a link can carry.
-func (e Env) Validate() error {
+// subnet inside its network, an MTU a link can carry. Errors name the
+// contract's keys.
+func (e Env) Validate() error { return e.validate(FormatOverlay.prefix()) }
+
+// validate is Validate with errors naming the keys of the format whose
+// keys start with p.
+func (e Env) validate(p string) error {
 	v6 := e.IPv6Network.IsValid() || e.IPv6Subnet.IsValid()
 	if e.Network.IsValid() || e.Subnet.IsValid() || !v6 {
-		if err := checkEnvPair(ipv4, "OVERLAY_NETWORK", e.Network, "OVERLAY_SUBNET", e.Subnet); err != nil {
+		if err := checkEnvPair(ipv4, p+"NETWORK", e.Network, p+"SUBNET", e.Subnet); err != nil {
 			return err
 		}
 	}
 	if v6 {
-		if err := checkEnvPair(ipv6, "OVERLAY_IPV6_NETWORK", e.IPv6Network, "OVERLAY_IPV6_SUBNET", e.IPv6Subnet); err != nil {
+		if err := checkEnvPair(ipv6, p+"IPV6_NETWORK", e.IPv6Network, p+"IPV6_SUBNET", e.IPv6Subnet); err != nil {
 			return err
 		}
 	}
 	if e.MTU < 576 || e.MTU > 65535 {
-		return fmt.Errorf("%w: OVERLAY_MTU %d is outside 576..65535", ErrEnvInvalid, e.MTU)
+		return fmt.Errorf("%w: %sMTU %d is outside 576..65535", ErrEnvInvalid, p, e.MTU)
 	}
 	return nil
 }
@@ -114,26 +154,91 @@ func checkEnvPair(f family, networkKey string, network netip.Prefix, subnetKey s
 // any, come last, so an IPv4-only file is what it always was. An IPv6-only
 // host's file has no IPv4 keys.
 func (e Env) Marshal() []byte {
-	var b []byte
-	if e.Network.IsValid() {
-		b = fmt.Appendf(b, "OVERLAY_NETWORK=%s\nOVERLAY_SUBNET=%s\n", e.Network, e.Subnet)
-	}
-	b = fmt.Appendf(b, "OVERLAY_MTU=%d\nOVERLAY_IPMASQ=%t\n", e.MTU, e.IPMasq)
-	if e.IPv6Network.IsValid() {
-		b = fmt.Appendf(b, "OVERLAY_IPV6_NETWORK=%s\nOVERLAY_IPV6_SUBNET=%s\n", e.IPv6Network, e.IPv6Subnet)
-	}
-	return b
+	v4, v6, rest := e.marshalParts(FormatOverlay.prefix())
+	return slices.Concat(v4, rest, v6)
 }
 
-// ParseEnv parses subnet.env. Blank lines and # comments are ignored, unknown
-// keys are ignored (a newer daemon may add some), OVERLAY_MTU and
-// OVERLAY_IPMASQ must be present, and so must one pair of network keys or
-// both: OVERLAY_NETWORK and OVERLAY_SUBNET (absent only on an IPv6-only
-// host), OVERLAY_IPV6_NETWORK and OVERLAY_IPV6_SUBNET; each pair comes
+// MarshalFlannel renders the file exactly as flanneld (v0.28,
+// pkg/subnet WriteSubnetFile) does: FLANNEL_NETWORK and FLANNEL_SUBNET
+// (absent on an IPv6-only host), then FLANNEL_IPV6_NETWORK and
+// FLANNEL_IPV6_SUBNET (if the network carries IPv6), then FLANNEL_MTU and
+// FLANNEL_IPMASQ; the values are formatted as in the contract.
+func (e Env) MarshalFlannel() []byte {
+	v4, v6, rest := e.marshalParts(FormatFlannel.prefix())
+	return slices.Concat(v4, v6, rest)
+}
+
+// MarshalFormat renders the file in format f.
+func (e Env) MarshalFormat(f EnvFormat) ([]byte, error) {
+	f, err := ParseEnvFormat(string(f))
+	if err != nil {
+		return nil, err
+	}
+	if f == FormatFlannel {
+		return e.MarshalFlannel(), nil
+	}
+	return e.Marshal(), nil
+}
+
+// marshalParts renders the IPv4 pair, the IPv6 pair and MTU with IPMASQ,
+// keys starting with p; both formats put the same lines in another order.
+func (e Env) marshalParts(p string) (v4, v6, rest []byte) {
+	if e.Network.IsValid() {
+		v4 = fmt.Appendf(v4, "%sNETWORK=%s\n%sSUBNET=%s\n", p, e.Network, p, e.Subnet)
+	}
+	if e.IPv6Network.IsValid() {
+		v6 = fmt.Appendf(v6, "%sIPV6_NETWORK=%s\n%sIPV6_SUBNET=%s\n", p, e.IPv6Network, p, e.IPv6Subnet)
+	}
+	rest = fmt.Appendf(rest, "%sMTU=%d\n%sIPMASQ=%t\n", p, e.MTU, p, e.IPMasq)
+	return v4, v6, rest
+}
+
+// ParseEnv parses subnet.env in either format: overlayd's (OVERLAY_*) or,
+// when the file has none of those keys, flanneld's (FLANNEL_*), so that
+// overlay-cni can read /run/flannel/subnet.env. A file with known keys of
+// both formats is refused, naming them: which one would be meant is a
+// guess. Blank lines and # comments are ignored, unknown keys are ignored
+// (a newer daemon may add some), MTU and IPMASQ must be present, and so
+// must one pair of network keys or both: NETWORK and SUBNET (absent only on
+// an IPv6-only host), IPV6_NETWORK and IPV6_SUBNET; each pair comes
 // together or not at all.
 func ParseEnv(data []byte) (Env, error) {
+	vals, err := scanEnv(data)
+	if err != nil {
+		return Env{}, err
+	}
+	f, err := envFormatOf(vals)
+	if err != nil {
+		return Env{}, err
+	}
+	p := f.prefix()
 	var e Env
-	seen := map[string]bool{}
+	for _, k := range envKeys {
+		val, ok := vals[p+k]
+		if !ok {
+			continue
+		}
+		if err := e.set(k, val); err != nil {
+			return Env{}, fmt.Errorf("%w: %s=%q: %v", ErrEnvInvalid, p+k, val, err)
+		}
+	}
+	if err := checkEnvKeys(vals, p); err != nil {
+		return Env{}, err
+	}
+	if err := e.validate(p); err != nil {
+		return Env{}, err
+	}
+	return e, nil
+}
+
+// scanEnv returns the known keys of either format with their values (the
+// last one when a key repeats).
+func scanEnv(data []byte) (map[string]string, error) {
+	known := map[string]bool{}
+	for _, k := range envKeys {
+		known[FormatOverlay.prefix()+k], known[FormatFlannel.prefix()+k] = true, true
+	}
+	vals := map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for line := 1; sc.Scan(); line++ {
 		text := strings.TrimSpace(sc.Text())
@@ -142,51 +247,83 @@ func ParseEnv(data []byte) (Env, error) {
 		}
 		key, val, ok := strings.Cut(text, "=")
 		if !ok {
-			return Env{}, fmt.Errorf("%w: line %d %q is not KEY=VALUE", ErrEnvInvalid, line, text)
+			return nil, fmt.Errorf("%w: line %d %q is not KEY=VALUE", ErrEnvInvalid, line, text)
 		}
-		var err error
-		switch key {
-		case "OVERLAY_NETWORK":
-			e.Network, err = netip.ParsePrefix(val)
-		case "OVERLAY_SUBNET":
-			e.Subnet, err = netip.ParsePrefix(val)
-		case "OVERLAY_MTU":
-			e.MTU, err = strconv.Atoi(val)
-		case "OVERLAY_IPMASQ":
-			e.IPMasq, err = strconv.ParseBool(val)
-		case "OVERLAY_IPV6_NETWORK":
-			e.IPv6Network, err = netip.ParsePrefix(val)
-		case "OVERLAY_IPV6_SUBNET":
-			e.IPv6Subnet, err = netip.ParsePrefix(val)
-		default:
-			continue
+		if known[key] {
+			vals[key] = val
 		}
-		if err != nil {
-			return Env{}, fmt.Errorf("%w: %s=%q: %v", ErrEnvInvalid, key, val, err)
-		}
-		seen[key] = true
 	}
 	if err := sc.Err(); err != nil {
-		return Env{}, fmt.Errorf("%w: %v", ErrEnvInvalid, err)
+		return nil, fmt.Errorf("%w: %v", ErrEnvInvalid, err)
 	}
-	required := []string{"OVERLAY_MTU", "OVERLAY_IPMASQ"}
-	if !seen["OVERLAY_IPV6_NETWORK"] && !seen["OVERLAY_IPV6_SUBNET"] {
-		required = append([]string{"OVERLAY_NETWORK", "OVERLAY_SUBNET"}, required...)
+	return vals, nil
+}
+
+// envFormatOf tells the format from the keys present: flannel's only when
+// no key of the contract's is there.
+func envFormatOf(vals map[string]string) (EnvFormat, error) {
+	var keys [2][]string
+	for i, f := range []EnvFormat{FormatOverlay, FormatFlannel} {
+		for _, k := range envKeys {
+			if _, ok := vals[f.prefix()+k]; ok {
+				keys[i] = append(keys[i], f.prefix()+k)
+			}
+		}
+	}
+	switch {
+	case len(keys[0]) > 0 && len(keys[1]) > 0:
+		return "", fmt.Errorf("%w: it has keys of both formats, overlayd's (%s) and flanneld's (%s): write one format only",
+			ErrEnvInvalid, strings.Join(keys[0], ", "), strings.Join(keys[1], ", "))
+	case len(keys[1]) > 0:
+		return FormatFlannel, nil
+	}
+	return FormatOverlay, nil
+}
+
+// set parses the value of key k (without its prefix) into e.
+func (e *Env) set(k, val string) error {
+	var err error
+	switch k {
+	case "MTU":
+		e.MTU, err = strconv.Atoi(val)
+	case "IPMASQ":
+		e.IPMasq, err = strconv.ParseBool(val)
+	case "NETWORK", "IPV6_NETWORK":
+		if strings.Contains(val, ",") {
+			// flannel's CNI plugin accepts a list here (flanneld's
+			// multi-ClusterCIDR mode wrote one); an overlay network has
+			// one prefix per family.
+			return errors.New("lists several networks; only one is supported")
+		}
+		fallthrough
+	default:
+		prefixes := map[string]*netip.Prefix{
+			"NETWORK": &e.Network, "SUBNET": &e.Subnet, "IPV6_NETWORK": &e.IPv6Network, "IPV6_SUBNET": &e.IPv6Subnet,
+		}
+		*prefixes[k], err = netip.ParsePrefix(val)
+	}
+	return err
+}
+
+// checkEnvKeys checks that the keys required of a file with prefix p are
+// there, and that each network comes with its subnet.
+func checkEnvKeys(vals map[string]string, p string) error {
+	has := func(k string) bool { _, ok := vals[p+k]; return ok }
+	required := []string{"MTU", "IPMASQ"}
+	if !has("IPV6_NETWORK") && !has("IPV6_SUBNET") {
+		required = append([]string{"NETWORK", "SUBNET"}, required...)
 	}
 	for _, k := range required {
-		if !seen[k] {
-			return Env{}, fmt.Errorf("%w: %s is missing", ErrEnvInvalid, k)
+		if !has(k) {
+			return fmt.Errorf("%w: %s is missing", ErrEnvInvalid, p+k)
 		}
 	}
-	for _, pair := range [][2]string{{"OVERLAY_NETWORK", "OVERLAY_SUBNET"}, {"OVERLAY_IPV6_NETWORK", "OVERLAY_IPV6_SUBNET"}} {
-		if seen[pair[0]] != seen[pair[1]] {
-			return Env{}, fmt.Errorf("%w: %s and %s come together: one is missing", ErrEnvInvalid, pair[0], pair[1])
+	for _, pair := range [][2]string{{"NETWORK", "SUBNET"}, {"IPV6_NETWORK", "IPV6_SUBNET"}} {
+		if has(pair[0]) != has(pair[1]) {
+			return fmt.Errorf("%w: %s and %s come together: one is missing", ErrEnvInvalid, p+pair[0], p+pair[1])
 		}
 	}
-	if err := e.Validate(); err != nil {
-		return Env{}, err
-	}
-	return e, nil
+	return nil
 }
 
 // ReadEnv reads and parses the file at path. A missing file wraps
@@ -203,14 +340,25 @@ func ReadEnv(path string) (Env, error) {
 	return e, nil
 }
 
-// WriteEnv validates e and writes it to path atomically with mode 0644,
-// creating the directory if needed.
-func WriteEnv(path string, e Env) error {
-	if err := e.Validate(); err != nil {
+// WriteEnv validates e and writes it to path in the contract's format,
+// atomically with mode 0644, creating the directory if needed.
+func WriteEnv(path string, e Env) error { return WriteEnvFormat(path, e, FormatOverlay) }
+
+// WriteEnvFormat is WriteEnv in format f.
+func WriteEnvFormat(path string, e Env, f EnvFormat) error {
+	f, err := ParseEnvFormat(string(f))
+	if err != nil {
+		return err
+	}
+	if err := e.validate(f.prefix()); err != nil {
+		return err
+	}
+	data, err := e.MarshalFormat(f)
+	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create directory for %s: %w", path, err)
 	}
-	return atomicfile.Write(path, e.Marshal(), 0o644)
+	return atomicfile.Write(path, data, 0o644)
 }

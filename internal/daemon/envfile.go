@@ -22,7 +22,8 @@ const envCheckInterval = 2 * time.Second
 // changed (same file, size and modification time as written); only then is
 // the file read and compared.
 type envKeeper struct {
-	path string
+	path   string
+	format subnet.EnvFormat
 
 	mu      sync.Mutex
 	env     subnet.Env
@@ -31,8 +32,20 @@ type envKeeper struct {
 	err     error       // the last write's error, until one succeeds
 }
 
-func newEnvKeeper(path string, env subnet.Env) *envKeeper {
-	return &envKeeper{path: path, env: env, want: env.Marshal()}
+// newEnvKeeper keeps env at path in format (Config.SubnetFileFormat: ""
+// is overlayd's own, "flannel" flanneld's for the tools that read that).
+func newEnvKeeper(path string, format subnet.EnvFormat, env subnet.Env) *envKeeper {
+	k := &envKeeper{path: path, format: format, env: env}
+	k.want = k.render()
+	return k
+}
+
+// render is the file's desired content. An unknown format renders nothing,
+// which no file matches: ensure then tries to write it, and the write fails
+// with the reason (so start-up does).
+func (k *envKeeper) render() []byte {
+	data, _ := k.env.MarshalFormat(k.format)
+	return data
 }
 
 // set changes the desired content (e.g. a new MTU); ensure writes it.
@@ -40,7 +53,7 @@ func (k *envKeeper) set(f func(e *subnet.Env)) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	f(&k.env)
-	if want := k.env.Marshal(); !bytes.Equal(want, k.want) {
+	if want := k.render(); !bytes.Equal(want, k.want) {
 		k.want, k.written = want, nil // compare the file's content again
 	}
 }
@@ -101,7 +114,7 @@ func (k *envKeeper) ensure() (problem string, err error) {
 			return "", nil
 		}
 	}
-	if err = subnet.WriteEnv(k.path, k.env); err == nil {
+	if err = subnet.WriteEnvFormat(k.path, k.env, k.format); err == nil {
 		k.written, err = os.Stat(k.path)
 	}
 	k.err = err

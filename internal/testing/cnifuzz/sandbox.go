@@ -304,7 +304,9 @@ func Confine(stdin []byte, dataDir, subnetFile, ipamDataDir json.RawMessage) []b
 		return stdin
 	}
 	for k := range top {
-		if strings.EqualFold(k, "dataDir") || strings.EqualFold(k, "subnetFile") {
+		// flannelDataDir is dropped: overlay-cni's DEL and GC remove files
+		// there, and a fuzzed config must not point them outside the sandbox.
+		if strings.EqualFold(k, "dataDir") || strings.EqualFold(k, "subnetFile") || strings.EqualFold(k, "flannelDataDir") {
 			delete(top, k)
 		}
 	}

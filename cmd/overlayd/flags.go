@@ -57,7 +57,7 @@ func flagError(_ *cobra.Command, err error) error {
 
 // shown quotes a flag's value for an error message, except a secret's.
 func shown(flag, value string) string {
-	if flag == "user" || flag == "password" {
+	if slices.Contains([]string{"user", "password", "etcd-username", "etcd-password"}, flag) {
 		return "(value not shown)"
 	}
 	return strconv.Quote(value)
@@ -275,9 +275,9 @@ func envNote(fs *pflag.FlagSet, names ...string) string {
 		}
 	}
 	if len(vars) == 0 {
-		return ""
+		return flanneldNote(fs, names...)
 	}
-	return " (set from the environment: " + strings.Join(vars, ", ") + ")"
+	return " (set from the environment: " + strings.Join(vars, ", ") + ")" + flanneldNote(fs, names...)
 }
 
 // env is the environment variable that mirrors a flag: --dial-timeout is
@@ -303,30 +303,32 @@ func applyEnv(cmd *cobra.Command, environ []string, warn io.Writer) error {
 			vars[k] = v
 		}
 	}
-	var err error
+	err := applyFlanneld(cmd.Flags(), vars, warn)
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if err != nil || f.Changed || !readsEnv(f) {
 			return
 		}
-		name := env(f.Name)
-		v, ok := vars[name]
-		if !ok {
-			return
+		if v, ok := vars[env(f.Name)]; ok {
+			err = setFlagFromEnv(f, env(f.Name), v)
 		}
-		if serr := f.Value.Set(v); serr != nil {
-			err = usagef("environment %s=%s (for --%s): %v", name, shown(f.Name, v), f.Name, serr)
-			return
-		}
-		f.Changed = true
-		if f.Annotations == nil {
-			f.Annotations = map[string][]string{}
-		}
-		f.Annotations[setFromEnv] = []string{name}
 	})
 	if err != nil {
 		return err
 	}
 	warnUnknownEnv(cmd.Root(), environ, warn)
+	return nil
+}
+
+// setFlagFromEnv sets f from the environment variable name.
+func setFlagFromEnv(f *pflag.Flag, name, v string) error {
+	if err := f.Value.Set(v); err != nil {
+		return usagef("environment %s=%s (for --%s): %v", name, shown(f.Name, v), f.Name, err)
+	}
+	f.Changed = true
+	if f.Annotations == nil {
+		f.Annotations = map[string][]string{}
+	}
+	f.Annotations[setFromEnv] = []string{name}
 	return nil
 }
 
@@ -341,7 +343,7 @@ func warnUnknownEnv(root *cobra.Command, environ []string, w io.Writer) {
 			fs.VisitAll(func(f *pflag.Flag) {
 				if readsEnv(f) {
 					known[env(f.Name)] = true
-				} else {
+				} else if !isFlanneldOnly(f) { // flanneld's names read FLANNELD_* only
 					cliOnly[env(f.Name)] = f.Name
 				}
 			})
@@ -391,20 +393,19 @@ func (g *GlobalFlags) validateEtcdFlags(fs *pflag.FlagSet) error {
 	return nil
 }
 
-// checkHostFlags checks that --iface and --public-ip name this host's
-// interface and address, before run or teardown touches anything.
+// checkHostFlags chooses the underlay interface (see selectUnderlay) and
+// checks that it and --public-ip are this host's, before run or teardown
+// touches anything.
 func (h *hostFlags) checkHostFlags(fs *pflag.FlagSet) error {
 	if err := h.checkUnderlay(); err != nil {
-		return usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "public-ip"))}
+		return usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "iface-regex", "iface-can-reach", "public-ip", "public-ipv6"))}
 	}
 	return nil
 }
 
 func (h *hostFlags) checkUnderlay() error {
-	if h.iface != "" {
-		if _, err := net.InterfaceByName(h.iface); err != nil {
-			return fmt.Errorf("--iface %q: no such interface on this host (list them with `ip link`)", h.iface)
-		}
+	if err := h.selectUnderlay(); err != nil {
+		return err
 	}
 	if h.publicIP == "" {
 		return nil

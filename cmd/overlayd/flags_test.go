@@ -61,6 +61,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "lease-resync", "-5m", "want 1s or more"},
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
+	{[]string{"run"}, "subnet-file-format", "FLANNEL_", "want one of overlay, flannel"},
 	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
 	{[]string{"run"}, "health-addr", "127.0.0.1:99999", "not 0..65535"},
 	{[]string{"run"}, "health-addr", "example.com:9436", "not an IP address or localhost"},
@@ -75,6 +76,42 @@ var badFlags = []badFlag{
 	{[]string{"teardown"}, "vni", "0", "want a whole number in 1..16777215"},
 	{[]string{"teardown"}, "vni", "one", "want a whole number in 1..16777215"},
 	{[]string{"teardown"}, "force", "perhaps", "want true or false"},
+	{[]string{"teardown"}, "iface-regex", "(", "want a regular expression"},
+	{[]string{"teardown"}, "iface-can-reach", "ff02::1", "want an IP address"},
+	// flanneld's flags (flanneld_flags.go): overlayd's of the same name,
+	{[]string{"run"}, "iface", "fe80::1%eth0", "want an interface name"},
+	{[]string{"run"}, "iface", "127.0.0.1", "is a loopback address"},
+	{[]string{"run"}, "iface", "198.51.100.77", "no interface of this host holds this address"},
+	{[]string{"run"}, "iface-regex", "[", "want a regular expression"},
+	{[]string{"run"}, "iface-regex", "^nomatch$", "matches no interface's address or name"},
+	{[]string{"run"}, "iface-can-reach", "0.0.0.0", "want an IP address"},
+	{[]string{"run"}, "iface-can-reach", "fe80::1%eth0", "want an IP address"},
+	// aliases of overlayd's flags,
+	{[]string{"run"}, "etcd-endpoints", "ftp://10.0.0.1:2379", `scheme "ftp"`},
+	{[]string{"run"}, "etcd-prefix", "coreos.com/network", "starting with '/'"},
+	{[]string{"run"}, "etcd-cafile", "/nonexistent/ca.pem", "--cacert /nonexistent/ca.pem"},
+	{[]string{"run"}, "etcd-certfile", "/nonexistent/cert.pem", "needs its private key: set --key"},
+	{[]string{"run"}, "etcd-keyfile", "/nonexistent/key.pem", "needs its certificate: set --cert"},
+	{[]string{"run"}, "etcd-username", "root:secret", "want a user name without ':'"},
+	{[]string{"run"}, "etcd-username", "root", `user "root" has no password`},
+	{[]string{"run"}, "etcd-password", "secret", "--password needs a user name"},
+	{[]string{"run"}, "healthz-ip", "not-an-ip", "want an IP address"},
+	{[]string{"run"}, "healthz-port", "99999", "want a whole number in 0..65535"},
+	{[]string{"run"}, "healthz-port", "http", "want a whole number in 0..65535"},
+	// and flags with no equivalent.
+	{[]string{"run"}, "kube-subnet-mgr", "true", "overlayd leases subnets from etcd only"},
+	{[]string{"run"}, "kube-api-url", "https://10.0.0.1:6443", "Kubernetes subnet manager (--kube-subnet-mgr)"},
+	{[]string{"run"}, "kubeconfig-file", "/etc/kubeconfig", "Kubernetes subnet manager"},
+	{[]string{"run"}, "kube-annotation-prefix", "flannel.alpha.coreos.com", "Kubernetes subnet manager"},
+	{[]string{"run"}, "set-node-network-unavailable", "false", "Kubernetes subnet manager"},
+	{[]string{"run"}, "net-config-path", "/etc/kube-flannel/net-conf.json", "overlayd config put -f FILE"},
+	{[]string{"run"}, "subnet-lease-renew-margin", "60", "--lease-ttl"},
+	{[]string{"run"}, "iptables-resync", "5", "nftables"},
+	{[]string{"run"}, "iptables-forward-rules", "true", "adds no forward rules"},
+	{[]string{"run"}, "version", "true", "overlayd version"},
+	{[]string{"run"}, "v", "2", "--log-level"},
+	{[]string{"run"}, "vmodule", "main=2", "--log-level"},
+	{[]string{"run"}, "log_backtrace_at", "main.go:1", "--log-level"},
 	{[]string{"status"}, "health-addr", "", "want host:port"},
 	{[]string{"status"}, "health-addr", "9436", "want host:port"},
 	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "0.0.0.0", "is the unspecified address"},
@@ -131,9 +168,10 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			subnetFile := filepath.Join(dir, "subnet.env")
 			var base []string
-			if tc.flag != "endpoints" {
+			name := overlayName(tc.flag)
+			if name != "endpoints" {
 				ep := etcd
-				if slices.Contains([]string{"cacert", "cert", "key"}, tc.flag) {
+				if slices.Contains([]string{"cacert", "cert", "key"}, name) {
 					ep = strings.Replace(ep, "http:", "https:", 1) // TLS files with a TLS endpoint
 				}
 				base = append(base, "--endpoints", ep)
@@ -146,7 +184,7 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 				if tc.flag != "subnet-file" {
 					args = append(args, "--subnet-file", subnetFile)
 				}
-				if tc.flag != "iface" && tc.flag != "public-ip" {
+				if !slices.Contains([]string{"iface", "iface-regex", "iface-can-reach", "public-ip"}, tc.flag) {
 					args = append(args, "--iface", "lo")
 				}
 			}
@@ -163,13 +201,13 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 			if _, err := os.Stat(subnetFile); err == nil {
 				t.Errorf("%s was written", subnetFile)
 			}
-			if readsEnv(lookupFlag(t, tc.cmd, tc.flag)) {
+			for _, name := range variablesOf(lookupFlag(t, tc.cmd, tc.flag), tc.value) {
 				// The same value from the environment fails the same way.
 				envArgs := append(append([]string{}, base...), tc.cmd...)
 				envArgs = append(envArgs, args[len(base)+len(tc.cmd)+1:]...)
-				r := runEnv(t, []string{env(tc.flag) + "=" + tc.value}, envArgs...)
-				if r.code != exitUsage || !strings.Contains(r.err, env(tc.flag)) || !strings.Contains(r.err, tc.want) {
-					t.Errorf("%s=%q overlayd %s: exit %d, stderr %q; want exit 2 naming %s and %q", env(tc.flag), tc.value, strings.Join(envArgs, " "), r.code, r.err, env(tc.flag), tc.want)
+				r := runEnv(t, []string{name + "=" + tc.value}, envArgs...)
+				if r.code != exitUsage || !strings.Contains(r.err, name) || !strings.Contains(r.err, tc.want) {
+					t.Errorf("%s=%q overlayd %s: exit %d, stderr %q; want exit 2 naming %s and %q", name, tc.value, strings.Join(envArgs, " "), r.code, r.err, name, tc.want)
 				}
 			}
 		})
@@ -177,6 +215,30 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 	if n := accepted.Load(); n != 0 {
 		t.Errorf("commands with bad flags connected to etcd %d times", n)
 	}
+}
+
+// overlayName is the overlayd flag that flag sets: itself, or the one a
+// flanneld name stands for.
+func overlayName(flag string) string {
+	for _, ff := range flanneldFlags {
+		if ff.name == flag && ff.sets != "" {
+			return ff.sets
+		}
+	}
+	return flag
+}
+
+// variablesOf are the environment variables that set f to value: its
+// OVERLAY_* and its FLANNELD_* variable (flanneld ignores an empty one).
+func variablesOf(f *pflag.Flag, value string) []string {
+	var names []string
+	if readsEnv(f) {
+		names = append(names, env(f.Name))
+	}
+	if v := f.Annotations[flanneldVarAnnotation]; v != nil && value != "" {
+		names = append(names, v[0])
+	}
+	return names
 }
 
 // runEnv runs the CLI in-process with exactly environ as its environment.
@@ -237,7 +299,7 @@ func TestOnlyGlobalAndRunFlagsReadTheEnvironment(t *testing.T) {
 	root := newRootCommand(streams{}, nil)
 	run, _, _ := root.Find([]string{"run"})
 	runFlags := map[string]bool{}
-	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = f.Name != "help" })
+	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = f.Name != "help" && !isFlanneldOnly(f) }) // those read FLANNELD_* only
 	walk(root, func(c *cobra.Command) {
 		path := c.CommandPath()
 		c.PersistentFlags().VisitAll(func(f *pflag.Flag) {

@@ -59,7 +59,7 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
 	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
-	root.SetArgs(args)
+	root.SetArgs(flanneldArgs(args))
 	err := root.Execute()
 	if err == nil {
 		return exitOK

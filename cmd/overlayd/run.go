@@ -25,18 +25,18 @@ import (
 type hostFlags struct {
 	iface, publicIP, publicIPv6, nodeName, subnetFile string
 	logFormat, logLevel                               string
+	underlay                                          underlayFlags // chooses iface (selectUnderlay)
 }
 
 func (h *hostFlags) register(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&h.iface, "iface", "", "underlay interface for VXLAN traffic (default: the default route's interface)")
+	h.underlay.register(f)
 	f.StringVar(&h.publicIP, "public-ip", "", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
 	f.StringVar(&h.publicIPv6, "public-ipv6", "", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
 	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	checkFlag(f, "iface", ifaceName)
 	checkFlag(f, "public-ip", hostIPv4)
 	checkFlag(f, "public-ipv6", hostIPv6)
 	checkFlag(f, "node-name", nodeName)
@@ -114,10 +114,11 @@ drops no packets; 'overlayd teardown' removes it.`,
 			}
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
+			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			if err := daemon.Run(ctx, cfg); err != nil {
+			if err := runDaemon(ctx, cfg); err != nil {
 				return err
 			}
 			return nil
@@ -131,12 +132,16 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
 	checkFlag(c.Flags(), "adopt-flannel", boolean)
+	c.Flags().String("subnet-file-format", string(subnet.FormatOverlay), "format of --subnet-file: overlay (OVERLAY_* keys, for overlay-cni) or flannel (flanneld's FLANNEL_* keys, for tools written for flannel; overlay-cni reads both)")
+	checkFlag(c.Flags(), "subnet-file-format", oneOf(string(subnet.FormatOverlay), string(subnet.FormatFlannel)))
+	fromEnv(c.Flags(), "subnet-file-format")
 	checkFlag(c.Flags(), "lease-ttl", durationAtLeast(10*time.Second))
 	checkFlag(c.Flags(), "kernel-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "lease-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "ip-masq", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
 	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr", "adopt-flannel")
+	registerFlanneldFlags(c)
 	return usesEtcd(c)
 }
 

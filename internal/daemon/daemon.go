@@ -49,7 +49,12 @@ type Config struct {
 	// IPv6.
 	PublicIPv6 netip.Addr
 	SubnetFile string
-	LeaseTTL   time.Duration
+	// SubnetFileFormat is the format SubnetFile is written in
+	// (--subnet-file-format): "" or subnet.FormatOverlay, or
+	// subnet.FormatFlannel (flanneld's FLANNEL_* keys, for tools written
+	// for flannel).
+	SubnetFileFormat subnet.EnvFormat
+	LeaseTTL         time.Duration
 	// LivenessTTL is the TTL of the liveness key (default 15 s); it bounds
 	// how long an etcd outage goes unnoticed by readiness.
 	LivenessTTL time.Duration

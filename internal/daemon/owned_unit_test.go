@@ -70,7 +70,7 @@ func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
 func TestEnvKeeperNoticesAndRepairs(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "subnet.env")
 	env := subnet.NewEnv(netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.7.0/24"), 1450, true)
-	k := newEnvKeeper(path, env)
+	k := newEnvKeeper(path, subnet.FormatOverlay, env)
 	if p := k.problem(); !strings.Contains(p, "is missing") {
 		t.Fatalf("before the first write: problem %q", p)
 	}

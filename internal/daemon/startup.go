@@ -141,7 +141,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	if nc.EnableIPv6 {
 		env = env.WithIPv6(nc.IPv6.Network, d.lease.IPv6Subnet)
 	}
-	d.env = newEnvKeeper(d.cfg.SubnetFile, env)
+	d.env = newEnvKeeper(d.cfg.SubnetFile, d.cfg.SubnetFileFormat, env)
 	if _, err := d.env.ensure(); err != nil {
 		return err
 	}

@@ -187,3 +187,22 @@ func TestLeaseFamiliesMustBeTheNetworks(t *testing.T) {
 		t.Errorf("dual-stack reservation by node: %v", err)
 	}
 }
+
+// A key's ID is one value per set of subnets, and gives them back.
+func TestIDRoundTripsAndTellsKeysApart(t *testing.T) {
+	v4 := mustPrefix("10.244.7.0/24")
+	v6 := mustPrefix("fd00:10:244:7::/64")
+	all := []Subnets{{IPv4: v4}, {IPv4: v4, IPv6: v6}, {IPv6: v6}, {IPv4: mustPrefix("10.244.7.0/25")},
+		{IPv4: v4, IPv6: mustPrefix("fd00:10:244:7::/80")}, {IPv4: mustPrefix("0.0.0.0/0")}, {IPv6: mustPrefix("::/0")}}
+	seen := map[ID]Subnets{}
+	for _, s := range all {
+		id := s.ID()
+		if got := id.Subnets(); got != s {
+			t.Errorf("%v: ID gives back %v", s, got)
+		}
+		if other, dup := seen[id]; dup {
+			t.Errorf("%v and %v have one ID", s, other)
+		}
+		seen[id] = s
+	}
+}

@@ -53,7 +53,7 @@ var fingerprintSeed = maphash.MakeSeed()
 
 // Fingerprint sums up what a lease's value says (as SameAttrs compares it,
 // and whether it is a reservation) in 64 bits. A watcher keeps a
-// fingerprint per lease key (its Subnets) instead of the lease: at thousands
+// fingerprint per lease key (its subnets' ID) instead of the lease: at thousands
 // of leases the values would be most of a host's memory. Leases that
 // SameAttrs finds equal have equal fingerprints; others differ but with
 // probability 2^-64.
@@ -88,12 +88,12 @@ func writeField(h *maphash.Hash, b []byte) {
 // cur's fingerprints. It is how a watcher that lost events (compaction,
 // reconnect) tells its consumer exactly what changed, attribute changes
 // included.
-func Diff(known map[Subnets]uint64, cur []Lease) ([]Event, map[Subnets]uint64) {
+func Diff(known map[ID]uint64, cur []Lease) ([]Event, map[ID]uint64) {
 	var events []Event
-	next := make(map[Subnets]uint64, len(cur))
+	next := make(map[ID]uint64, len(cur))
 	for _, l := range cur {
 		fp := Fingerprint(l)
-		id := l.Subnets()
+		id := l.ID()
 		next[id] = fp
 		prev, ok := known[id]
 		switch {
@@ -105,7 +105,8 @@ func Diff(known map[Subnets]uint64, cur []Lease) ([]Event, map[Subnets]uint64) {
 	}
 	for id := range known {
 		if _, ok := next[id]; !ok {
-			events = append(events, Event{Type: Removed, Lease: Lease{Subnet: id.IPv4, IPv6Subnet: id.IPv6}})
+			s := id.Subnets()
+			events = append(events, Event{Type: Removed, Lease: Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6}})
 		}
 	}
 	slices.SortFunc(events, func(a, b Event) int { return a.Lease.Subnets().Compare(b.Lease.Subnets()) })

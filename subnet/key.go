@@ -2,6 +2,7 @@ package subnet
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -17,6 +18,45 @@ import (
 type Subnets struct {
 	IPv4 netip.Prefix // zero in an IPv6-only key
 	IPv6 netip.Prefix // zero in an IPv4-only key
+}
+
+// ID is the subnets of a key packed into a comparable value of 24 bytes
+// without pointers: what the watcher and the daemon key their per-lease
+// maps by. (A Subnets is 64 bytes and holds two pointers: with thousands
+// of leases, the maps' size and the collector's scanning of them count.)
+type ID struct{ w0, hi, lo uint64 }
+
+// ID packs s: the IPv4 address, its length and presence in w0's low 41
+// bits, the IPv6 length and presence above, the IPv6 address in hi and lo.
+func (s Subnets) ID() ID {
+	var id ID
+	if s.IPv4.IsValid() {
+		a := s.IPv4.Addr().As4()
+		id.w0 = uint64(binary.BigEndian.Uint32(a[:])) | uint64(s.IPv4.Bits())<<32 | 1<<40
+	}
+	if s.IPv6.IsValid() {
+		a := s.IPv6.Addr().As16()
+		id.hi, id.lo = binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(a[8:])
+		id.w0 |= uint64(s.IPv6.Bits())<<48 | 1<<56
+	}
+	return id
+}
+
+// Subnets unpacks id.
+func (id ID) Subnets() Subnets {
+	var s Subnets
+	if id.w0&(1<<40) != 0 {
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], uint32(id.w0))
+		s.IPv4 = netip.PrefixFrom(netip.AddrFrom4(a), int(id.w0>>32&0xff))
+	}
+	if id.w0&(1<<56) != 0 {
+		var a [16]byte
+		binary.BigEndian.PutUint64(a[:8], id.hi)
+		binary.BigEndian.PutUint64(a[8:], id.lo)
+		s.IPv6 = netip.PrefixFrom(netip.AddrFrom16(a), int(id.w0>>48&0xff))
+	}
+	return s
 }
 
 // Primary is the subnet that names the lease in logs and metrics: the

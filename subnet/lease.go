@@ -68,6 +68,9 @@ func (l Lease) Unclaimed() bool {
 // Subnets returns the subnets l's key names.
 func (l Lease) Subnets() Subnets { return Subnets{IPv4: l.Subnet, IPv6: l.IPv6Subnet} }
 
+// ID returns l.Subnets().ID().
+func (l Lease) ID() ID { return l.Subnets().ID() }
+
 // Key returns l's key suffix, e.g. "10.244.7.0-24".
 func (l Lease) Key() string { return l.Subnets().Key() }
 

@@ -178,9 +178,9 @@ func TestDiff(t *testing.T) {
 	e1 := l("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05")
 	same := e1
 	same.ModRevision = 99 // rewritten with the same value: no event
-	known := map[Subnets]uint64{}
+	known := map[ID]uint64{}
 	for _, l := range []Lease{a1, b1, c1, e1} {
-		known[l.Subnets()] = Fingerprint(l)
+		known[l.ID()] = Fingerprint(l)
 	}
 	reserved := d1
 	reserved.Reserved = true // the same value, but the key lost its etcd lease: a change
@@ -194,7 +194,7 @@ func TestDiff(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Diff mismatch (-want +got):\n%s", diff)
 	}
-	if len(next) != 4 || next[same.Subnets()] != Fingerprint(e1) {
+	if len(next) != 4 || next[same.ID()] != Fingerprint(e1) {
 		t.Errorf("Diff's fingerprints: %v", next)
 	}
 	if again, _ := Diff(next, []Lease{b2, c2, d1, same}); len(again) != 1 || again[0].Type != Changed {

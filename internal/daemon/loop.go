@@ -98,12 +98,12 @@ func (d *daemon) publishPeers() {
 // subnet) is named by what the peer set last held of it.
 func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, last *peerSet) {
 	for _, ev := range b.Events {
-		id := ev.Lease.Subnets()
-		if id == own {
+		sn := ev.Lease.Subnets()
+		if sn == own {
 			continue
 		}
-		attrs := []any{"peer", id.String()}
-		if ev.Type == subnet.Removed {
+		attrs := []any{"peer", sn.String()}
+		if id := sn.ID(); ev.Type == subnet.Removed {
 			if p, ok := last.valid[id]; ok {
 				attrs = append(attrs, "public_ip", p.PublicIP.String(), "vtep_mac", p.VtepMAC.String())
 			}

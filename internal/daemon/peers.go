@@ -18,17 +18,17 @@ import (
 // at every resync.
 type peerSet struct {
 	cfg    *subnet.Config
-	own    subnet.Subnets
+	own    subnet.ID
 	prefix string // the registry's subnets prefix, to name keys
 
 	// valid and valid6 hold each valid peer as the IPv4 and the IPv6 data
 	// plane take it, by the subnets its key names, as subnet.Config.Peer
 	// made it; valid6 stays empty unless the network carries IPv6.
-	valid, valid6 map[subnet.Subnets]backend.Peer
+	valid, valid6 map[subnet.ID]backend.Peer
 	// bad maps each currently skipped key to the revision reported.
 	bad map[string]skip
 	// reserved holds the unclaimed reservations.
-	reserved map[subnet.Subnets]bool
+	reserved map[subnet.ID]bool
 
 	out4, out6 []backend.Peer // peers' results, reused
 }
@@ -56,19 +56,19 @@ type rejection struct {
 }
 
 func newPeerSet(cfg *subnet.Config, own subnet.Subnets, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own, prefix: subnetsPrefix, valid: map[subnet.Subnets]backend.Peer{}, valid6: map[subnet.Subnets]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.Subnets]bool{}}
+	return &peerSet{cfg: cfg, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
-	s.valid = make(map[subnet.Subnets]backend.Peer, len(snap.Leases))
-	s.valid6 = map[subnet.Subnets]backend.Peer{}
+	s.valid = make(map[subnet.ID]backend.Peer, len(snap.Leases))
+	s.valid6 = map[subnet.ID]backend.Peer{}
 	if s.cfg.EnableIPv6 {
-		s.valid6 = make(map[subnet.Subnets]backend.Peer, len(snap.Leases))
+		s.valid6 = make(map[subnet.ID]backend.Peer, len(snap.Leases))
 	}
 	s.bad = map[string]skip{}
-	s.reserved = map[subnet.Subnets]bool{}
+	s.reserved = map[subnet.ID]bool{}
 	var out []rejection
 	for _, l := range snap.Leases {
 		out = s.put(l, old, out)
@@ -90,7 +90,7 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	var out []rejection
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
-			id := ev.Lease.Subnets()
+			id := ev.Lease.ID()
 			s.drop(id)
 			delete(s.reserved, id)
 			s.unmark(id)
@@ -104,17 +104,17 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 	return s.invalid(b.Invalid, s.bad, out)
 }
 
-func (s *peerSet) key(id subnet.Subnets) string { return s.prefix + id.Key() }
+func (s *peerSet) key(id subnet.ID) string { return s.prefix + id.Subnets().Key() }
 
 func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection) []rejection {
-	id := l.Subnets()
+	id := l.ID()
 	delete(s.reserved, id)
 	s.drop(id)
 	if l.Unclaimed() && id != s.own {
 		// A reservation waiting for its host: no VTEP yet, but checked
 		// like every claim (the same check `overlayd lease reserve` makes).
 		if err := s.cfg.CheckClaim(l); err != nil {
-			return s.reject(id, s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
+			return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 		}
 		s.unmark(id)
 		s.reserved[id] = true
@@ -128,7 +128,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		s.unmark(id)
 		return out
 	case err != nil:
-		return s.reject(id, s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
+		return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
 	s.unmark(id)
 	if s.cfg.EnableIPv4 {
@@ -141,7 +141,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 }
 
 // drop forgets the peer on id.
-func (s *peerSet) drop(id subnet.Subnets) {
+func (s *peerSet) drop(id subnet.ID) {
 	delete(s.valid, id)
 	delete(s.valid6, id)
 }
@@ -161,7 +161,7 @@ func skipKindOf(err error) skipKind {
 // unmark forgets that p's key was rejected. (Most sets have no rejected
 // key at all: then the key is not even spelled out, which at a cold start
 // with thousands of leases saves as many strings.)
-func (s *peerSet) unmark(id subnet.Subnets) {
+func (s *peerSet) unmark(id subnet.ID) {
 	if len(s.bad) > 0 {
 		delete(s.bad, s.key(id))
 	}
@@ -169,12 +169,12 @@ func (s *peerSet) unmark(id subnet.Subnets) {
 
 func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]skip, out []rejection) []rejection {
 	for _, i := range inv {
-		id, err := s.cfg.ParseLeaseKey(i.Key[min(len(s.prefix), len(i.Key)):])
+		sn, err := s.cfg.ParseLeaseKey(i.Key[min(len(s.prefix), len(i.Key)):])
 		if err == nil {
-			s.drop(id) // an undecodable value replaces whatever was there
-			delete(s.reserved, id)
+			s.drop(sn.ID()) // an undecodable value replaces whatever was there
+			delete(s.reserved, sn.ID())
 		}
-		out = s.reject(id, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
+		out = s.reject(sn, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
 	}
 	return out
 }
@@ -198,7 +198,7 @@ func (s *peerSet) peers() (v4, v6 []backend.Peer) {
 }
 
 // values puts m's values in buf, emptied and grown as needed.
-func values(buf []backend.Peer, m map[subnet.Subnets]backend.Peer) []backend.Peer {
+func values(buf []backend.Peer, m map[subnet.ID]backend.Peer) []backend.Peer {
 	if cap(buf) < len(m) {
 		buf = make([]backend.Peer, 0, len(m)+len(m)/8)
 	}

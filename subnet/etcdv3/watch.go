@@ -112,9 +112,9 @@ func (o *WatchOptions) defaults() {
 // so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.Subnets]uint64, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.ID]uint64, len(snap.Leases))}
 	for _, l := range snap.Leases {
-		w.known[l.Subnets()] = subnet.Fingerprint(l)
+		w.known[l.ID()] = subnet.Fingerprint(l)
 	}
 	w.setInvalid(snap.Invalid)
 	out := make(chan Batch)
@@ -133,7 +133,7 @@ type watcher struct {
 	// known holds each lease's subnet.Fingerprint, not the lease: what
 	// the consumer needs of a value it gets in the event, and at thousands
 	// of leases the values would be most of the host's memory.
-	known map[subnet.Subnets]uint64
+	known map[subnet.ID]uint64
 	// invalid holds the keys whose current value is invalid (nil while
 	// there are none, as in a healthy cluster), so that their deletion can
 	// be reported.
@@ -292,11 +292,12 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			w.markInvalid(key)
 		}
 		p, err := w.reg.ParseKey(key)
-		prev, had := w.known[p]
+		id := p.ID()
+		prev, had := w.known[id]
 		gone := subnet.Event{Type: subnet.Removed, Lease: subnet.Lease{Subnet: p.IPv4, IPv6Subnet: p.IPv6}}
 		switch {
 		case ev.Type == clientv3.EventTypeDelete && had:
-			delete(w.known, p)
+			delete(w.known, id)
 			b.Events = append(b.Events, gone)
 			continue
 		case ev.Type == clientv3.EventTypeDelete:
@@ -315,14 +316,14 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			// An unreadable value replaces whatever was there: stop using it.
 			invalid(err)
 			if had {
-				delete(w.known, p)
+				delete(w.known, id)
 				b.Events = append(b.Events, gone)
 			}
 			continue
 		}
 		delete(w.invalid, key)
 		fp := subnet.Fingerprint(l)
-		w.known[p] = fp
+		w.known[id] = fp
 		switch {
 		case !had:
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Added, Lease: l})

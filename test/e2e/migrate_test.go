@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -78,11 +80,19 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	}
 
 	// A pod flannel's plugin attached: the bridge plugin with the delegate
-	// config flannel renders, network cbr0.
-	old, err := h2.AddPodWith(ctx, "old", flannelConfList(t, h2, fl))
+	// config flannel renders and caches, network cbr0, host-local's store.
+	ipamDir, flannelCache := filepath.Join(h2.Dir, "ipam"), filepath.Join(h2.Dir, "flannel-cni")
+	podConf := fl.PodConfig("cbr0", ipamDir)
+	old, err := h2.AddPodWith(ctx, "old", flannelConfList(t, podConf))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := flannelhost.WriteCache(flannelCache, old.ContainerID, podConf); err != nil {
+		t.Fatal(err)
+	}
+	// From here on the host's conflist is overlay-cni's, keeping the
+	// network's name and naming flannel's cache.
+	h2.NetworkName, h2.FlannelDataDir = "cbr0", flannelCache
 	p1 := labtest.AddPod(t, h1, "p1")
 	labtest.Eventually(t, settle, "h1's pod and flannel's pod to reach each other", func() error {
 		return errors.Join(reach(p1, old), reach(old, p1))
@@ -154,6 +164,35 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 		t.Error(err)
 	}
 
+	// A new pod gets a fresh address of the same lease; the old pod's DEL,
+	// now through overlay-cni, replays flannel's cached config: its
+	// address is released, its veth and flannel's cache entry gone.
+	fresh := labtest.AddPod(t, h2, "new")
+	if fresh.IP == old.IP || !fl.Subnet.Contains(fresh.IP) {
+		t.Errorf("new pod's address %s: want a fresh one of %s (the old pod holds %s)", fresh.IP, fl.Subnet, old.IP)
+	}
+	if err := errors.Join(reach(p1, fresh), reach(fresh, p1)); err != nil {
+		t.Error(err)
+	}
+	reservation := filepath.Join(ipamDir, "cbr0", old.IP.String())
+	if _, err := os.Stat(reservation); err != nil {
+		t.Fatalf("host-local's reservation of the old pod: %v", err)
+	}
+	if ports, err := bridgePorts(h2, "cni0"); err != nil || ports != 2 {
+		t.Fatalf("cni0 has %d ports (%v), want the old and the new pod's", ports, err)
+	}
+	if err := old.Delete(ctx); err != nil {
+		t.Fatalf("DEL of the old pod through overlay-cni: %v", err)
+	}
+	for _, gone := range []string{reservation, filepath.Join(flannelCache, old.ContainerID)} {
+		if _, err := os.Stat(gone); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s is still there after the old pod's DEL (%v)", gone, err)
+		}
+	}
+	if ports, err := bridgePorts(h2, "cni0"); err != nil || ports != 1 {
+		t.Errorf("cni0 has %d ports after the old pod's DEL (%v), want the new pod's only", ports, err)
+	}
+
 	// flannel.1 is overlay's now: teardown removes it.
 	if err := h2.Stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -167,18 +206,15 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	}
 }
 
-// flannelConfList is the network config flannel's CNI plugin hands the
-// bridge plugin for fl's host: network cbr0, host-local on the lease.
-func flannelConfList(t *testing.T, n *lab.Node, fl flannelhost.Host) *libcni.NetworkConfigList {
+// flannelConfList runs podConf, the bridge config flannel's plugin hands
+// on, as a runtime would run flannel's conflist.
+func flannelConfList(t *testing.T, podConf []byte) *libcni.NetworkConfigList {
 	t.Helper()
-	raw, err := json.Marshal(map[string]any{
-		"cniVersion": "0.3.1", "name": "cbr0",
-		"plugins": []any{map[string]any{
-			"type": "bridge", "bridge": "cni0", "mtu": 1450, "ipMasq": false, "isGateway": true, "isDefaultGateway": true, "hairpinMode": true,
-			"ipam": map[string]any{"type": "host-local", "dataDir": filepath.Join(n.Dir, "ipam"),
-				"ranges": [][]map[string]string{{{"subnet": fl.Subnet.String()}}}, "routes": []map[string]string{{"dst": fl.Network.String()}}},
-		}},
-	})
+	var conf map[string]any
+	if err := json.Unmarshal(podConf, &conf); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +223,30 @@ func flannelConfList(t *testing.T, n *lab.Node, fl flannelhost.Host) *libcni.Net
 		t.Fatal(err)
 	}
 	return list
+}
+
+// bridgePorts counts the links enslaved to bridge on n: one veth per pod.
+func bridgePorts(n *lab.Node, bridge string) (int, error) {
+	h, err := netlink.NewHandleAt(n.NS)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	br, err := h.LinkByName(bridge)
+	if err != nil {
+		return 0, err
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return 0, err
+	}
+	ports := 0
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			ports++
+		}
+	}
+	return ports, nil
 }
 
 func leaseRow(t *testing.T, l *lab.Lab, node string) (lab.LeaseRow, bool) {
@@ -220,4 +280,3 @@ func masqRules(n *lab.Node) ([]string, error) {
 	defer m.Close()
 	return m.Rules()
 }
-

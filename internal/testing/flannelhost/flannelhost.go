@@ -172,6 +172,33 @@ func (h Host) writeSubnetEnv() error {
 	return os.WriteFile(h.SubnetFile, []byte(env), 0o644)
 }
 
+// PodConfig is the network config flannel's CNI plugin (v1.x) hands the
+// bridge plugin for a pod on h, and caches: its conflist's name and
+// cniVersion, kube-flannel's delegate keys, ipMasq the opposite of
+// FLANNEL_IPMASQ, the MTU, isGateway, host-local on the lease with a route
+// to the network (plus ipamDataDir, which a lab needs: the real default is
+// /var/lib/cni/networks). Compact JSON with sorted keys, as it writes it.
+func (h Host) PodConfig(name, ipamDataDir string) []byte {
+	conf, _ := json.Marshal(map[string]any{ // cannot fail: plain values
+		"cniVersion": "0.3.1", "name": name, "type": "bridge",
+		"hairpinMode": true, "isDefaultGateway": true, "isGateway": true, "ipMasq": false, "mtu": 1450,
+		"ipam": map[string]any{"type": "host-local", "dataDir": ipamDataDir,
+			"ranges": [][]map[string]string{{{"subnet": h.Subnet.String()}}},
+			"routes": []map[string]string{{"dst": h.Network.String()}}},
+	})
+	return conf
+}
+
+// WriteCache writes flannel's cache entry of a pod, conf as PodConfig
+// made it, to <dir>/<containerID> as its plugin does (directory 0700, file
+// 0600).
+func WriteCache(dir, containerID string, conf []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, containerID), conf, 0o600)
+}
+
 // Chain is flanneld's masquerade chain.
 const Chain = "FLANNEL-POSTRTG"
 

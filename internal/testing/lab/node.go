@@ -41,8 +41,11 @@ type Node struct {
 	ExtraArgs []string
 	// NetworkName, if set, replaces the conflist's network name in this
 	// host's pods' CNI config (a host taken over from flannel keeps
-	// flannel's, so host-local's store stays the same).
-	NetworkName string
+	// flannel's, so host-local's store stays the same), and
+	// FlannelDataDir, if set, is overlay-cni's flannelDataDir: where
+	// flannel's plugin cached the pods it added.
+	NetworkName    string
+	FlannelDataDir string
 
 	lab    *Lab
 	http   *http.Client

@@ -61,6 +61,9 @@ func (n *Node) confList() (*libcni.NetworkConfigList, error) {
 	if n.NetworkName != "" {
 		list["name"] = n.NetworkName
 	}
+	if n.FlannelDataDir != "" {
+		overlay["flannelDataDir"] = n.FlannelDataDir
+	}
 	overlay["subnetFile"] = n.SubnetFile
 	overlay["dataDir"] = filepath.Join(n.Dir, "cni-cache")
 	ipam, _ := overlay["ipam"].(map[string]any)

@@ -82,23 +82,7 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		if r.Protocol != vxlan.RouteProtocol && !(present && r.LinkIndex == d.Index && !kernelsOwn(r.Dst)) {
 			continue
 		}
-		s := "route " + r.Dst.String()
-		if r.Gw.IsValid() {
-			s += " via " + r.Gw.String()
-		}
-		s += " dev " + name(r.LinkIndex)
-		if r.OnLink {
-			s += " onlink"
-		}
-		if r.Protocol != vxlan.RouteProtocol {
-			s += fmt.Sprintf(" proto %d", r.Protocol)
-		}
-		// Our routes' metric is a function of the destination; show it
-		// only when it is not the expected one.
-		if r.Priority != 0 && !(r.Protocol == vxlan.RouteProtocol && r.Priority == vxlan.RouteMetric(r.Dst)) {
-			s += fmt.Sprintf(" metric %d", r.Priority)
-		}
-		rs = append(rs, s)
+		rs = append(rs, routeLine(r, name(r.LinkIndex)))
 	}
 	slices.Sort(rs)
 	lines = append(lines, rs...)
@@ -106,9 +90,39 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		return strings.Join(lines, "\n") + "\n", nil
 	}
 
+	entries, err := entryLines(nl, d, fam)
+	if err != nil {
+		return "", err
+	}
+	return strings.Join(append(lines, entries...), "\n") + "\n", nil
+}
+
+// routeLine renders a route on dev like `ip route`, our metric (a
+// function of the destination) only when it is not the expected one.
+func routeLine(r vxlan.Route, dev string) string {
+	s := "route " + r.Dst.String()
+	if r.Gw.IsValid() {
+		s += " via " + r.Gw.String()
+	}
+	s += " dev " + dev
+	if r.OnLink {
+		s += " onlink"
+	}
+	if r.Protocol != vxlan.RouteProtocol {
+		s += fmt.Sprintf(" proto %d", r.Protocol)
+	}
+	if r.Priority != 0 && !(r.Protocol == vxlan.RouteProtocol && r.Priority == vxlan.RouteMetric(r.Dst)) {
+		s += fmt.Sprintf(" metric %d", r.Priority)
+	}
+	return s
+}
+
+// entryLines renders d's permanent neighbours of family fam and its FDB
+// entries, sorted.
+func entryLines(nl vxlan.Netlink, d vxlan.Link, fam vxlan.Family) ([]string, error) {
 	neighs, err := nl.NeighListFamily(d.Index, fam)
 	if err != nil {
-		return "", fmt.Errorf("list neighbours: %w", err)
+		return nil, fmt.Errorf("list neighbours: %w", err)
 	}
 	var ns []string
 	for _, n := range neighs {
@@ -117,11 +131,9 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		}
 	}
 	slices.Sort(ns)
-	lines = append(lines, ns...)
-
 	fdbs, err := nl.FDBList(d.Index)
 	if err != nil {
-		return "", fmt.Errorf("list FDB: %w", err)
+		return nil, fmt.Errorf("list FDB: %w", err)
 	}
 	var fs []string
 	for _, f := range fdbs {
@@ -132,8 +144,7 @@ func State(nl vxlan.Netlink, dev string) (string, error) {
 		fs = append(fs, s)
 	}
 	slices.Sort(fs)
-	lines = append(lines, fs...)
-	return strings.Join(lines, "\n") + "\n", nil
+	return append(ns, fs...), nil
 }
 
 // kernelsOwn reports whether p is an IPv6 link-local address or route,

@@ -258,37 +258,3 @@ func mesh6Errors(pods []*lab.Pod) error {
 	}
 	return errors.Join(errs...)
 }
-
-// waitRoutes6 waits until every node routes over IPv6 exactly to every
-// other node's IPv6 lease.
-func waitRoutes6(t *testing.T, nodes []*lab.Node, timeout time.Duration) {
-	t.Helper()
-	leases := map[*lab.Node]netip.Prefix{}
-	for _, n := range nodes {
-		leases[n] = lease6(t, n)
-	}
-	labtest.Eventually(t, timeout, "every host routes over IPv6 to every other host's IPv6 lease", func() error {
-		var errs []error
-		for _, n := range nodes {
-			var want []netip.Prefix
-			for _, o := range nodes {
-				if o != n {
-					want = append(want, leases[o])
-				}
-			}
-			slices.SortFunc(want, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-			rs, err := n.IPv6Routes()
-			if err != nil {
-				return err
-			}
-			var got []netip.Prefix
-			for _, r := range rs {
-				got = append(got, r.Dst)
-			}
-			if !slices.Equal(got, want) {
-				errs = append(errs, fmt.Errorf("%s routes over IPv6 to %v, want %v", n.Name, got, want))
-			}
-		}
-		return errors.Join(errs...)
-	})
-}

@@ -101,9 +101,10 @@ func meshErrors(t *testing.T, nodes []*lab.Node, pods []*lab.Pod) error {
 	return errors.Join(errs...)
 }
 
-// routedSubnets returns the subnets n has overlay routes to.
-func routedSubnets(n *lab.Node) ([]netip.Prefix, error) {
-	rs, err := n.Routes()
+// routedSubnets returns the subnets n has overlay routes to, of the
+// family list lists (lab.Node.Routes or IPv6Routes).
+func routedSubnets(n *lab.Node, list func(*lab.Node) ([]lab.Route, error)) ([]netip.Prefix, error) {
+	rs, err := list(n)
 	if err != nil {
 		return nil, err
 	}
@@ -117,11 +118,26 @@ func routedSubnets(n *lab.Node) ([]netip.Prefix, error) {
 // waitRoutes waits until every node routes exactly to every other node's lease.
 func waitRoutes(t *testing.T, nodes []*lab.Node, timeout time.Duration) time.Duration {
 	t.Helper()
+	return waitRoutesOf(t, nodes, timeout, "", lease, (*lab.Node).Routes)
+}
+
+// waitRoutes6 is waitRoutes over IPv6: every node routes exactly to every
+// other node's IPv6 lease.
+func waitRoutes6(t *testing.T, nodes []*lab.Node, timeout time.Duration) time.Duration {
+	t.Helper()
+	return waitRoutesOf(t, nodes, timeout, " IPv6", lease6, (*lab.Node).IPv6Routes)
+}
+
+// waitRoutesOf waits until every node's routes listed by list go exactly
+// to every other node's leaseOf.
+func waitRoutesOf(t *testing.T, nodes []*lab.Node, timeout time.Duration, fam string,
+	leaseOf func(*testing.T, *lab.Node) netip.Prefix, list func(*lab.Node) ([]lab.Route, error)) time.Duration {
+	t.Helper()
 	leases := map[*lab.Node]netip.Prefix{}
 	for _, n := range nodes {
-		leases[n] = lease(t, n)
+		leases[n] = leaseOf(t, n)
 	}
-	return labtest.Eventually(t, timeout, "every host routes to every other host's lease", func() error {
+	return labtest.Eventually(t, timeout, "every host routes to every other host's"+fam+" lease", func() error {
 		var errs []error
 		for _, n := range nodes {
 			var want []netip.Prefix
@@ -131,12 +147,12 @@ func waitRoutes(t *testing.T, nodes []*lab.Node, timeout time.Duration) time.Dur
 				}
 			}
 			slices.SortFunc(want, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-			got, err := routedSubnets(n)
+			got, err := routedSubnets(n, list)
 			if err != nil {
 				return err
 			}
 			if !slices.Equal(got, want) {
-				errs = append(errs, fmt.Errorf("%s routes to %v, want %v", n.Name, got, want))
+				errs = append(errs, fmt.Errorf("%s routes to%s %v, want %v", n.Name, fam, got, want))
 			}
 		}
 		return errors.Join(errs...)

@@ -260,6 +260,18 @@ func fromEnv(fs *pflag.FlagSet, names ...string) {
 	}
 }
 
+// annotations are the first values of annotation key on the flags names
+// of fs that carry it.
+func annotations(fs *pflag.FlagSet, key string, names []string) []string {
+	var vals []string
+	for _, n := range names {
+		if f := fs.Lookup(n); f != nil && f.Annotations[key] != nil {
+			vals = append(vals, f.Annotations[key][0])
+		}
+	}
+	return vals
+}
+
 func readsEnv(f *pflag.Flag) bool { return f.Annotations[envAnnotation] != nil }
 
 // setFromEnv marks a flag whose value came from the environment.
@@ -268,12 +280,7 @@ const setFromEnv = "overlay-set-from-env"
 // envNote names the variables that set any of the flags names of fs, for
 // an error about those flags: the user set no such flag.
 func envNote(fs *pflag.FlagSet, names ...string) string {
-	var vars []string
-	for _, n := range names {
-		if f := fs.Lookup(n); f != nil && f.Annotations[setFromEnv] != nil {
-			vars = append(vars, f.Annotations[setFromEnv][0])
-		}
-	}
+	vars := annotations(fs, setFromEnv, names)
 	if len(vars) == 0 {
 		return flanneldNote(fs, names...)
 	}

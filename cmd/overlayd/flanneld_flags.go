@@ -297,12 +297,7 @@ func warnUnknownFlanneldVars(known map[string]bool, vars map[string]string, warn
 // flanneldNote names the flanneld flags that set any of the flags names,
 // for an error about those flags: the user gave flanneld's names.
 func flanneldNote(fs *pflag.FlagSet, names ...string) string {
-	var by []string
-	for _, n := range names {
-		if f := fs.Lookup(n); f != nil && f.Annotations[setByFlanneld] != nil {
-			by = append(by, f.Annotations[setByFlanneld][0])
-		}
-	}
+	by := annotations(fs, setByFlanneld, names)
 	if len(by) == 0 {
 		return ""
 	}

@@ -99,7 +99,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch of %s: %w", key, err)
 	}
-	stall := newStallCheck(m.reg.cli, wctx, wch, m.opts.ProgressInterval, m.opts.StallTimeout)
+	stall := newStallCheck(m.reg.cli, wctx, wch, m.reg.head, m.seenRev, m.opts.ProgressInterval, m.opts.StallTimeout)
 	defer stall.stop()
 	for {
 		select {

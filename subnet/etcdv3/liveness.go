@@ -170,7 +170,8 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 	// blocks until etcd confirms it).
 	lost := make(chan error, 2)
 	wg.Go(func() {
-		for range kaCh {
+		for ka := range kaCh {
+			m.reg.head.observe(ka.ResponseHeader, time.Duration(ka.TTL)*time.Second)
 		}
 		lost <- fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
 	})

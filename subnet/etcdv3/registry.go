@@ -47,11 +47,14 @@ type Registry struct {
 	// ipv6Only: the network carries IPv6 only, and its leases live under
 	// <prefix>/subnets6/ in the IPv6-only key form (see For).
 	ipv6Only bool
+	// head is shared by every copy (For): the manager's keepalives feed
+	// it, the watches' stall checks read it.
+	head *storeHead
 }
 
 // NewRegistry returns a registry for prefix (trailing slashes ignored).
 func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
-	return &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/")}
+	return &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/"), head: &storeHead{}}
 }
 
 // For returns the registry for the leases of network cfg. An IPv6-only

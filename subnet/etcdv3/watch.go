@@ -3,16 +3,12 @@ package etcdv3
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/overlaynet/overlay/internal/lib/jitter"
 	"github.com/overlaynet/overlay/subnet"
@@ -222,7 +218,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	if err != nil {
 		return err.Error(), false
 	}
-	stall := newStallCheck(w.reg.cli, wctx, wch, w.opts.ProgressInterval, w.opts.StallTimeout)
+	stall := newStallCheck(w.reg.cli, wctx, wch, w.reg.head, func() int64 { return w.rev }, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
 	for {
 		select {
@@ -375,93 +371,3 @@ const resyncPerLease = 100 * time.Millisecond
 func resyncInterval(configured time.Duration, n int) time.Duration {
 	return max(configured, time.Duration(n)*resyncPerLease)
 }
-
-// stalledPrefix begins every reason a watch is given up as stalled.
-const stalledPrefix = "watch stalled"
-
-// streamSeq numbers the watch streams this process opens.
-var streamSeq atomic.Uint64
-
-// ownStream gives a watch its own gRPC stream. The etcd client multiplexes
-// every watch whose context carries the same metadata onto one stream, so a
-// watch re-opened after a stall with the same metadata would join the
-// stalled stream again, and a progress request would be answered (or not)
-// for every watch on it. A unique metadata value per attempt avoids both.
-func ownStream(ctx context.Context, what string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, "overlay-watch", what+"-"+strconv.FormatUint(streamSeq.Add(1), 10))
-}
-
-// openWatch opens a watch whose stream may stall before it is even set up.
-// The etcd client returns a watch's channel only once the server has
-// confirmed the watch, so a stream stuck in between would block the caller
-// for good, before any stall check could start. openWatch gives the
-// confirmation the same bound a stall check gives an open watch; on a stall
-// the caller must cancel ctx, which also ends the abandoned call.
-func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, key string, opts ...clientv3.OpOption) (clientv3.WatchChan, error) {
-	opened := make(chan clientv3.WatchChan, 1)
-	go func() { opened <- cli.Watch(ctx, key, opts...) }()
-	t := time.NewTimer(bound)
-	defer t.Stop()
-	select {
-	case wch := <-opened:
-		return wch, nil
-	case <-t.C:
-		return nil, fmt.Errorf(stalledPrefix+": etcd did not confirm the watch within %s", bound)
-	}
-}
-
-// stallCheck notices a watch that stopped delivering anything without
-// failing: a stream stuck on the server or in a proxy while the connection
-// itself is healthy, which neither the client nor gRPC keepalive report.
-// When the watch has been quiet for interval, it asks etcd for a progress
-// notification on the watch's stream (RequestProgress); etcd answers with
-// the current revision on every watch of a synced stream. If nothing at all
-// arrives within timeout of asking, the watch has stalled.
-type stallCheck struct {
-	cli      *clientv3.Client
-	wctx     context.Context // the watch's context: it names its stream
-	wch      clientv3.WatchChan
-	interval time.Duration
-	timeout  time.Duration
-	timer    *time.Timer
-	asked    time.Time // zero while no request is outstanding
-}
-
-func newStallCheck(cli *clientv3.Client, wctx context.Context, wch clientv3.WatchChan, interval, timeout time.Duration) *stallCheck {
-	return &stallCheck{cli: cli, wctx: wctx, wch: wch, interval: interval, timeout: timeout, timer: time.NewTimer(interval)}
-}
-
-func (s *stallCheck) C() <-chan time.Time { return s.timer.C }
-
-// heard records that the watch delivered something.
-func (s *stallCheck) heard() {
-	s.asked = time.Time{}
-	s.timer.Reset(s.interval)
-}
-
-// check runs when the timer fires: it asks for progress the first time and
-// reports a stall ("" otherwise) when the answer is overdue.
-func (s *stallCheck) check() string {
-	if !s.asked.IsZero() {
-		// The answer may be waiting beside the timer: select picks either
-		// when both are ready, and a late scheduler makes that common.
-		if len(s.wch) > 0 {
-			s.timer.Reset(s.timeout)
-			return ""
-		}
-		return fmt.Sprintf(stalledPrefix+": no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
-	}
-	s.asked = time.Now()
-	// The request only queues on the stream; bound it all the same, with a
-	// context carrying the watch's metadata so it reaches the same stream.
-	rctx, cancel := context.WithTimeout(s.wctx, s.timeout)
-	err := s.cli.RequestProgress(rctx)
-	cancel()
-	if err != nil && s.wctx.Err() == nil {
-		return stalledPrefix + ": progress request failed: " + err.Error()
-	}
-	s.timer.Reset(s.timeout)
-	return ""
-}
-
-func (s *stallCheck) stop() { s.timer.Stop() }

@@ -11,7 +11,7 @@ import (
 // watch channel when the select happens to pick the timer: not a stall.
 func TestStallCheckHeedsAnAnswerWaitingBesideTheTimer(t *testing.T) {
 	wch := make(chan clientv3.WatchResponse, 1)
-	s := newStallCheck(nil, t.Context(), wch, time.Hour, time.Hour)
+	s := newStallCheck(nil, t.Context(), wch, nil, func() int64 { return 0 }, time.Hour, time.Hour)
 	defer s.stop()
 	s.asked = time.Now().Add(-2 * time.Hour) // a progress request went unanswered past the timeout...
 	wch <- clientv3.WatchResponse{}          // ...but its answer is here

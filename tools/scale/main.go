@@ -344,6 +344,7 @@ type statsReply struct {
 	RelistsMax int              `json:"relists_max"`
 	Warnings   int64            `json:"warnings"`
 	Refusals   int64            `json:"refusals"`
+	Kinds      map[string]int   `json:"warning_kinds"`
 }
 
 type seenReply struct {
@@ -356,11 +357,12 @@ type sum struct {
 	heap, rss           float64
 	relists, relistsMax int
 	refusals            int64
+	kinds               map[string]int
 }
 
 func stats(ws []*workerProc) (sum, error) {
 	rs, err := all[statsReply](ws, "stats")
-	s := sum{rpcs: map[string]int64{}}
+	s := sum{rpcs: map[string]int64{}, kinds: map[string]int{}}
 	for _, r := range rs {
 		for k, v := range r.RPCs {
 			s.rpcs[k] += v
@@ -370,6 +372,9 @@ func stats(ws []*workerProc) (sum, error) {
 		s.relists += r.Relists
 		s.relistsMax = max(s.relistsMax, r.RelistsMax)
 		s.refusals += r.Refusals
+		for k, v := range r.Kinds {
+			s.kinds[k] += v
+		}
 	}
 	return s, err
 }
@@ -514,12 +519,32 @@ func (c *coordinator) measure(n int) error {
 			return err
 		}
 		el := time.Since(tA).Seconds()
+		printWarnings(sc, before.kinds, after.kinds)
 		note := fmt.Sprintf("missing=%d relists=%d max_per_host=%d refusals=%d", missing, after.relists-before.relists, after.relistsMax, after.refusals-before.refusals)
 		c.add(n, sc+": all current after", "s", []float64{current}, note)
 		c.add(n, sc+": etcd cpu (3 members)", "cores", []float64{cpuSince(cpuA, cpuB, el)}, "")
 		c.add(n, sc+": etcd rss per member", "MB", mb(rssB), "")
 	}
 	return nil
+}
+
+// printWarnings lists the kinds of warning the hosts logged between two
+// stats, most frequent first.
+func printWarnings(what string, before, after map[string]int) {
+	type kind struct {
+		text string
+		n    int
+	}
+	var ks []kind
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			ks = append(ks, kind{k, d})
+		}
+	}
+	slices.SortFunc(ks, func(a, b kind) int { return b.n - a.n })
+	for _, k := range ks[:min(len(ks), 8)] {
+		fmt.Printf("   %s: %6d × %s\n", what, k.n, k.text)
+	}
 }
 
 func mb(bs []int64) []float64 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -20,14 +21,45 @@ import (
 
 // refusals counts log records of the simulated hosts that say etcd
 // refused a request for lack of resources (ResourceExhausted, too many
-// requests); warnings counts every warning.
-type countingHandler struct{ warnings, refusals *atomic.Int64 }
+// requests); warnings counts every warning, and kinds each kind of warning
+// (its message and the start of its reason or error), which says what the
+// hosts went through in a scenario.
+type countingHandler struct {
+	warnings, refusals *atomic.Int64
+	kinds              *warningKinds
+}
+
+type warningKinds struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (k *warningKinds) add(kind string) {
+	k.mu.Lock()
+	k.n[kind]++
+	k.mu.Unlock()
+}
+
+func (k *warningKinds) snapshot() map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.n)
+}
 
 func (h countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 	h.warnings.Add(1)
 	text := r.Message
-	r.Attrs(func(a slog.Attr) bool { text += " " + a.Value.String(); return true })
+	kind := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		text += " " + a.Value.String()
+		if a.Key == "reason" || a.Key == "err" {
+			v := a.Value.String()
+			kind += ": " + v[:min(len(v), 60)]
+		}
+		return true
+	})
+	h.kinds.add(kind)
 	if strings.Contains(text, "too many") || strings.Contains(text, "ResourceExhausted") || strings.Contains(text, "resource exhausted") {
 		h.refusals.Add(1)
 	}
@@ -43,6 +75,7 @@ type worker struct {
 	cnt   *rpcCounter
 	warn  atomic.Int64
 	refus atomic.Int64
+	kinds warningKinds
 	out   *json.Encoder
 }
 
@@ -50,8 +83,8 @@ func runWorker(eps []string, from, to int) error {
 	// Each host holds every lease: the simulator's memory grows as N², so
 	// collect garbage sooner than Go's default.
 	debug.SetGCPercent(50)
-	w := &worker{cnt: &rpcCounter{n: map[string]*atomic.Int64{}}, out: json.NewEncoder(os.Stdout)}
-	log := slog.New(countingHandler{&w.warn, &w.refus})
+	w := &worker{cnt: &rpcCounter{n: map[string]*atomic.Int64{}}, out: json.NewEncoder(os.Stdout), kinds: warningKinds{n: map[string]int{}}}
+	log := slog.New(countingHandler{&w.warn, &w.refus, &w.kinds})
 	for i := from; i < to; i++ {
 		w.hosts = append(w.hosts, &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}}})
 	}
@@ -146,7 +179,7 @@ func (w *worker) stats() {
 		h.rec.mu.Unlock()
 	}
 	w.reply(map[string]any{"hosts": len(w.hosts), "rpcs": w.cnt.snapshot(), "heap": ms.HeapInuse, "rss": selfRSS(),
-		"relists": relists, "relists_max": most, "warnings": w.warn.Load(), "refusals": w.refus.Load()})
+		"relists": relists, "relists_max": most, "warnings": w.warn.Load(), "refusals": w.refus.Load(), "warning_kinds": w.kinds.snapshot()})
 }
 
 // restart restarts frac of the hosts, each at a random moment within spread

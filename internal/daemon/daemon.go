@@ -110,7 +110,8 @@ func (c *Config) defaults() {
 	}
 }
 
-// retryInterval bounds the pause between attempts to reach etcd at startup.
+// retryInterval is the first pause between attempts of a start-up step
+// (it grows: see stepper) and the config watch's pause after an error.
 const retryInterval = 2 * time.Second
 
 // Run runs the daemon until ctx ends (returning nil, data path left in

@@ -18,6 +18,7 @@ import (
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -220,28 +221,42 @@ type stepper struct {
 	st  *probe
 }
 
-// attemptTimeout bounds each attempt of a start-up step, so an unreachable
-// etcd is retried rather than waited on forever.
-const attemptTimeout = 10 * time.Second
+// Start-up steps are paced by a backoff.Backoff: an attempt may take
+// attemptTimeout at first, twice as long after each attempt that ran out of
+// time (a fleet restarting at once makes etcd slow; a fixed bound would
+// throw away every host's listing again and again), up to
+// maxAttemptTimeout; the pause after a failure starts near retryInterval
+// and doubles up to maxRetryPause, at random within ±50 % each time.
+const (
+	attemptTimeout    = 10 * time.Second
+	maxAttemptTimeout = 160 * time.Second
+	maxRetryPause     = 16 * time.Second
+)
 
 // retry runs fn until it succeeds, ctx ends, or the error is one waiting
 // cannot fix (no free subnet, lease lost, duplicate node ID, stranded
-// lease, bad client settings). Each attempt gets attemptTimeout.
+// lease, bad client settings).
 func (s stepper) retry(ctx context.Context, what string, fn func(context.Context) error) error {
-	return s.run(ctx, what, attemptTimeout, fn)
+	return s.run(ctx, what, StartupBackoff(), fn)
+}
+
+// StartupBackoff is the schedule of one start-up step whose attempts are
+// bounded. tools/scale paces its simulated hosts' start with it.
+func StartupBackoff() *backoff.Backoff {
+	return backoff.New(attemptTimeout, maxAttemptTimeout, retryInterval, maxRetryPause)
 }
 
 // retryUnbounded is retry for a step that bounds its own waits.
 func (s stepper) retryUnbounded(ctx context.Context, what string, fn func(context.Context) error) error {
-	return s.run(ctx, what, 0, fn)
+	return s.run(ctx, what, backoff.New(0, 0, retryInterval, maxRetryPause), fn)
 }
 
-func (s stepper) run(ctx context.Context, what string, timeout time.Duration, fn func(context.Context) error) error {
+func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn func(context.Context) error) error {
 	var lastLog time.Time
 	s.st.setPhase("trying to " + what)
 	for attempt := 1; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
-		if timeout > 0 {
+		if timeout := b.Timeout(); timeout > 0 {
 			actx, cancel = context.WithTimeout(ctx, timeout)
 		}
 		err := fn(actx)
@@ -265,7 +280,7 @@ func (s stepper) run(ctx context.Context, what string, timeout time.Duration, fn
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(retryInterval):
+		case <-time.After(b.Failed(err)):
 		}
 	}
 }

@@ -207,9 +207,10 @@ func TestWiringStartUpHandOffAndShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The config is re-read after retryInterval; then the lease, the device,
-	// the snapshot's peer, masquerade and subnet.env, and readiness.
-	testenv.Eventually(t, retryInterval+testenv.Slack, "the daemon to become ready", w.ready)
+	// The config is re-read after the current pause (at most 1.5 ×
+	// maxRetryPause); then the lease, the device, the snapshot's peer,
+	// masquerade and subnet.env, and readiness.
+	testenv.Eventually(t, maxRetryPause*3/2+testenv.Slack, "the daemon to become ready", w.ready)
 	if !w.routed("10.244.9.0/24") {
 		t.Errorf("ready, but the peer from the lease snapshot is not programmed")
 	}

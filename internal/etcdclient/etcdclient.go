@@ -68,6 +68,9 @@ type Config struct {
 	// it off.
 	KeepAliveTime    time.Duration
 	KeepAliveTimeout time.Duration
+	// DialOptions are added to the client's own (tools/scale counts
+	// every message with them); not settable by users.
+	DialOptions []grpc.DialOption
 }
 
 // kindError is a class of failure that is also a more general one, so
@@ -245,6 +248,7 @@ func (c Config) clientConfigAt(now time.Time) (clientv3.Config, error) {
 			MinConnectTimeout: 2 * time.Second,
 		})},
 	}
+	cc.DialOptions = append(cc.DialOptions, c.DialOptions...)
 	if !c.wantTLS(eps) {
 		return cc, nil
 	}

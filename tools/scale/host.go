@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -141,22 +141,25 @@ func (h *simHost) start(ctx context.Context) error {
 		stepTime[i].Add(int64(time.Since(t)))
 		t = time.Now()
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, Logger: zap.NewNop(),
-		DialOptions: h.cnt.dialOptions()})
+	// overlayd's own client settings (gRPC keepalive, reconnect backoff).
+	cli, err := etcdclient.New(etcdclient.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, DialOptions: h.cnt.dialOptions()})
 	if err != nil {
 		return err
 	}
 	lap(0)
 	reg := etcdv3.NewRegistry(cli, prefix)
+	// Each step is retried as overlayd retries it at start-up.
 	step := func(f func(ctx context.Context) error) error {
+		b := daemon.StartupBackoff()
 		for {
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			rctx, cancel := context.WithTimeout(ctx, b.Timeout())
 			err := f(rctx)
 			cancel()
 			if err == nil || ctx.Err() != nil {
 				return err
 			}
-			time.Sleep(time.Second)
+			h.log.Warn("start-up step failed, retrying", "err", err)
+			time.Sleep(b.Failed(err))
 		}
 	}
 	var cfg *subnet.Config

@@ -38,6 +38,8 @@ type config struct {
 	Per       int
 	Steady    time.Duration
 	Scenarios string
+	Proxied   float64
+	Partition time.Duration
 	Out       string
 	Plot      string
 }
@@ -46,6 +48,7 @@ func main() {
 	role := flag.String("role", "", "internal: member or worker")
 	dir := flag.String("dir", "", "internal: cluster directory")
 	idx := flag.Int("i", 0, "internal: member index")
+	proxied := flag.Float64("proxied-share", 0, "internal: share of the worker's hosts behind proxies")
 	ports := flag.String("ports", "", "internal: peer ports")
 	state := flag.String("state", "new", "internal: cluster state")
 	first := flag.Int("from", 0, "internal: first host")
@@ -55,7 +58,9 @@ func main() {
 	flag.IntVar(&c.Runs, "runs", 3, "repetitions of each join measurement")
 	flag.IntVar(&c.Per, "per", 2500, "hosts per worker process (each host holds 3 connections; the open-files limit is per process)")
 	flag.DurationVar(&c.Steady, "steady", 30*time.Second, "steady-state sampling window")
-	flag.StringVar(&c.Scenarios, "scenarios", "churn,leader,restart", "scenarios to run: churn, leader, compact, restart")
+	flag.StringVar(&c.Scenarios, "scenarios", "churn,leader,partition,compact,restart", "scenarios to run, in order: churn, leader, partition, compact, restart")
+	flag.Float64Var(&c.Proxied, "proxied", 0.3, "with partition or compact: the share of hosts (in tenths) that reach etcd through proxies the scenarios cut")
+	flag.DurationVar(&c.Partition, "partition", time.Minute, "how long the partition scenario isolates the proxied hosts")
 	flag.StringVar(&c.Out, "out", "bench/results", "directory for the JSON lines (\"\" writes none)")
 	flag.StringVar(&c.Plot, "plot", "", "write an SVG of the join latency and etcd memory against N here")
 	from := flag.String("plot-from", "", "instead of measuring, plot the JSON lines of this file (with -plot)")
@@ -65,7 +70,7 @@ func main() {
 	case *role == "member":
 		err = runMember(*dir, *idx, parseInts(*ports), *state)
 	case *role == "worker":
-		err = runWorker(flag.Args(), *first, *end)
+		err = runWorker(flag.Args(), *first, *end, *proxied, *dir)
 	case *from != "":
 		err = replot(c, *from)
 	default:
@@ -288,8 +293,9 @@ type workerProc struct {
 	pin interface{ Close() error }
 }
 
-func startWorker(eps []string, from, to int) (*workerProc, error) {
-	cmd := exec.Command(os.Args[0], append([]string{"-role", "worker", "-from", strconv.Itoa(from), "-to", strconv.Itoa(to), "--"}, eps...)...)
+func startWorker(eps []string, from, to int, proxied float64, dir string) (*workerProc, error) {
+	cmd := exec.Command(os.Args[0], append([]string{"-role", "worker", "-from", strconv.Itoa(from), "-to", strconv.Itoa(to),
+		"-proxied-share", strconv.FormatFloat(proxied, 'f', -1, 64), "-dir", dir, "--"}, eps...)...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -396,6 +402,11 @@ func (c *coordinator) measure(n int) error {
 	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}`)); err != nil {
 		return err
 	}
+	// Proxies only where a scenario cuts them: they copy every byte.
+	proxied := 0.0
+	if strings.Contains(c.cfg.Scenarios, "partition") || strings.Contains(c.cfg.Scenarios, "compact") {
+		proxied = c.cfg.Proxied
+	}
 	t0 := time.Now()
 	var ws []*workerProc
 	defer func() {
@@ -412,7 +423,7 @@ func (c *coordinator) measure(n int) error {
 		}
 	}()
 	for from := 0; from < n; from += c.cfg.Per {
-		w, err := startWorker(cl.eps, from, min(n, from+c.cfg.Per))
+		w, err := startWorker(cl.eps, from, min(n, from+c.cfg.Per), proxied, cl.dir)
 		if err != nil {
 			return err
 		}
@@ -480,6 +491,7 @@ func (c *coordinator) measure(n int) error {
 		}
 		cpuA, _ := cl.usage()
 		tA := time.Now()
+		from := tA // when the hosts may begin to catch up
 		switch sc {
 		case "churn":
 			// 1 % of hosts restart within a minute.
@@ -496,8 +508,20 @@ func (c *coordinator) measure(n int) error {
 				return errors.New("no leader found")
 			}
 			cl.stop(l)
+		case "partition", "compact":
+			// The proxied hosts are cut off; a host joins meanwhile (its
+			// lease stays). compact: after 20 s, etcd compacts past every
+			// revision the cut-off hosts have seen, so none can resume.
+			if proxied == 0 {
+				continue
+			}
+			probe++
+			if err := c.isolated(ws, reg, admin, probe, sc == "compact"); err != nil {
+				return err
+			}
+			from = time.Now()
 		default:
-			continue
+			return fmt.Errorf("unknown scenario %q", sc)
 		}
 		// Current again: a join written now is seen by every host.
 		probe++
@@ -505,7 +529,7 @@ func (c *coordinator) measure(n int) error {
 		if err != nil {
 			return err
 		}
-		current := time.Since(tA).Seconds() - (time.Since(c.lastWrite).Seconds() - pct(lat, 1)/1000)
+		current := time.Since(from).Seconds() - (time.Since(c.lastWrite).Seconds() - pct(lat, 1)/1000)
 		cpuB, rssB := cl.usage()
 		for i := range cl.procs {
 			if cl.procs[i] == nil {
@@ -526,6 +550,62 @@ func (c *coordinator) measure(n int) error {
 		c.add(n, sc+": etcd rss per member", "MB", mb(rssB), "")
 	}
 	return nil
+}
+
+// writeProbe writes the lease of a joining host, the k-th probe (or a
+// later one where a simulated host holds that subnet), retrying until etcd
+// commits it, and returns its subnet and when the write that succeeded began.
+func (c *coordinator) writeProbe(reg *etcdv3.Registry, k int) (netip.Prefix, time.Time, error) {
+	attrs := subnet.NewVXLANAttrs(netip.MustParseAddr("192.0.2.1"), 1, net.HardwareAddr{2, 0, 0, 0, 0, 1}, fmt.Sprintf("probe-%d", k), "probe")
+	// Bounded: a cluster that does not commit within a minute is a result.
+	for give := time.Now().Add(time.Minute); time.Now().Before(give); {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t0 := time.Now()
+		c.lastWrite = t0
+		_, err := reg.Create(ctx, subnet.Subnets{IPv4: p}, attrs, 0)
+		cancel()
+		switch {
+		case err == nil:
+			return p, t0, nil
+		case errors.Is(err, etcdv3.ErrTaken):
+			k += 256 // a host picked it at random: take the next one
+		default:
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	return netip.Prefix{}, time.Time{}, errors.New("write a joining host's lease: etcd did not commit it within a minute")
+}
+
+// isolated cuts the proxied hosts off, writes the lease of a joining host
+// (seen only by the others), compacts etcd's history to the present when
+// compact is set, and heals.
+func (c *coordinator) isolated(ws []*workerProc, reg *etcdv3.Registry, admin *clientv3.Client, k int, compact bool) error {
+	if _, err := all[map[string]any](ws, "partition"); err != nil {
+		return err
+	}
+	hold := c.cfg.Partition
+	if compact {
+		hold = 20 * time.Second
+	}
+	end := time.Now().Add(hold)
+	if _, _, err := c.writeProbe(reg, k); err != nil {
+		return fmt.Errorf("a join during the partition: %w", err)
+	}
+	time.Sleep(time.Until(end))
+	if compact {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := admin.Get(ctx, "compaction-probe")
+		if err != nil {
+			return err
+		}
+		if _, err := admin.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+			return fmt.Errorf("compact: %w", err)
+		}
+	}
+	_, err := all[map[string]any](ws, "heal")
+	return err
 }
 
 // printWarnings lists the kinds of warning the hosts logged between two
@@ -558,29 +638,9 @@ func mb(bs []int64) []float64 {
 // join writes a new host's lease and returns how long after the write each
 // host saw it (ms) and how many hosts did not within 30 s.
 func (c *coordinator) join(reg *etcdv3.Registry, ws []*workerProc, k int) ([]float64, int, error) {
-	p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)
-	attrs := subnet.NewVXLANAttrs(netip.MustParseAddr("192.0.2.1"), 1, net.HardwareAddr{2, 0, 0, 0, 0, 1}, fmt.Sprintf("probe-%d", k), "probe")
-	var t0 time.Time
-	// Bounded: a cluster that does not commit within a minute is a result.
-	for give := time.Now().Add(time.Minute); ; {
-		if time.Now().After(give) {
-			return nil, 0, fmt.Errorf("write a joining host's lease %s: etcd did not commit it within a minute", p)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		t0 = time.Now()
-		c.lastWrite = t0
-		_, err := reg.Create(ctx, subnet.Subnets{IPv4: p}, attrs, 0)
-		cancel()
-		if err == nil {
-			break
-		}
-		if errors.Is(err, etcdv3.ErrTaken) {
-			// A host picked it at random: take the next one.
-			k += 256
-			p = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)
-			continue
-		}
-		time.Sleep(500 * time.Millisecond)
+	p, t0, err := c.writeProbe(reg, k)
+	if err != nil {
+		return nil, 0, err
 	}
 	rs, err := all[seenReply](ws, "seen "+p.String()+" 30")
 	var lat []float64

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -17,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/overlaynet/overlay/internal/testing/lab"
 )
 
 // refusals counts log records of the simulated hosts that say etcd
@@ -28,6 +33,10 @@ type countingHandler struct {
 	warnings, refusals *atomic.Int64
 	kinds              *warningKinds
 }
+
+// addrs matches the addresses, subnets and numbers that make each host's
+// warnings differ.
+var addrs = regexp.MustCompile(`[0-9a-f]*[0-9][0-9a-f.:/-]*`)
 
 type warningKinds struct {
 	mu sync.Mutex
@@ -54,8 +63,8 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 	r.Attrs(func(a slog.Attr) bool {
 		text += " " + a.Value.String()
 		if a.Key == "reason" || a.Key == "err" {
-			v := a.Value.String()
-			kind += ": " + v[:min(len(v), 60)]
+			v := addrs.ReplaceAllString(a.Value.String(), "X")
+			kind += ": " + v[:min(len(v), 100)]
 		}
 		return true
 	})
@@ -76,17 +85,39 @@ type worker struct {
 	warn  atomic.Int64
 	refus atomic.Int64
 	kinds warningKinds
-	out   *json.Encoder
+	// proxies stand between some hosts and the members (see runWorker).
+	proxies []*lab.Proxy
+	out     *json.Encoder
 }
 
-func runWorker(eps []string, from, to int) error {
+// runWorker runs hosts [from, to). The hosts whose index ends in a digit
+// below proxied×10 reach the members through proxies of their own (sockets
+// in dir), which the "partition" command turns into blackholes.
+func runWorker(eps []string, from, to int, proxied float64, dir string) error {
 	// Each host holds every lease: the simulator's memory grows as N², so
 	// collect garbage sooner than Go's default.
 	debug.SetGCPercent(50)
 	w := &worker{cnt: &rpcCounter{n: map[string]*atomic.Int64{}}, out: json.NewEncoder(os.Stdout), kinds: warningKinds{n: map[string]int{}}}
 	log := slog.New(countingHandler{&w.warn, &w.refus, &w.kinds})
+	cut := int(math.Round(proxied * 10))
+	var viaProxies []string
+	if cut > 0 {
+		for i, ep := range eps {
+			p, err := lab.NewProxy(filepath.Join(dir, fmt.Sprintf("w%d-m%d.sock", from, i)), ep)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			w.proxies = append(w.proxies, p)
+			viaProxies = append(viaProxies, p.Endpoint())
+		}
+	}
 	for i := from; i < to; i++ {
-		w.hosts = append(w.hosts, &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}}})
+		h := &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}}}
+		if i%10 < cut {
+			h.eps = viaProxies
+		}
+		w.hosts = append(w.hosts, h)
 	}
 	t0 := time.Now()
 	w.parallel(w.hosts, 64, func(h *simHost) { w.must(h.start(context.Background())) })
@@ -108,6 +139,12 @@ func runWorker(eps []string, from, to int) error {
 			w.stats()
 		case "restart":
 			w.restart(atof(f[1]), atof(f[2]))
+		case "partition", "heal":
+			mode := map[string]lab.ProxyMode{"partition": lab.ProxyBlackhole, "heal": lab.ProxyUp}[f[0]]
+			for _, p := range w.proxies {
+				p.Set(mode)
+			}
+			w.reply(map[string]any{"proxies": len(w.proxies)})
 		case "quit":
 			w.parallel(w.hosts, 256, (*simHost).stop)
 			w.reply(map[string]any{"quit": true})

@@ -183,7 +183,10 @@ func (p *Proxy) serve(c *proxyConn) {
 	}()
 	select {
 	case <-c.frozen:
-		<-c.done // blackholed: held open, nothing forwarded
+		// Blackholed: held open, nothing forwarded, what the client sends
+		// dropped; closed once the client gives up, so clients retrying
+		// into a long blackhole do not pile up open connections here.
+		_, _ = io.Copy(io.Discard, c.client)
 		return
 	default:
 	}

@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/internal/lib/jitter"
 	"github.com/overlaynet/overlay/subnet"
 )
@@ -31,8 +32,8 @@ type Batch struct {
 	Revision int64
 	// Resync is true when the batch comes from a re-list (after a
 	// compaction passed the watch, or the periodic check) rather than from
-	// watch events.
-	Resync bool
+	// watch events; Periodic too when it was the periodic check.
+	Resync, Periodic bool
 }
 
 // Defaults of WatchOptions (and of ManagerOptions' stall detection).
@@ -61,7 +62,10 @@ type WatchOptions struct {
 	// (10 s by default). Default 5 s.
 	StallTimeout time.Duration
 	// RequestTimeout bounds each re-list, so one sent over a dead
-	// connection fails and is retried rather than hanging. Default 10 s.
+	// connection fails and is retried rather than hanging; a re-list
+	// after a fault that ran out of time gets twice as long the next time
+	// (up to 16 times), and the pauses between attempts grow the same
+	// way from RetryInterval. Default 10 s.
 	RequestTimeout time.Duration
 	// RetryInterval is the pause before re-watching after an error,
 	// spread by half of it either way.
@@ -189,19 +193,22 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		// The history after w.rev is gone (or out of reach): only a
 		// re-list can tell what changed. A compaction reaches every host's
 		// watch together, so each waits a random part of RelistSpread.
+		// A listing that runs out of time gets longer the next time:
+		// every host re-listing at once is what makes etcd slow.
+		b := backoff.New(w.opts.RequestTimeout, 16*w.opts.RequestTimeout, w.opts.RetryInterval, 16*w.opts.RetryInterval)
 		wait := jitter.Upto(w.opts.RelistSpread)
 		for ctx.Err() == nil {
 			if !sleepCtx(ctx, wait) {
 				return
 			}
-			err := w.relist(ctx, out)
+			err := w.relist(ctx, out, b.Timeout(), false)
 			if err == nil {
 				live()
 				quiet = 0
 				break
 			}
 			warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
-			wait = jitter.Wide(w.opts.RetryInterval)
+			wait = b.Failed(err)
 		}
 	}
 }
@@ -230,7 +237,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			}
 		case <-resync.C:
 			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
-			if err := w.relist(ctx, out); err != nil {
+			if err := w.relist(ctx, out, w.opts.RequestTimeout, true); err != nil {
 				return "periodic re-list failed: " + err.Error(), false
 			}
 		case resp, ok := <-wch:
@@ -335,15 +342,15 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 }
 
 // relist reads the whole lease set and sends what differs from the known set.
-func (w *watcher) relist(ctx context.Context, out chan<- Batch) error {
-	lctx, cancel := context.WithTimeout(ctx, w.opts.RequestTimeout)
+func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Duration, periodic bool) error {
+	lctx, cancel := context.WithTimeout(ctx, timeout)
 	snap, err := w.reg.List(lctx)
 	cancel()
 	if err != nil {
 		return err
 	}
 	events, known := subnet.Diff(w.known, snap.Leases)
-	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true}
+	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
 	send(ctx, out, b)

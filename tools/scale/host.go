@@ -78,11 +78,11 @@ func (c *rpcCounter) dialOptions() []grpc.DialOption {
 // recorder stands in for the kernel side (the VXLAN backend): it keeps the
 // peer set each host would program and notes when a watched subnet shows up.
 type recorder struct {
-	mu      sync.Mutex
-	peers   map[netip.Prefix]struct{} // what the backend would program
-	seen    map[netip.Prefix]int64    // unix ns a probe subnet was first seen
-	rev     int64
-	relists int
+	mu                sync.Mutex
+	peers             map[netip.Prefix]struct{} // what the backend would program
+	seen              map[netip.Prefix]int64    // unix ns a probe subnet was first seen
+	rev               int64
+	relists, periodic int
 	// reported is relists at the last stats reply.
 	reported int
 }
@@ -91,7 +91,12 @@ func (r *recorder) apply(b etcdv3.Batch) {
 	now := time.Now().UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if b.Resync {
+	// The periodic re-lists are counted apart: they are spread evenly
+	// over time, not caused by a scenario.
+	switch {
+	case b.Periodic:
+		r.periodic++
+	case b.Resync:
 		r.relists++
 	}
 	for _, ev := range b.Events {

@@ -207,16 +207,17 @@ func (w *worker) stats() {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	// relists_max is the most re-lists one host did since the last stats.
-	relists, most := 0, 0
+	relists, periodic, most := 0, 0, 0
 	for _, h := range w.hosts {
 		h.rec.mu.Lock()
 		relists += h.rec.relists
+		periodic += h.rec.periodic
 		most = max(most, h.rec.relists-h.rec.reported)
 		h.rec.reported = h.rec.relists
 		h.rec.mu.Unlock()
 	}
 	w.reply(map[string]any{"hosts": len(w.hosts), "rpcs": w.cnt.snapshot(), "heap": ms.HeapInuse, "rss": selfRSS(),
-		"relists": relists, "relists_max": most, "warnings": w.warn.Load(), "refusals": w.refus.Load(), "warning_kinds": w.kinds.snapshot()})
+		"relists": relists, "periodic_relists": periodic, "relists_max": most, "warnings": w.warn.Load(), "refusals": w.refus.Load(), "warning_kinds": w.kinds.snapshot()})
 }
 
 // restart restarts frac of the hosts, each at a random moment within spread

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -26,6 +27,7 @@ import (
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 const faultNetwork = `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":1}}`
@@ -416,5 +418,74 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 	c.mu.Unlock()
 	if resyncs != 0 {
 		t.Fatalf("%d re-list(s) after a broken watch whose history etcd still held; want the watch resumed from its revision", resyncs)
+	}
+}
+
+// A partition cuts a host off from etcd altogether: its watches stall one
+// after another, but so do its keepalives, so the stalls say "out of
+// reach", not "the watch path is broken". Once etcd answers again the
+// watch resumes from its revision; re-listing every lease — every cut-off
+// host at once, at heal time — would add nothing.
+func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
+	srv, _, dreg, cfg := startServer(t)
+	proxy, err := lab.NewProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	// overlayd's client: gRPC keepalive drops the blackholed connections.
+	var counter etcdtest.StreamCounter
+	cli, err := etcdclient.New(etcdclient.Config{Endpoints: []string{proxy.Endpoint()},
+		DialOptions: []grpc.DialOption{grpc.WithStreamInterceptor(counter.Interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	reg := etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix)
+	snap := seedPeers(t, dreg, reg)
+	const retry = 100 * time.Millisecond
+	m := etcdv3.NewManager(reg, cfg, etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}},
+		etcdv3.ManagerOptions{LivenessTTL: 3 * time.Second, RetryInterval: retry})
+	if _, _, err := m.Acquire(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	var stalls atomic.Int32
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: 300 * time.Millisecond, StallTimeout: 500 * time.Millisecond,
+		RequestTimeout: time.Second, RetryInterval: retry, OnRestart: func(r string) {
+			if strings.Contains(r, "stalled") {
+				stalls.Add(1)
+			}
+		}}))
+	for i := 1; i <= 3; i++ {
+		c.known[peerSubnet(i)] = "" // from the snapshot
+	}
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(4)}, peerAttrs(4), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+	// The manager's liveness keepalives are answered: what tells the
+	// watcher whether etcd is in reach.
+	testenv.WaitFor(t, testenv.Slack, "two liveness keepalive replies", func() bool { return counter.KeepAlives() >= 2 })
+
+	proxy.Set(lab.ProxyBlackhole)
+	// Three stalls in a row: two were enough to re-list before.
+	testenv.WaitFor(t, 20*time.Second+testenv.Slack, "three stalled watches while cut off", func() bool { return stalls.Load() >= 3 })
+	mac := changeMeanwhile(t, dreg)
+	proxy.Set(lab.ProxyUp)
+	// gRPC keepalive drops the silent connections within 15 s; the client
+	// reconnects within its backoff.
+	took := testenv.WaitFor(t, 20*time.Second+testenv.Slack, "the add, delete and change made while cut off", func() bool { return c.changedMeanwhile(mac) })
+	c.mu.Lock()
+	resyncs := c.resyncs
+	c.mu.Unlock()
+	t.Logf("%d stalls while cut off; the changes arrived %s after the partition healed, with %d re-lists", stalls.Load(), took.Round(time.Millisecond), resyncs)
+	if resyncs != 0 {
+		t.Fatalf("%d re-list(s) after a partition etcd's history outlasted; want the watch resumed from its revision", resyncs)
 	}
 }

@@ -138,6 +138,18 @@ func (h *storeHead) observe(hdr *etcdserverpb.ResponseHeader, ttl time.Duration)
 	h.until = time.Now().Add(2 * ttl / 3)
 }
 
+// outOfReach reports whether keepalive replies came before but have
+// stopped: etcd does not answer this host at all. (Without any reply so far
+// — a watcher without a manager — it cannot tell, and says no.)
+func (h *storeHead) outOfReach() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.until.IsZero() && time.Now().After(h.until)
+}
+
 // notPast reports whether a current reply showed the store at rev or below:
 // a watch that has delivered everything up to rev misses nothing. Without a
 // current reply it cannot tell, and says no.

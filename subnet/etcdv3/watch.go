@@ -169,7 +169,14 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 		if ctx.Err() != nil {
 			return
 		}
-		quiet++
+		// Watches that keep stalling make the watch path suspect, and a
+		// re-list the way to learn what changed — unless the keepalives
+		// stopped being answered too: then etcd is out of reach (a
+		// partition), a re-list could not get through either, and once
+		// etcd is back, resuming from the revision is all that is needed.
+		if !strings.HasPrefix(reason, stalledPrefix) || !w.reg.head.outOfReach() {
+			quiet++
+		}
 		if w.opts.OnRestart != nil {
 			w.opts.OnRestart(reason)
 		}

@@ -502,9 +502,11 @@ func (c *coordinator) measure(n int) error {
 				return err
 			}
 		case "restart":
-			if _, err := all[map[string]any](ws, "restart 1 10"); err != nil {
+			rs, err := all[map[string]any](ws, "restart 1 10")
+			if err != nil {
 				return err
 			}
+			fmt.Printf("   restart: %v\n", rs)
 		case "leader":
 			l := cl.leader(admin)
 			if l < 0 {
@@ -528,7 +530,7 @@ func (c *coordinator) measure(n int) error {
 		}
 		// Current again: a join written now is seen by every host. While
 		// some host misses one (within 30 s), another is written, for up
-		// to 10 minutes.
+		// to 5 minutes after the scenario.
 		var lat []float64
 		missing := 0
 		for {
@@ -537,7 +539,7 @@ func (c *coordinator) measure(n int) error {
 			if err != nil {
 				return err
 			}
-			if missing == 0 || time.Since(from) > 10*time.Minute {
+			if missing == 0 || time.Since(from) > 5*time.Minute {
 				break
 			}
 			fmt.Printf("   %s: %d hosts not current after %s\n", sc, missing, time.Since(from).Round(time.Second))

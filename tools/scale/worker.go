@@ -230,16 +230,25 @@ func (w *worker) restart(frac, spread float64) {
 		}
 	}
 	t0 := time.Now()
+	var finished atomic.Int64
 	var wg sync.WaitGroup
 	for _, h := range pick {
 		wg.Go(func() {
 			time.Sleep(time.Duration(rand.Float64() * spread * float64(time.Second)))
 			h.stop()
 			w.must(h.start(context.Background()))
+			finished.Add(1)
 		})
 	}
-	wg.Wait()
-	w.reply(map[string]any{"restarted": len(pick), "secs": time.Since(t0).Seconds()})
+	// Bounded: hosts still starting after 5 minutes are a result (they
+	// go on starting; the coordinator's probes show when they are done).
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+	}
+	w.reply(map[string]any{"restarted": len(pick), "started_again": finished.Load(), "secs": time.Since(t0).Seconds()})
 }
 
 func selfRSS() int64 { return procRSS(os.Getpid()) }

@@ -127,7 +127,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 	h.register(c)
 	c.Flags().DurationVar(&leaseTTL, "lease-ttl", etcdv3.DefaultLeaseTTL, "TTL of this host's lease in etcd; kept alive while overlayd runs")
 	c.Flags().DurationVar(&kernelResync, "kernel-resync", 30*time.Second, "how often to re-read the kernel and repair drift")
-	c.Flags().DurationVar(&leaseResync, "lease-resync", 5*time.Minute, "how often to re-list all leases from etcd in case a watch stalled")
+	c.Flags().DurationVar(&leaseResync, "lease-resync", etcdv3.DefaultResyncInterval, "how often to re-list all leases from etcd in case a watch stalled")
 	c.Flags().BoolVar(&ipMasq, "ip-masq", true, "masquerade pod traffic leaving the cluster network (nftables table \"overlay\"); pod-to-pod traffic is never NATed")
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")

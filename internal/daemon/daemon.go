@@ -75,7 +75,7 @@ type Config struct {
 	HealthListener net.Listener
 
 	// KernelResync is how often the kernel is re-listed to repair drift
-	// (default 30 s); LeaseResync how often etcd is (default 5 min).
+	// (default 30 s); LeaseResync how often etcd is (default 30 min).
 	KernelResync time.Duration
 	LeaseResync  time.Duration
 

@@ -172,7 +172,7 @@ func (c *collector) changedMeanwhile(mac string) bool {
 // ProgressInterval+StallTimeout; the lease set is re-listed, so the add,
 // change and delete made meanwhile all arrive, and the watch goes on live
 // on a new stream. Without the check nothing would arrive until the
-// periodic re-list (5 min).
+// periodic re-list (30 min).
 func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 	srv, _, dreg, _ := startServer(t)
 	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)

@@ -38,7 +38,7 @@ type Batch struct {
 
 // Defaults of WatchOptions (and of ManagerOptions' stall detection).
 const (
-	DefaultResyncInterval   = 5 * time.Minute
+	DefaultResyncInterval   = 30 * time.Minute
 	DefaultProgressInterval = 5 * time.Second
 	DefaultStallTimeout     = 5 * time.Second
 	DefaultRequestTimeout   = 10 * time.Second
@@ -48,8 +48,8 @@ const (
 // WatchOptions tune a watch; zero values mean the defaults.
 type WatchOptions struct {
 	// ResyncInterval is how often the whole lease set is re-listed and diffed
-	// as a last line of defence; jittered by ±10%. Default 5 min; with
-	// more than 3,000 leases, 100 ms per lease (see resyncPerLease).
+	// as a last line of defence; jittered by ±10%. Default 30 min; with
+	// more than 18,000 leases, 100 ms per lease (see resyncPerLease).
 	ResyncInterval time.Duration
 	// ProgressInterval is how long the watch may be quiet (no event, no
 	// progress notification) before the watcher asks etcd for a progress
@@ -375,9 +375,10 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 
 // resyncPerLease stretches the periodic re-list with the size of the lease
 // set. Every host re-reads every lease each interval, so a fixed interval
-// costs etcd N² lease reads per interval — 10,000 hosts at 5 min would
-// read 330,000 leases a second; this way the cost grows as N (10 leases a
-// second per host), and nothing changes up to 3,000 leases.
+// costs etcd N² lease reads per interval — 50,000 hosts at 30 min would
+// read 1.4 million leases a second; this way the cost grows as N (10
+// leases a second per host at most), and nothing changes up to 18,000
+// leases at the default interval.
 const resyncPerLease = 100 * time.Millisecond
 
 // resyncInterval is how long to wait between periodic re-lists of n leases:

@@ -53,13 +53,14 @@ func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, k
 //
 // When the watch has been quiet for interval, it first asks whether the
 // watch can be missing anything at all: if a reply this host got anyway (a
-// liveness keepalive's, every few seconds) recently reported the store at or below
-// the revision the watch has confirmed, nothing changed that the watch has
-// not delivered, and it asks etcd nothing — so an idle cluster costs its
-// hosts no requests but their keepalives. Otherwise it asks etcd for a
-// progress notification on the watch's stream (RequestProgress); etcd
-// answers with the current revision on every watch of a synced stream. If
-// nothing at all arrives within timeout of asking, the watch has stalled.
+// liveness keepalive's, every few seconds) recently reported the store at
+// or below the revision the watch has confirmed, nothing changed that the
+// watch has not delivered, and it asks etcd nothing — so an idle cluster
+// costs its hosts no requests but their keepalives. Otherwise it asks etcd
+// for a progress notification on the watch's stream (RequestProgress);
+// etcd answers with the current revision on every watch of a synced
+// stream. If nothing at all arrives within timeout of asking, the watch
+// has stalled.
 type stallCheck struct {
 	cli       *clientv3.Client
 	wctx      context.Context // the watch's context: it names its stream

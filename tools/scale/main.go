@@ -111,11 +111,9 @@ func run(cfg config) error {
 		}
 	}
 	if cfg.Plot != "" {
-		if err := os.WriteFile(cfg.Plot, []byte(c.svg()), 0o644); err != nil {
-			return err
-		}
+		return os.WriteFile(cfg.Plot, []byte(c.svg()), 0o644)
 	}
-	return c.write()
+	return nil
 }
 
 // replot draws the SVG of earlier runs' JSON lines.
@@ -148,6 +146,9 @@ func (c *coordinator) add(n int, figure, unit string, vals []float64, note strin
 	slices.Sort(s)
 	r := result{N: n, Figure: figure, Unit: unit, Median: s[len(s)/2], Max: s[len(s)-1], Runs: len(s), Note: note}
 	c.results = append(c.results, r)
+	if err := c.record(r); err != nil {
+		fmt.Fprintln(os.Stderr, "scale: recording a result:", err)
+	}
 	fmt.Printf("N=%-6d %-34s median %10.3f  max %10.3f %s  (%d)%s\n", n, figure, r.Median, r.Max, unit, r.Runs, map[bool]string{true: "  " + note}[note != ""])
 }
 
@@ -169,7 +170,9 @@ func pct(v []float64, q float64) float64 {
 	return s[i]
 }
 
-func (c *coordinator) write() error {
+// record appends r to bench/results/<date>-<host>-scale.jsonl (-out) as it
+// is measured, so a run stopped part-way keeps what it measured.
+func (c *coordinator) record(r result) error {
 	if c.cfg.Out == "" {
 		return nil
 	}
@@ -179,20 +182,16 @@ func (c *coordinator) write() error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	enc := json.NewEncoder(f)
-	for _, r := range c.results {
-		line := struct {
-			result
-			Time string `json:"time"`
-			CPUs int    `json:"cpus"`
-		}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU()}
-		if err := enc.Encode(line); err != nil {
-			return err
-		}
+	line := struct {
+		result
+		Time string `json:"time"`
+		CPUs int    `json:"cpus"`
+	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU()}
+	err = json.NewEncoder(f).Encode(line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	fmt.Printf("results appended to %s\n", path)
-	return nil
+	return err
 }
 
 // atN is one N's measurement: its cluster, its hosts' workers, and the

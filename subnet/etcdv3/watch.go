@@ -53,13 +53,16 @@ type WatchOptions struct {
 	ResyncInterval time.Duration
 	// ProgressInterval is how long the watch may be quiet (no event, no
 	// progress notification) before the watcher asks etcd for a progress
-	// notification. Default 5 s.
+	// notification — if it may be missing anything: a manager's liveness
+	// keepalive replies beside it tell when the store has not moved past
+	// what the watch delivered, and then it asks nothing. Default 5 s.
 	ProgressInterval time.Duration
 	// StallTimeout is how long the watch may stay silent after such a
-	// request before it is declared stalled: it is then cancelled, the
-	// lease set re-listed and the watch opened again on a new stream. A
-	// stalled watch is thus noticed within ProgressInterval+StallTimeout
-	// (10 s by default). Default 5 s.
+	// request before it is declared stalled: it is then opened again on a
+	// new stream (and after repeated stalls the lease set re-listed). A
+	// stalled watch that misses a change is thus noticed within a
+	// keepalive period plus ProgressInterval+StallTimeout (15 s by
+	// default). Default 5 s.
 	StallTimeout time.Duration
 	// RequestTimeout bounds each re-list, so one sent over a dead
 	// connection fails and is retried rather than hanging; a re-list

@@ -101,6 +101,32 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
 		return a, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
 	}
+	// Every host decodes every lease at start-up and on each re-list, so
+	// the common case is one pass of encoding/json into the struct — which
+	// reads members exactly as flanneld does. Only a value it rejects goes
+	// through decodeObject, which says which member is wrong and why.
+	if err := json.Unmarshal(value, &a); err != nil {
+		if _, err := attrsByMember(value); err != nil {
+			return LeaseAttrs{}, err
+		}
+		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, errCaseTwins)
+	}
+	a.BackendData, a.BackendV6Data = nullIsAbsent(a.BackendData), nullIsAbsent(a.BackendV6Data)
+	if a.PublicIP == "" && a.PublicIPv6 == "" && a.NodeID == "" {
+		return a, fmt.Errorf("%w: value names no host (no PublicIP, PublicIPv6 or NodeID)", ErrInvalidLease)
+	}
+	return a, nil
+}
+
+// errCaseTwins is what is left when encoding/json rejects a value that
+// decodeObject reads: members that differ only in case, where
+// decodeObject read another one than the one of the wrong type.
+var errCaseTwins = errors.New("members that differ only in case, one of them not of its type")
+
+// attrsByMember reads a lease value member by member, so that an error
+// names the member as written and what it must be.
+func attrsByMember(value []byte) (LeaseAttrs, error) {
+	var a LeaseAttrs
 	if err := decodeObject("", value, []field{
 		{"PublicIP", &a.PublicIP, wantString + " such as \"198.18.0.7\"", nil},
 		{"PublicIPv6", &a.PublicIPv6, wantString + " such as \"2001:db8::7\"", nil},
@@ -110,12 +136,18 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 		{"NodeID", &a.NodeID, wantString, nil},
 		{"Hostname", &a.Hostname, wantString, nil},
 	}); err != nil {
-		return a, fmt.Errorf("%w: value: %w", ErrInvalidLease, err)
-	}
-	if a.PublicIP == "" && a.PublicIPv6 == "" && a.NodeID == "" {
-		return a, fmt.Errorf("%w: value names no host (no PublicIP, PublicIPv6 or NodeID)", ErrInvalidLease)
+		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, err)
 	}
 	return a, nil
+}
+
+// nullIsAbsent maps a member written as null to an absent one, as
+// decodeObject reads it.
+func nullIsAbsent(raw json.RawMessage) json.RawMessage {
+	if bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	return raw
 }
 
 // PublicAddr parses PublicIP; the zero Addr means absent or unparsable.
@@ -152,11 +184,22 @@ func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
 	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return d, missingData[name]
 	}
+	if err := json.Unmarshal(raw, &d); err != nil { // as in DecodeAttrs
+		if _, err := vxlanByMember(name, raw); err != nil {
+			return VXLANData{}, err
+		}
+		return VXLANData{}, fmt.Errorf("%w: %q: %w", ErrInvalidLease, name, errCaseTwins)
+	}
+	return d, nil
+}
+
+func vxlanByMember(name string, raw json.RawMessage) (VXLANData, error) {
+	var d VXLANData
 	if err := decodeObject(name+".", raw, []field{
 		{"VNI", &d.VNI, wantNumber, nil},
 		{"VtepMAC", &d.VtepMAC, wantString + " such as \"0e:00:00:00:00:07\"", nil},
 	}); err != nil {
-		return d, fmt.Errorf("%w: %w", ErrInvalidLease, err)
+		return VXLANData{}, fmt.Errorf("%w: %w", ErrInvalidLease, err)
 	}
 	return d, nil
 }

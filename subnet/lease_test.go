@@ -1,10 +1,13 @@
 package subnet
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -415,4 +418,84 @@ func TestCheckNodeID(t *testing.T) {
 			t.Errorf("CheckNodeID(%q) = nil, want an error", bad)
 		}
 	}
+}
+
+// DecodeAttrs reads a value in one pass of encoding/json, and member by
+// member (for its error messages) only when that pass fails: both must read
+// every value alike, except where members differ only in case — there the
+// one pass reads the last, as flanneld does.
+func FuzzDecodeAttrsReadsAsMemberByMember(f *testing.F) {
+	f.Add([]byte(`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"NodeID":"n","Hostname":"h"}`))
+	f.Add([]byte(`{"publicip":"198.18.0.7","backenddata":null,"BackendV6Data":null,"Other":[1,{}]}`))
+	f.Add([]byte(` { "PublicIP" : "198.18.0.7" , "BackendData" : { "vni" : 1.0 , "VtepMAC" : null } } `))
+	f.Add([]byte(`{"PublicIP":"198.18.0.7","BackendData":{"VNI":"1"}}`))
+	f.Add([]byte(`{"PublicIP":"198.18.0.7","BackendData":"x"}`))
+	f.Add([]byte(`{"PublicIP":"198.18.0.7","publicIP":"198.18.0.8"}`))
+	f.Add([]byte(`{"PublicIP":"198.18.0.7","publicip":5}`))
+	f.Add([]byte(`{"PublicIP":"198.18.0.7\u0000\ud800"}`))
+	f.Add([]byte(`{"NodeID":"n"} x`))
+	f.Fuzz(func(t *testing.T, value []byte) {
+		got, err := DecodeAttrs(value)
+		if err != nil && !errors.Is(err, ErrInvalidLease) {
+			t.Fatalf("errors must wrap ErrInvalidLease: %v", err)
+		}
+		if err != nil && strings.Contains(err.Error(), "Go ") {
+			t.Fatalf("error speaks Go, not JSON: %v", err)
+		}
+		if caseTwins(value) || len(value) > MaxLeaseValueSize {
+			return
+		}
+		want, wantErr := attrsByMember(value)
+		if wantErr == nil && want.PublicIP == "" && want.PublicIPv6 == "" && want.NodeID == "" {
+			wantErr = errors.New("names no host")
+		}
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("DecodeAttrs: %v; member by member: %v", err, wantErr)
+		}
+		if err == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("DecodeAttrs read %+v; member by member %+v", got, want)
+		}
+		if err != nil || caseTwins(got.BackendData) {
+			return
+		}
+		d, err := got.VXLAN()
+		wantD, wantErr := vxlanByMember("BackendData", got.BackendData)
+		if len(got.BackendData) == 0 {
+			return // missing: no second reading
+		}
+		if (err == nil) != (wantErr == nil) || d != wantD {
+			t.Fatalf("VXLAN() = %+v, %v; member by member %+v, %v", d, err, wantD, wantErr)
+		}
+	})
+}
+
+// caseTwins reports whether the JSON object value has members whose names
+// differ only in case (or repeat).
+func caseTwins(value []byte) bool {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(value, &members) != nil {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(value))
+	if _, err := dec.Token(); err != nil {
+		return false
+	}
+	var names []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		for _, n := range names {
+			if strings.EqualFold(n, tok.(string)) { // as encoding/json matches names
+				return true
+			}
+		}
+		names = append(names, tok.(string))
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return false
+		}
+	}
+	return false
 }

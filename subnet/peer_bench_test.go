@@ -27,3 +27,15 @@ func BenchmarkConfigPeer(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeAttrs: every host decodes every lease value at start-up and
+// at each re-list.
+func BenchmarkDecodeAttrs(b *testing.B) {
+	value := []byte(`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"NodeID":"n7","Hostname":"host-7"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeAttrs(value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

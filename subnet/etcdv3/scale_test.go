@@ -40,21 +40,8 @@ func TestResyncIntervalGrowsWithLeaseSet(t *testing.T) {
 // once, would have etcd hold gigabytes of responses in memory.
 func TestListReadsInPagesAtOneRevision(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	reg := NewRegistry(cli, DefaultPrefix)
 	const n = 2*listPage + 500
-	for i := 0; i < n; i += 100 {
-		var ops []clientv3.Op
-		for j := i; j < min(n, i+100); j++ {
-			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
-			h := host(j)
-			val, _ := subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).Marshal()
-			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
-		}
-		if _, err := cli.Txn(ctx(t)).Then(ops...).Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putLeases(t, srv.Client(t), n)
 	var mu sync.Mutex
 	var limits []int64
 	revs := map[int64]bool{}
@@ -98,5 +85,39 @@ func TestListReadsInPagesAtOneRevision(t *testing.T) {
 	}
 	if len(revs) != 1 {
 		t.Fatalf("pages read at revisions %v, want one", revs)
+	}
+}
+
+// putLeases writes n leases of hosts 0..n-1, 100 to a transaction.
+func putLeases(t testing.TB, cli *clientv3.Client, n int) {
+	t.Helper()
+	reg := NewRegistry(cli, DefaultPrefix)
+	for i := 0; i < n; i += 100 {
+		var ops []clientv3.Op
+		for j := i; j < min(n, i+100); j++ {
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
+			h := host(j)
+			val, _ := subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).Marshal()
+			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
+		}
+		if _, err := cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkList is what every host pays, client and server together (the
+// member runs in this process), to read 2,000 leases: at start-up, after a
+// compaction passed its watch, and at each periodic re-list.
+func BenchmarkList(b *testing.B) {
+	srv := etcdtest.Start(b)
+	cli := srv.Client(b)
+	putLeases(b, cli, 2000)
+	reg := NewRegistry(cli, DefaultPrefix)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := reg.List(b.Context()); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
@@ -487,5 +488,105 @@ func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
 	t.Logf("%d stalls while cut off; the changes arrived %s after the partition healed, with %d re-lists", stalls.Load(), took.Round(time.Millisecond), resyncs)
 	if resyncs != 0 {
 		t.Fatalf("%d re-list(s) after a partition etcd's history outlasted; want the watch resumed from its revision", resyncs)
+	}
+}
+
+// An etcd that answers slowly (overloaded) is not a stalled watch: after a
+// stall or two the checks wait as long as etcd has been taking, and stop
+// re-opening — and then re-listing — a watch that works. Under load at
+// 2,000 hosts, every false stall added a re-open or a re-list to the load.
+func TestSlowAnswersAreNotTakenForAStalledWatch(t *testing.T) {
+	// Only the checks' progress requests are answered: etcd's own
+	// notifications (every second on the test servers) are off.
+	srv := etcdtest.Start(t, func(c *embed.Config) { c.WatchProgressNotifyInterval = time.Hour })
+	dreg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := dreg.PutConfig(tctx(t), []byte(faultNetwork)); err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := lab.NewProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	var counter etcdtest.StreamCounter
+	cli, err := etcdclient.New(etcdclient.Config{Endpoints: []string{proxy.Endpoint()},
+		DialOptions: []grpc.DialOption{grpc.WithStreamInterceptor(counter.Interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	reg := etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix)
+	snap := seedPeers(t, dreg, reg)
+
+	var mu sync.Mutex
+	stalls, askedAtStall := 0, 0 // progress requests sent before the last stall
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	// No manager beside the watch: without keepalive replies to say the
+	// store stood still, every quiet 200 ms ends in a progress request.
+	c := collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: 200 * time.Millisecond, StallTimeout: 300 * time.Millisecond,
+		RetryInterval: 100 * time.Millisecond, OnRestart: func(r string) {
+			if strings.Contains(r, "stalled") {
+				_, asked := counter.QuietFor(0)
+				mu.Lock()
+				stalls, askedAtStall = stalls+1, asked
+				mu.Unlock()
+			}
+		}}))
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(4)}, peerAttrs(4), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "a live add", func() bool { return c.has(peerSubnet(4), "") })
+
+	// Every answer now takes a second: more than three StallTimeouts.
+	proxy.SetAnswerDelay(time.Second)
+	took := testenv.WaitFor(t, 60*time.Second+testenv.Slack, "five progress requests in a row answered without a stall", func() bool {
+		_, asked := counter.QuietFor(0)
+		mu.Lock()
+		defer mu.Unlock()
+		return stalls > 0 && asked-askedAtStall >= 5
+	})
+	mu.Lock()
+	t.Logf("settled after %s and %d stalls", took.Round(time.Millisecond), stalls)
+	mu.Unlock()
+	// And the slow watch still delivers.
+	if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(5)}, peerAttrs(5), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "an add through the slow watch", func() bool { return c.has(peerSubnet(5), "") })
+}
+
+// etcd drops a progress request while a watch on the stream starts beyond
+// its current revision. A watch resumed just past what it confirmed, on a
+// store that has not moved since, could never answer one: each check that
+// had to ask ended in a stall. Resumed at the confirmed revision, it
+// answers every time.
+func TestQuietStoreAnswersEveryProgressRequest(t *testing.T) {
+	srv := etcdtest.Start(t, func(c *embed.Config) { c.WatchProgressNotifyInterval = time.Hour })
+	dreg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := dreg.PutConfig(tctx(t), []byte(faultNetwork)); err != nil {
+		t.Fatal(err)
+	}
+	var counter etcdtest.StreamCounter
+	cli, err := etcdclient.New(etcdclient.Config{Endpoints: []string{srv.Endpoint},
+		DialOptions: []grpc.DialOption{grpc.WithStreamInterceptor(counter.Interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	reg := etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix)
+	snap := seedPeers(t, dreg, reg) // the last write: nothing changes from here on
+	var stalls atomic.Int32
+	wctx, cancel := context.WithCancel(tctx(t))
+	defer cancel()
+	// No manager: every quiet 100 ms ends in a progress request.
+	collect(reg.Watch(wctx, snap, etcdv3.WatchOptions{ProgressInterval: 100 * time.Millisecond, StallTimeout: time.Second,
+		RetryInterval: 100 * time.Millisecond, OnRestart: func(r string) { stalls.Add(1); t.Logf("restart: %s", r) }}))
+	testenv.WaitFor(t, 30*time.Second+testenv.Slack, "ten progress requests", func() bool {
+		_, asked := counter.QuietFor(0)
+		return asked >= 10 || stalls.Load() > 0
+	})
+	if n := stalls.Load(); n > 0 {
+		t.Fatalf("%d stall(s) of a healthy watch on a quiet store: its progress requests went unanswered", n)
 	}
 }

@@ -95,7 +95,8 @@ func (m *Manager) holdLease(ctx context.Context) error {
 	}
 	key := m.reg.LeaseKey(l.Subnets())
 	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
-	wch, err := openWatch(wctx, m.reg.cli, m.opts.ProgressInterval+m.opts.StallTimeout, key, clientv3.WithRev(m.seenRev()+1), clientv3.WithProgressNotify())
+	from := m.seenRev()
+	wch, err := openWatch(wctx, m.reg.cli, m.reg.head, m.opts.ProgressInterval, m.opts.StallTimeout, key, clientv3.WithRev(answerableFrom(from)), clientv3.WithProgressNotify())
 	if err != nil {
 		return fmt.Errorf("watch of %s: %w", key, err)
 	}
@@ -120,7 +121,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			if !ok || resp.Err() != nil {
 				return fmt.Errorf("watch of %s broke: %v", key, resp.Err())
 			}
-			for _, ev := range resp.Events {
+			for _, ev := range after(resp.Events, from) {
 				if ev.Type == clientv3.EventTypeDelete {
 					return keyGone("lease key %s was deleted", key)
 				}

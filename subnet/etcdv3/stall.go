@@ -32,19 +32,40 @@ func ownStream(ctx context.Context, what string) context.Context {
 // The etcd client returns a watch's channel only once the server has
 // confirmed the watch, so a stream stuck in between would block the caller
 // for good, before any stall check could start. openWatch gives the
-// confirmation the same bound a stall check gives an open watch; on a stall
-// the caller must cancel ctx, which also ends the abandoned call.
-func openWatch(ctx context.Context, cli *clientv3.Client, bound time.Duration, key string, opts ...clientv3.OpOption) (clientv3.WatchChan, error) {
+// confirmation the bound a stall check gives an open watch (interval and
+// the stall timeout head adapts from timeout); on a stall the caller must
+// cancel ctx, which also ends the abandoned call.
+func openWatch(ctx context.Context, cli *clientv3.Client, head *storeHead, interval, timeout time.Duration, key string, opts ...clientv3.OpOption) (clientv3.WatchChan, error) {
 	opened := make(chan clientv3.WatchChan, 1)
 	go func() { opened <- cli.Watch(ctx, key, opts...) }()
+	bound := interval + head.stallTimeout(timeout)
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case wch := <-opened:
 		return wch, nil
 	case <-t.C:
+		if !head.outOfReach() {
+			head.stalled()
+		}
 		return nil, fmt.Errorf(stalledPrefix+": etcd did not confirm the watch within %s", bound)
 	}
+}
+
+// answerableFrom is where a watch that has everything up to rev resumes:
+// at rev itself, not rev+1. etcd drops a progress request while a watch on
+// the stream starts beyond its current revision, so a watch resumed at
+// rev+1 on a store that stayed at rev could never answer one, and every
+// check that had to ask (no current keepalive reply) ended in a false
+// stall. The events at rev come again: after drops them.
+func answerableFrom(rev int64) int64 { return max(rev, 1) }
+
+// after returns the events past rev (events come in revision order).
+func after(events []*clientv3.Event, rev int64) []*clientv3.Event {
+	for len(events) > 0 && events[0].Kv.ModRevision <= rev {
+		events = events[1:]
+	}
+	return events
 }
 
 // stallCheck notices a watch that stopped delivering anything without
@@ -80,8 +101,12 @@ func newStallCheck(cli *clientv3.Client, wctx context.Context, wch clientv3.Watc
 
 func (s *stallCheck) C() <-chan time.Time { return s.timer.C }
 
-// heard records that the watch delivered something.
+// heard records that the watch delivered something: after a progress
+// request, that is its answer, and how long it took tells how slow etcd is.
 func (s *stallCheck) heard() {
+	if !s.asked.IsZero() {
+		s.head.answered(time.Since(s.asked))
+	}
 	s.asked = time.Time{}
 	s.timer.Reset(s.interval)
 }
@@ -93,26 +118,36 @@ func (s *stallCheck) check() string {
 		// The answer may be waiting beside the timer: select picks either
 		// when both are ready, and a late scheduler makes that common.
 		if len(s.wch) > 0 {
-			s.timer.Reset(s.timeout)
+			s.timer.Reset(s.head.stallTimeout(s.timeout))
 			return ""
 		}
-		return fmt.Sprintf(stalledPrefix+": no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond))
+		return s.stalled(fmt.Sprintf("no event and no answer to a progress request for %s", time.Since(s.asked).Round(time.Millisecond)))
 	}
 	if s.head.notPast(s.confirmed()) {
 		s.timer.Reset(s.interval)
 		return ""
 	}
 	s.asked = time.Now()
+	wait := s.head.stallTimeout(s.timeout)
 	// The request only queues on the stream; bound it all the same, with a
 	// context carrying the watch's metadata so it reaches the same stream.
-	rctx, cancel := context.WithTimeout(s.wctx, s.timeout)
+	rctx, cancel := context.WithTimeout(s.wctx, wait)
 	err := s.cli.RequestProgress(rctx)
 	cancel()
 	if err != nil && s.wctx.Err() == nil {
-		return stalledPrefix + ": progress request failed: " + err.Error()
+		return s.stalled("progress request failed: " + err.Error())
 	}
-	s.timer.Reset(s.timeout)
+	s.timer.Reset(wait)
 	return ""
+}
+
+// stalled reports a stall; if etcd answers this host's keepalives all the
+// same, it may only be slow, and the next checks wait longer.
+func (s *stallCheck) stalled(why string) string {
+	if !s.head.outOfReach() {
+		s.head.stalled()
+	}
+	return stalledPrefix + ": " + why
 }
 
 func (s *stallCheck) stop() { s.timer.Stop() }
@@ -121,10 +156,63 @@ func (s *stallCheck) stop() { s.timer.Stop() }
 // replies have reported, and until when that is current. The replies come
 // every third of the liveness TTL at no extra cost; the stall checks of
 // quiet watches read them.
+//
+// It also keeps how long etcd takes to answer this host's progress
+// requests, so that a slow etcd is not taken for a stalled watch: the way
+// TCP's retransmission timer follows the round-trip time, a check waits
+// four smoothed answer times (at least the configured StallTimeout), twice
+// that after each stall while the keepalives were answered, and never more
+// than maxStallFactor times StallTimeout. Under overload every false stall
+// re-opened a healthy watch, and two in a row re-listed every lease:
+// more load on the etcd that was already slow.
 type storeHead struct {
 	mu    sync.Mutex
 	rev   int64
 	until time.Time
+
+	answer    time.Duration // smoothed answer time of progress requests
+	doublings int           // stalls since the last answer, while etcd answered keepalives
+}
+
+// maxStallFactor bounds the adapted stall timeout: a watch that really
+// stalls is still given up within 8 StallTimeouts (40 s by default) however
+// slow etcd has been.
+const maxStallFactor = 8
+
+// stallTimeout is how long to wait for an answer to a progress request,
+// base being the configured StallTimeout.
+func (h *storeHead) stallTimeout(base time.Duration) time.Duration {
+	if h == nil {
+		return base
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return min(max(base, 4*h.answer)<<h.doublings, maxStallFactor*base)
+}
+
+// answered records that a progress request was answered after d.
+func (h *storeHead) answered(d time.Duration) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.answer == 0 {
+		h.answer = d
+	} else {
+		h.answer += (d - h.answer) / 8
+	}
+	h.doublings = 0
+}
+
+// stalled records a stall while etcd still answered keepalives.
+func (h *storeHead) stalled() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.doublings = min(h.doublings+1, 3) // 2³ = maxStallFactor
 }
 
 // observe records a keepalive reply of a lease with ttl left: the next one

@@ -76,3 +76,48 @@ func TestQuietWatchesAskNoProgressWhileTheStoreStandsStill(t *testing.T) {
 	})
 	settled("quiet again after the write")
 }
+
+// The stall timeout follows how long etcd takes to answer: never below the
+// configured one, four smoothed answer times when etcd is slow, doubled
+// after each stall while etcd answered keepalives, and never beyond
+// maxStallFactor times the configured one, so that a watch that really
+// stalled is still given up.
+func TestStallTimeoutFollowsHowSlowlyEtcdAnswers(t *testing.T) {
+	const base = 5 * time.Second
+	var h storeHead
+	want := func(what string, d time.Duration) {
+		t.Helper()
+		if got := h.stallTimeout(base); got != d {
+			t.Fatalf("%s: stall timeout %s, want %s", what, got, d)
+		}
+	}
+	want("no answer yet", base)
+	h.answered(10 * time.Millisecond)
+	want("prompt answers", base)
+	h.stalled()
+	want("one stall", 2*base)
+	h.stalled()
+	h.stalled()
+	want("three stalls", 8*base)
+	h.stalled()
+	want("four stalls", 8*base)
+	h.answered(10 * time.Millisecond)
+	want("answered again", base)
+	for range 50 {
+		h.answered(3 * time.Second)
+	}
+	if got := h.stallTimeout(base); got < 11*time.Second || got > 12*time.Second {
+		t.Fatalf("answers in 3 s: stall timeout %s, want about four of them", got)
+	}
+	for range 50 {
+		h.answered(time.Minute)
+	}
+	want("answers in a minute", 8*base)
+
+	var none *storeHead // a registry without keepalives to go by
+	none.answered(time.Minute)
+	none.stalled()
+	if got := none.stallTimeout(base); got != base {
+		t.Fatalf("nil head: stall timeout %s, want %s", got, base)
+	}
+}

@@ -62,7 +62,8 @@ type WatchOptions struct {
 	// new stream (and after repeated stalls the lease set re-listed). A
 	// stalled watch that misses a change is thus noticed within a
 	// keepalive period plus ProgressInterval+StallTimeout (15 s by
-	// default). Default 5 s.
+	// default). When etcd answers slowly the wait grows with its answer
+	// time, up to 8 StallTimeouts (see storeHead). Default 5 s.
 	StallTimeout time.Duration
 	// RequestTimeout bounds each re-list, so one sent over a dead
 	// connection fails and is retried rather than hanging; a re-list
@@ -230,8 +231,9 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
-	wch, err := openWatch(wctx, w.reg.cli, w.opts.ProgressInterval+w.opts.StallTimeout, w.reg.SubnetsPrefix(),
-		clientv3.WithPrefix(), clientv3.WithRev(w.rev+1), clientv3.WithProgressNotify())
+	from := w.rev
+	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
+		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(from)), clientv3.WithProgressNotify())
 	if err != nil {
 		return err.Error(), false
 	}
@@ -271,7 +273,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				w.rev = resp.Header.Revision
 				continue
 			}
-			for _, b := range w.apply(resp.Events, resp.Header.Revision) {
+			for _, b := range w.apply(after(resp.Events, from), resp.Header.Revision) {
 				if !send(ctx, out, b) {
 					return "stopped", false
 				}

@@ -177,6 +177,9 @@ func (c *coordinator) record(r result) error {
 		return nil
 	}
 	host, _ := os.Hostname()
+	if err := os.MkdirAll(c.cfg.Out, 0o755); err != nil {
+		return err
+	}
 	path := filepath.Join(c.cfg.Out, time.Now().UTC().Format("2006-01-02")+"-"+host+"-scale.jsonl")
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 )
 
 // ProxyMode is what a Proxy does with the bytes of its connections.
@@ -59,6 +61,7 @@ type Proxy struct {
 	mode   ProxyMode
 	conns  map[*proxyConn]bool
 	closed bool
+	delay  time.Duration // of what the server sends
 }
 
 // proxyConn is one client connection and its upstream.
@@ -125,6 +128,22 @@ func (p *Proxy) Set(m ProxyMode) {
 			c.freeze()
 		}
 	}
+}
+
+// SetAnswerDelay delays everything the server sends its clients by d, on
+// open and new connections: a server that is slow to answer (overloaded)
+// but not gone. 0 forwards at once again.
+func (p *Proxy) SetAnswerDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// AnswerDelay is the delay set by SetAnswerDelay.
+func (p *Proxy) AnswerDelay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay
 }
 
 // Conns is the number of client connections open through the proxy.
@@ -204,32 +223,63 @@ func (p *Proxy) serve(c *proxyConn) {
 	c.server = server
 	p.mu.Unlock()
 	var wg sync.WaitGroup
-	wg.Go(func() { pump(c, server, c.client) })
-	wg.Go(func() { pump(c, c.client, server) })
+	wg.Go(func() { pump(c, server, c.client, func() time.Duration { return 0 }) })
+	wg.Go(func() { pump(c, c.client, server, p.AnswerDelay) })
 	wg.Wait()
 }
 
-// pump copies from src to dst until either side fails or the connection is
-// frozen. A frozen connection forwards nothing more and stays open until
-// the proxy closes it (Down, Close): its peers see silence, not an error.
-func pump(c *proxyConn, dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
+// pump copies from src to dst, each chunk delay() after it was read, until
+// either side fails or the connection is frozen. A frozen connection
+// forwards nothing more and stays open until the proxy closes it (Down,
+// Close): its peers see silence, not an error.
+func pump(c *proxyConn, dst, src net.Conn, delay func() time.Duration) {
+	type chunk struct {
+		b   []byte
+		at  time.Time
+		err error
+	}
+	// The reader stamps each chunk as it arrives, so that a delay is a
+	// latency, not a limit on throughput; it ends when src is closed.
+	q := make(chan chunk, 64)
+	go func() {
+		defer close(q)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case q <- chunk{bytes.Clone(buf[:n]), time.Now(), err}:
+			case <-c.done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for ch := range q {
+		if wait := time.Until(ch.at.Add(delay())); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-c.done:
+				t.Stop()
+				return
+			}
+		}
 		select {
 		case <-c.frozen:
 			<-c.done
 			return
 		default:
 		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+		if len(ch.b) > 0 {
+			if _, werr := dst.Write(ch.b); werr != nil {
 				c.close()
 				return
 			}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
+		if ch.err != nil {
+			if errors.Is(ch.err, io.EOF) {
 				if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 					_ = cw.CloseWrite() // pass the half-close on
 					return

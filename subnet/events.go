@@ -83,23 +83,39 @@ func writeField(h *maphash.Hash, b []byte) {
 	h.Write(b)
 }
 
-// Diff returns the events that turn the lease set known (each lease's
-// Fingerprint by the subnets its key names) into cur, sorted by key, and
-// cur's fingerprints. It is how a watcher that lost events (compaction,
-// reconnect) tells its consumer exactly what changed, attribute changes
-// included.
-func Diff(known map[ID]uint64, cur []Lease) ([]Event, map[ID]uint64) {
+// Known is what a watcher keeps of each lease: its Fingerprint, to tell a
+// change, and the revision that wrote it, to tell without decoding the
+// value that a listed key is the one it has (a key's ModRevision names one
+// write of it).
+type Known struct {
+	Fingerprint uint64
+	ModRevision int64
+}
+
+// KnownOf returns what a watcher keeps of l.
+func KnownOf(l Lease) Known { return Known{Fingerprint(l), l.ModRevision} }
+
+// Diff returns the events that turn the lease set known (by the subnets each
+// key names) into the listed one, sorted by key, and the listed set's Known.
+// The listing is cur, the leases it decoded, and unchanged, the leases it
+// found at the revision known has for them and did not decode. It is how a
+// watcher that lost events (compaction, reconnect) tells its consumer
+// exactly what changed, attribute changes included.
+func Diff(known map[ID]Known, cur []Lease, unchanged []ID) ([]Event, map[ID]Known) {
 	var events []Event
-	next := make(map[ID]uint64, len(cur))
+	next := make(map[ID]Known, len(cur)+len(unchanged))
+	for _, id := range unchanged {
+		next[id] = known[id]
+	}
 	for _, l := range cur {
-		fp := Fingerprint(l)
+		k := KnownOf(l)
 		id := l.ID()
-		next[id] = fp
+		next[id] = k
 		prev, ok := known[id]
 		switch {
 		case !ok:
 			events = append(events, Event{Type: Added, Lease: l})
-		case prev != fp:
+		case prev.Fingerprint != k.Fingerprint:
 			events = append(events, Event{Type: Changed, Lease: l})
 		}
 	}

@@ -181,13 +181,16 @@ func TestDiff(t *testing.T) {
 	e1 := l("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05")
 	same := e1
 	same.ModRevision = 99 // rewritten with the same value: no event
-	known := map[ID]uint64{}
-	for _, l := range []Lease{a1, b1, c1, e1} {
-		known[l.ID()] = Fingerprint(l)
+	f1 := l("10.244.6.0/24", "198.18.0.6", "0e:00:00:00:00:06")
+	f1.ModRevision = 7
+	known := map[ID]Known{}
+	for _, l := range []Lease{a1, b1, c1, e1, f1} {
+		known[l.ID()] = KnownOf(l)
 	}
 	reserved := d1
 	reserved.Reserved = true // the same value, but the key lost its etcd lease: a change
-	got, next := Diff(known, []Lease{b2, c2, reserved, same})
+	// f1 listed at the revision known has for it: not decoded, unchanged.
+	got, next := Diff(known, []Lease{b2, c2, reserved, same}, []ID{f1.ID()})
 	want := []Event{
 		{Type: Removed, Lease: Lease{Subnet: a1.Subnet}},
 		{Type: Changed, Lease: b2},
@@ -197,11 +200,11 @@ func TestDiff(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Diff mismatch (-want +got):\n%s", diff)
 	}
-	if len(next) != 4 || next[same.ID()] != Fingerprint(e1) {
-		t.Errorf("Diff's fingerprints: %v", next)
+	if len(next) != 5 || next[same.ID()] != (Known{Fingerprint(e1), 99}) || next[f1.ID()] != (Known{Fingerprint(f1), 7}) {
+		t.Errorf("Diff's known set: %v", next)
 	}
-	if again, _ := Diff(next, []Lease{b2, c2, d1, same}); len(again) != 1 || again[0].Type != Changed {
-		t.Errorf("a reservation that became a lease: %v", again)
+	if again, _ := Diff(next, []Lease{b2, c2, d1, same}, nil); len(again) != 2 || again[0].Type != Changed || again[1].Type != Removed {
+		t.Errorf("a reservation that became a lease, f1 not listed: %v", again)
 	}
 }
 
@@ -215,11 +218,11 @@ func TestDiffKnowsLeasesByTheirKeys(t *testing.T) {
 	moved := v4
 	moved.IPv6Subnet = mustPrefix("fd00:10:244:2::/64")
 
-	got, known := Diff(nil, []Lease{v4, dual})
+	got, known := Diff(nil, []Lease{v4, dual}, nil)
 	if len(got) != 2 || got[0].Lease.Subnets() != v4.Subnets() || got[1].Lease.Subnets() != dual.Subnets() || len(known) != 2 {
 		t.Fatalf("two keys on one IPv4 subnet: events %v, known %v", got, known)
 	}
-	got, _ = Diff(known, []Lease{v4, moved})
+	got, _ = Diff(known, []Lease{v4, moved}, nil)
 	want := []Event{
 		{Type: Removed, Lease: Lease{Subnet: dual.Subnet, IPv6Subnet: dual.IPv6Subnet}},
 		{Type: Added, Lease: moved},

@@ -127,8 +127,15 @@ const listPage = 1000
 // values that do not decode are returned in Invalid rather than failing the
 // whole list: one bad writer must not stop every host.
 func (r *Registry) List(ctx context.Context) (Snapshot, error) {
+	snap, _, err := r.list(ctx, nil)
+	return snap, err
+}
+
+// list is List, but the leases for which have(ID, ModRevision) is true —
+// those the caller has at that revision already — are not decoded (most of
+// a listing's CPU): they are returned by ID in unchanged instead.
+func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (snap Snapshot, unchanged []subnet.ID, err error) {
 	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
-	var snap Snapshot
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
 		if snap.Revision != 0 {
@@ -137,12 +144,21 @@ func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 		}
 		resp, err := r.cli.Get(ctx, key, opts...)
 		if err != nil {
-			return Snapshot{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+			return Snapshot{}, nil, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
 		}
 		if snap.Revision == 0 {
-			snap = Snapshot{Revision: resp.Header.Revision, Leases: make([]subnet.Lease, 0, resp.Count)}
+			snap = Snapshot{Revision: resp.Header.Revision}
+			if have == nil {
+				snap.Leases = make([]subnet.Lease, 0, resp.Count)
+			}
 		}
 		for _, kv := range resp.Kvs {
+			if have != nil {
+				if s, err := r.ParseKey(string(kv.Key)); err == nil && have(s.ID(), kv.ModRevision) {
+					unchanged = append(unchanged, s.ID())
+					continue
+				}
+			}
 			l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 			if err != nil {
 				snap.Invalid = append(snap.Invalid, Invalid{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: err})
@@ -151,7 +167,7 @@ func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 			snap.Leases = append(snap.Leases, l)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			return snap, nil
+			return snap, unchanged, nil
 		}
 		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}

@@ -116,9 +116,9 @@ func (o *WatchOptions) defaults() {
 // so the consumer never misses one.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.ID]uint64, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
 	for _, l := range snap.Leases {
-		w.known[l.ID()] = subnet.Fingerprint(l)
+		w.known[l.ID()] = subnet.KnownOf(l)
 	}
 	w.setInvalid(snap.Invalid)
 	out := make(chan Batch)
@@ -134,10 +134,11 @@ type watcher struct {
 	opts WatchOptions
 	log  *slog.Logger
 	rev  int64
-	// known holds each lease's subnet.Fingerprint, not the lease: what
-	// the consumer needs of a value it gets in the event, and at thousands
-	// of leases the values would be most of the host's memory.
-	known map[subnet.ID]uint64
+	// known holds each lease's fingerprint and revision (subnet.Known),
+	// not the lease: what the consumer needs of a value it gets in the
+	// event, and at thousands of leases the values would be most of the
+	// host's memory.
+	known map[subnet.ID]subnet.Known
 	// invalid holds the keys whose current value is invalid (nil while
 	// there are none, as in a healthy cluster), so that their deletion can
 	// be reported.
@@ -337,12 +338,12 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			continue
 		}
 		delete(w.invalid, key)
-		fp := subnet.Fingerprint(l)
-		w.known[id] = fp
+		k := subnet.KnownOf(l)
+		w.known[id] = k
 		switch {
 		case !had:
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Added, Lease: l})
-		case fp != prev:
+		case k.Fingerprint != prev.Fingerprint:
 			b.Events = append(b.Events, subnet.Event{Type: subnet.Changed, Lease: l})
 		}
 	}
@@ -353,15 +354,20 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 	return out
 }
 
-// relist reads the whole lease set and sends what differs from the known set.
+// relist reads the whole lease set and sends what differs from the known
+// set. Values it has at the listed revision already are not decoded again:
+// after a compaction most leases are the ones it knew.
 func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Duration, periodic bool) error {
 	lctx, cancel := context.WithTimeout(ctx, timeout)
-	snap, err := w.reg.List(lctx)
+	snap, unchanged, err := w.reg.list(lctx, func(id subnet.ID, rev int64) bool {
+		k, ok := w.known[id]
+		return ok && k.ModRevision == rev
+	})
 	cancel()
 	if err != nil {
 		return err
 	}
-	events, known := subnet.Diff(w.known, snap.Leases)
+	events, known := subnet.Diff(w.known, snap.Leases, unchanged)
 	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)

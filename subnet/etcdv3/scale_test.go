@@ -145,10 +145,7 @@ func putLeases(t testing.TB, cli *clientv3.Client, n int) {
 // member runs in this process), to read 2,000 leases: at start-up, after a
 // compaction passed its watch, and at each periodic re-list.
 func BenchmarkList(b *testing.B) {
-	srv := etcdtest.Start(b)
-	cli := srv.Client(b)
-	putLeases(b, cli, 2000)
-	reg := NewRegistry(cli, DefaultPrefix)
+	reg, _ := benchLeases(b, 2000)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := reg.List(b.Context()); err != nil {
@@ -160,14 +157,7 @@ func BenchmarkList(b *testing.B) {
 // BenchmarkRelist is BenchmarkList for a watcher that knows every lease
 // already: a re-list after a compaction, or the periodic one.
 func BenchmarkRelist(b *testing.B) {
-	srv := etcdtest.Start(b)
-	cli := srv.Client(b)
-	putLeases(b, cli, 2000)
-	reg := NewRegistry(cli, DefaultPrefix)
-	snap, err := reg.List(b.Context())
-	if err != nil {
-		b.Fatal(err)
-	}
+	reg, snap := benchLeases(b, 2000)
 	known := map[subnet.ID]subnet.Known{}
 	for _, l := range snap.Leases {
 		known[l.ID()] = subnet.KnownOf(l)
@@ -178,4 +168,17 @@ func BenchmarkRelist(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchLeases starts an etcd holding n leases and lists them once.
+func benchLeases(b *testing.B, n int) (*Registry, Snapshot) {
+	srv := etcdtest.Start(b)
+	cli := srv.Client(b)
+	putLeases(b, cli, n)
+	reg := NewRegistry(cli, DefaultPrefix)
+	snap, err := reg.List(b.Context())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return reg, snap
 }

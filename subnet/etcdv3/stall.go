@@ -37,12 +37,14 @@ func ownStream(ctx context.Context, what string) context.Context {
 // cancel ctx, which also ends the abandoned call.
 func openWatch(ctx context.Context, cli *clientv3.Client, head *storeHead, interval, timeout time.Duration, key string, opts ...clientv3.OpOption) (clientv3.WatchChan, error) {
 	opened := make(chan clientv3.WatchChan, 1)
+	start := time.Now()
 	go func() { opened <- cli.Watch(ctx, key, opts...) }()
 	bound := interval + head.stallTimeout(timeout)
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case wch := <-opened:
+		head.answered(start, timeout)
 		return wch, nil
 	case <-t.C:
 		if !head.outOfReach() {
@@ -105,7 +107,7 @@ func (s *stallCheck) C() <-chan time.Time { return s.timer.C }
 // request, that is its answer, and how long it took tells how slow etcd is.
 func (s *stallCheck) heard() {
 	if !s.asked.IsZero() {
-		s.head.answered(time.Since(s.asked))
+		s.head.answered(s.asked, s.timeout)
 	}
 	s.asked = time.Time{}
 	s.timer.Reset(s.interval)
@@ -170,7 +172,8 @@ type storeHead struct {
 	rev   int64
 	until time.Time
 
-	answer    time.Duration // smoothed answer time of progress requests
+	regained  time.Time     // when keepalive replies came again after a gap
+	answer    time.Duration // smoothed answer time of progress requests and watch creations
 	doublings int           // stalls since the last answer, while etcd answered keepalives
 }
 
@@ -190,19 +193,33 @@ func (h *storeHead) stallTimeout(base time.Duration) time.Duration {
 	return min(max(base, 4*h.answer)<<h.doublings, maxStallFactor*base)
 }
 
-// answered records that a progress request was answered after d.
-func (h *storeHead) answered(d time.Duration) {
+// answered records that etcd answered a progress request, or confirmed a
+// new watch, asked at since (base: the configured StallTimeout). Answers
+// feed the smoothed answer time, by an eighth each; one that waited
+// through a time etcd was out of reach measures the outage, not etcd, and
+// is left out (as TCP leaves out retransmitted segments). An answer within
+// the wait without doubling ends the doubling: taken on every watch opened
+// too, so that the doubling does not outlive the slowness that caused it
+// (the gate makes progress requests rare) and delay noticing a new stall.
+func (h *storeHead) answered(since time.Time, base time.Duration) {
 	if h == nil {
 		return
 	}
+	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if since.Before(h.regained) || !h.until.IsZero() && now.After(h.until) {
+		return
+	}
+	d := now.Sub(since)
 	if h.answer == 0 {
 		h.answer = d
 	} else {
 		h.answer += (d - h.answer) / 8
 	}
-	h.doublings = 0
+	if d <= max(base, 4*h.answer) {
+		h.doublings = 0
+	}
 }
 
 // stalled records a stall while etcd still answered keepalives.
@@ -221,10 +238,14 @@ func (h *storeHead) observe(hdr *etcdserverpb.ResponseHeader, ttl time.Duration)
 	if h == nil || hdr == nil {
 		return
 	}
+	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.until.IsZero() && now.After(h.until) {
+		h.regained = now
+	}
 	h.rev = max(h.rev, hdr.Revision)
-	h.until = time.Now().Add(2 * ttl / 3)
+	h.until = now.Add(2 * ttl / 3)
 }
 
 // outOfReach reports whether keepalive replies came before but have

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -81,7 +82,9 @@ func TestQuietWatchesAskNoProgressWhileTheStoreStandsStill(t *testing.T) {
 // configured one, four smoothed answer times when etcd is slow, doubled
 // after each stall while etcd answered keepalives, and never beyond
 // maxStallFactor times the configured one, so that a watch that really
-// stalled is still given up.
+// stalled is still given up; the next answer (a watch opened again counts)
+// ends the doubling, so that an outage long past does not slow the
+// noticing of a new stall.
 func TestStallTimeoutFollowsHowSlowlyEtcdAnswers(t *testing.T) {
 	const base = 5 * time.Second
 	var h storeHead
@@ -92,7 +95,7 @@ func TestStallTimeoutFollowsHowSlowlyEtcdAnswers(t *testing.T) {
 		}
 	}
 	want("no answer yet", base)
-	h.answered(10 * time.Millisecond)
+	h.answered(time.Now().Add(-10*time.Millisecond), base)
 	want("prompt answers", base)
 	h.stalled()
 	want("one stall", 2*base)
@@ -101,21 +104,37 @@ func TestStallTimeoutFollowsHowSlowlyEtcdAnswers(t *testing.T) {
 	want("three stalls", 8*base)
 	h.stalled()
 	want("four stalls", 8*base)
-	h.answered(10 * time.Millisecond)
-	want("answered again", base)
+	h.answered(time.Now().Add(-7*time.Second), base)
+	want("an answer slower than the undoubled wait", 8*base)
+	h.answered(time.Now().Add(-10*time.Millisecond), base)
+	want("a prompt answer", base)
 	for range 50 {
-		h.answered(3 * time.Second)
+		h.answered(time.Now().Add(-3*time.Second), base)
 	}
 	if got := h.stallTimeout(base); got < 11*time.Second || got > 12*time.Second {
 		t.Fatalf("answers in 3 s: stall timeout %s, want about four of them", got)
 	}
 	for range 50 {
-		h.answered(time.Minute)
+		h.answered(time.Now().Add(-time.Minute), base)
 	}
 	want("answers in a minute", 8*base)
 
+	// An answer that waited through a time etcd was out of reach measures
+	// the outage: it is left out.
+	asked := time.Now().Add(-time.Second)
+	cut := storeHead{until: time.Now().Add(-time.Millisecond)} // the last reply's currency has run out
+	cut.observe(&etcdserverpb.ResponseHeader{Revision: 1}, time.Minute)
+	cut.answered(asked, base)
+	if cut.answer != 0 {
+		t.Fatalf("an answer that straddled an outage was taken: smoothed answer time %s", cut.answer)
+	}
+	cut.answered(time.Now(), base)
+	if cut.answer <= 0 || cut.answer > time.Second {
+		t.Fatalf("an answer asked after the outage: smoothed answer time %s, want it taken", cut.answer)
+	}
+
 	var none *storeHead // a registry without keepalives to go by
-	none.answered(time.Minute)
+	none.answered(time.Now().Add(-time.Minute), base)
 	none.stalled()
 	if got := none.stallTimeout(base); got != base {
 		t.Fatalf("nil head: stall timeout %s, want %s", got, base)

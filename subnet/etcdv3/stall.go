@@ -160,7 +160,8 @@ func (s *stallCheck) stop() { s.timer.Stop() }
 // quiet watches read them.
 //
 // It also keeps how long etcd takes to answer this host's progress
-// requests, so that a slow etcd is not taken for a stalled watch: the way
+// requests and to confirm its watches, so that a slow etcd is not taken
+// for a stalled watch: the way
 // TCP's retransmission timer follows the round-trip time, a check waits
 // four smoothed answer times (at least the configured StallTimeout), twice
 // that after each stall while the keepalives were answered, and never more

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -256,8 +257,21 @@ func TestIPv6OnlyLeasesLiveUnderSubnets6(t *testing.T) {
 		t.Errorf("hosts share an IPv6 subnet: %v %v %v", got[0].Subnets(), got[1].Subnets(), got[2].Subnets())
 	}
 	resp, err := f.cli.Get(ctx(t), DefaultPrefix+"/subnets6/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil || len(resp.Kvs) != 3 || string(resp.Kvs[0].Key) != DefaultPrefix+"/subnets6/"+subnet.Key(min6(got)) {
-		t.Fatalf("keys under subnets6/: %v, %v", resp, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored, want []string
+	for _, kv := range resp.Kvs {
+		stored = append(stored, string(kv.Key))
+	}
+	for _, l := range got {
+		want = append(want, DefaultPrefix+"/subnets6/"+subnet.Key(l.IPv6Subnet))
+	}
+	// etcd returns keys in byte order, which is not the subnets' order.
+	slices.Sort(stored)
+	slices.Sort(want)
+	if !slices.Equal(stored, want) {
+		t.Fatalf("keys under subnets6/: %q, want %q", stored, want)
 	}
 	if snap, err := f.reg.List(ctx(t)); err != nil || len(snap.Leases)+len(snap.Invalid) != 0 {
 		t.Errorf("flannel's subnets/ holds %+v, %v; want nothing", snap, err)
@@ -265,15 +279,4 @@ func TestIPv6OnlyLeasesLiveUnderSubnets6(t *testing.T) {
 	if l, err := reg.Lookup(ctx(t), got[1].IPv6Subnet); err != nil || l.Subnets() != got[1].Subnets() {
 		t.Errorf("Lookup(%s) = %v, %v", got[1].IPv6Subnet, l.Subnets(), err)
 	}
-}
-
-// min6 is the lowest IPv6 subnet of leases.
-func min6(leases []subnet.Lease) netip.Prefix {
-	low := leases[0].IPv6Subnet
-	for _, l := range leases[1:] {
-		if l.IPv6Subnet.Addr().Less(low.Addr()) {
-			low = l.IPv6Subnet
-		}
-	}
-	return low
 }

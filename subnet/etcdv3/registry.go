@@ -115,6 +115,9 @@ type Snapshot struct {
 	Leases   []subnet.Lease
 	Invalid  []Invalid
 	Revision int64
+	// ClusterID is the etcd cluster's ID, which a lease journal checks
+	// before it is used (AcquireFrom).
+	ClusterID uint64
 }
 
 // listPage is how many leases one range request of List reads. etcd
@@ -147,7 +150,7 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 			return Snapshot{}, nil, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
 		}
 		if snap.Revision == 0 {
-			snap = Snapshot{Revision: resp.Header.Revision}
+			snap = Snapshot{Revision: resp.Header.Revision, ClusterID: resp.Header.ClusterId}
 			if have == nil {
 				snap.Leases = make([]subnet.Lease, 0, resp.Count)
 			}

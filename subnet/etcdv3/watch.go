@@ -22,6 +22,7 @@ import (
 // so that this order is always the order of the revisions, a key with an
 // Invalid or Deleted entry never shares a batch with a later change of the
 // same key (a watch response holding both is delivered as two batches).
+// With WatchOptions.Progress a batch may hold nothing but a newer Revision.
 type Batch struct {
 	Events  []subnet.Event
 	Invalid []Invalid
@@ -78,7 +79,11 @@ type WatchOptions struct {
 	// re-list waits a random part of it, so the hosts that all see the
 	// compaction at once do not all read every lease at once. Default 5 s.
 	RelistSpread time.Duration
-	Logger       *slog.Logger
+	// Progress: when etcd's revision moves on without a lease changing,
+	// deliver an empty batch with the new revision, so that whoever saves
+	// the lease set (Journal) saves a revision etcd still holds.
+	Progress bool
+	Logger   *slog.Logger
 	// OnRestart is called each time the watch has to be re-established.
 	OnRestart func(reason string)
 }
@@ -271,7 +276,10 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			}
 			switch {
 			case resp.IsProgressNotify():
-				w.rev = resp.Header.Revision
+				if w.opts.Progress && resp.Header.Revision > w.rev && !send(ctx, out, Batch{Revision: resp.Header.Revision}) {
+					return "stopped", false
+				}
+				w.rev = max(w.rev, resp.Header.Revision)
 				continue
 			}
 			for _, b := range w.apply(after(resp.Events, from), resp.Header.Revision) {

@@ -193,6 +193,7 @@ type daemon struct {
 	flannel4, flannel6 flannelDevice
 	peers              *peerSet
 	env                *envKeeper
+	journal            *etcdv3.Journal // nil if it cannot be kept
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

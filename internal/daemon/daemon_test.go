@@ -260,8 +260,10 @@ func TestHostsConvergeReachEachOtherAndFollowJoinsAndLeaves(t *testing.T) {
 	if rules := masqRules(t, h3); rules != nil {
 		t.Errorf("teardown left the masquerade table: %v", rules)
 	}
-	if _, err := os.Stat(h3.cfg.SubnetFile); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("teardown left %s", h3.cfg.SubnetFile)
+	for _, f := range []string{h3.cfg.SubnetFile, etcdv3.JournalFile(h3.cfg.SubnetFile)} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("teardown left %s", f)
+		}
 	}
 	hl, err := netlink.NewHandleAt(h3.host.NS)
 	if err != nil {

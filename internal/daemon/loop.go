@@ -21,8 +21,9 @@ func (d *daemon) loop(ctx context.Context) error {
 			fatal <- err
 		}
 	})
+	d.startJournal()
 	batches := d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
-		OnRestart: func(string) { d.m.watchRestarts.Inc() }})
+		OnRestart: func(string) { d.m.watchRestarts.Inc() }, Progress: d.journal != nil})
 	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	configs := d.reg.WatchConfig(ctx, retryInterval)
 	// Both watches end by closing their channel once ctx is cancelled; the
@@ -62,6 +63,10 @@ func (d *daemon) loop(ctx context.Context) error {
 // onBatch applies one batch of lease events to the peer set and hands the
 // result to the backend.
 func (d *daemon) onBatch(b etcdv3.Batch) {
+	d.journalBatch(b)
+	if len(b.Events) == 0 && len(b.Invalid) == 0 && len(b.Deleted) == 0 {
+		return // etcd's revision moved on; no lease changed
+	}
 	logEvents(d.log, b, d.lease.Subnets(), d.peers)
 	now := time.Now()
 	for _, ev := range b.Events {

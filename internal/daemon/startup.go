@@ -66,10 +66,11 @@ func (d *daemon) join(ctx context.Context) error {
 	if err := d.steps.retryUnbounded(ctx, "check that node ID "+strconv.Quote(d.nodeID)+" is not in use", d.mgr.CheckNodeID); err != nil {
 		return err
 	}
-	// Acquire lists every lease to pick a subnet; that listing also seeds
-	// the peers and the watch.
+	// The lease set saved by the last run, if etcd still holds it, or else
+	// a listing of every lease, seeds the peers and the watch.
+	saved := d.savedLeases()
 	if err := d.steps.retry(ctx, "acquire a lease", func(ctx context.Context) (err error) {
-		d.lease, d.snap, err = d.mgr.Acquire(ctx)
+		d.lease, d.snap, err = d.mgr.AcquireFrom(ctx, saved)
 		return err
 	}); err != nil {
 		return err

@@ -111,6 +111,10 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	case !errors.Is(err, fs.ErrNotExist):
 		return res, fmt.Errorf("remove %s: %w", cfg.SubnetFile, err)
 	}
+	// The lease journal beside it describes a lease about to be released.
+	if err := os.Remove(etcdv3.JournalFile(cfg.SubnetFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return res, fmt.Errorf("remove the lease journal: %w", err)
+	}
 	if etcdErr != nil {
 		return res, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr)
 	}

@@ -124,7 +124,7 @@ type wiring struct {
 	done   chan error
 }
 
-func startWiring(t *testing.T, srv *etcdtest.Server) *wiring {
+func startWiring(t *testing.T, srv *etcdtest.Server, opts ...func(*Config)) *wiring {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -142,6 +142,9 @@ func startWiring(t *testing.T, srv *etcdtest.Server) *wiring {
 	}
 	if testing.Verbose() {
 		w.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	for _, o := range opts {
+		o(&w.cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -263,6 +266,74 @@ func TestWiringStartUpHandOffAndShutdown(t *testing.T) {
 		t.Errorf("/readyz still answers 200 after Run returned")
 	}
 	testenv.Eventually(t, testenv.Slack, "every goroutine of the daemon to end", leftoverGoroutines)
+}
+
+// stop ends the run and waits for Run to return nil.
+func (w *wiring) stop(t *testing.T) {
+	t.Helper()
+	w.cancel()
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("Run returned %v after cancel, want nil", err)
+		}
+	case <-time.After(testenv.Deadline(testenv.Slack)):
+		t.Fatalf("Run did not return within %s of cancel", testenv.Deadline(testenv.Slack))
+	}
+}
+
+// A restart resumes the lease watch from the journal the last run kept —
+// what changed while it was down arrives as events, nothing is listed —
+// and a journal that cannot be read is set aside with a warning.
+func TestWiringRestartResumesFromTheLeaseJournal(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(ctx,
+		[]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09")
+	subnetFile := filepath.Join(t.TempDir(), "subnet.env")
+	run := func() (*wiring, *logBuffer) {
+		var logs logBuffer
+		w := startWiring(t, srv, func(c *Config) { c.SubnetFile, c.Logger = subnetFile, slog.New(slog.NewJSONHandler(&logs, nil)) })
+		testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+		return w, &logs
+	}
+	w, _ := run()
+	testenv.WaitFor(t, testenv.Slack, "the peer to be programmed", func() bool { return w.routed("10.244.9.0/24") })
+	w.stop(t)
+
+	// While it is down one peer joins and one leaves.
+	putLease(t, srv, "10.244.10.0-24", "198.18.0.10", "0e:00:00:00:00:0a")
+	if _, err := srv.Client(t).Delete(ctx, etcdv3.DefaultPrefix+"/subnets/10.244.9.0-24"); err != nil {
+		t.Fatal(err)
+	}
+	w, logs := run()
+	testenv.WaitFor(t, testenv.Slack, "the peer that joined meanwhile to be programmed", func() bool { return w.routed("10.244.10.0/24") })
+	if w.routed("10.244.9.0/24") {
+		t.Errorf("the peer that left while the daemon was down is programmed")
+	}
+	if logs.count(t, "lease acquired", `"resumed_from":`) != 1 || logs.count(t, "saved lease set not used, listing every lease") != 0 {
+		t.Errorf("the restart did not resume from the journal:\n%s", strings.Join(logs.lines(t), "\n"))
+	}
+	w.stop(t)
+
+	journal := etcdv3.JournalFile(subnetFile)
+	if err := os.WriteFile(journal, []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, logs = run()
+	testenv.WaitFor(t, testenv.Slack, "the peer to be programmed from a listing", func() bool { return w.routed("10.244.10.0/24") })
+	if logs.count(t, "ignoring the lease journal; listing every lease instead", journal) != 1 {
+		t.Errorf("a damaged journal was not reported:\n%s", strings.Join(logs.lines(t), "\n"))
+	}
+	w.stop(t)
+	if _, err := etcdv3.LoadJournal(journal, etcdv3.NewRegistry(nil, etcdv3.DefaultPrefix)); err != nil {
+		t.Errorf("the damaged journal was not replaced: %v", err)
+	}
 }
 
 // leftoverGoroutines names goroutines still running the daemon's code (the

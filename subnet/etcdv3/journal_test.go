@@ -258,27 +258,60 @@ func TestRestartResumesFromTheJournalWithoutListing(t *testing.T) {
 	}
 }
 
+// A journal saved before the host's own new lease arrived on the watch (a
+// daemon stopped right after its first start) still serves: the host's
+// key is the previous subnet file's.
+func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	if _, _, err := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	h := host(1)
+	first, snap, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "subnet.env.leases")
+	j, err := CreateJournal(path, f.reg, snap) // the listing, without first
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	saved, err := LoadJournal(path, f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Previous = first.Subnets()
+	m, listings := f.countedManager(t, h, nil)
+	again, from, err := m.AcquireFrom(ctx(t), saved)
+	if err != nil || listings.n.Load() != 0 || again.Subnet != first.Subnet || again.EtcdLease != first.EtcdLease || from.Revision != saved.Revision {
+		t.Fatalf("AcquireFrom = %s (etcd lease %x) from %d, %v, %d listings; want %s (%x) from %d without listing",
+			again.Subnet, again.EtcdLease, from.Revision, err, listings.n.Load(), first.Subnet, first.EtcdLease, saved.Revision)
+	}
+}
+
 // A journal etcd cannot vouch for is not used: the host says why, lists
 // every lease and starts from that listing.
 func TestStaleJournalIsNotUsed(t *testing.T) {
 	for _, tc := range []struct {
 		name, reason string
 		// meanwhile changes etcd or the saved set while the host is down.
-		meanwhile func(t *testing.T, f *fixture, saved *Snapshot, own subnet.Lease)
-		newSubnet bool // the host gets another subnet
+		meanwhile  func(t *testing.T, f *fixture, saved *Snapshot, own subnet.Lease)
+		newSubnet  bool // the host gets another subnet
+		noPrevious bool // there is no previous subnet file
 	}{
 		{"compacted", "compacted", func(t *testing.T, f *fixture, _ *Snapshot, _ subnet.Lease) {
 			if _, err := f.cli.Put(ctx(t), DefaultPrefix+"/elsewhere", "x"); err != nil {
 				t.Fatal(err)
 			}
 			f.srv.Compact(t, f.cli)
-		}, false},
+		}, false, false},
 		{"revision beyond etcd's", "re-created or restored", func(t *testing.T, _ *fixture, saved *Snapshot, _ subnet.Lease) {
 			saved.Revision += 1000
-		}, false},
+		}, false, false},
 		{"another cluster", "cluster", func(t *testing.T, _ *fixture, saved *Snapshot, _ subnet.Lease) {
 			saved.ClusterID ^= 1
-		}, false},
+		}, false, false},
 		{"a key missing from the file", "keys under", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
 			for i, l := range saved.Leases {
 				if l.Subnet != own.Subnet {
@@ -286,25 +319,33 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 					return
 				}
 			}
-		}, false},
+		}, false, false},
 		{"own key deleted", "is gone", func(t *testing.T, f *fixture, _ *Snapshot, own subnet.Lease) {
 			if _, err := f.reg.Delete(ctx(t), own.Subnets()); err != nil {
 				t.Fatal(err)
 			}
-		}, false},
+		}, false, false},
 		{"own key taken by another node", "now names node", func(t *testing.T, f *fixture, _ *Snapshot, own subnet.Lease) {
 			v, _ := peerLeaseAttrs().Marshal()
 			if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(own.Subnets()), string(v)); err != nil {
 				t.Fatal(err)
 			}
-		}, true},
-		{"no lease of this host", "no lease of this host", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+		}, true, false},
+		{"own subnet held by another node", "as the holder of this host's previous subnet", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
 			for i := range saved.Leases {
 				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases[i].Attrs = peerLeaseAttrs()
 				}
 			}
-		}, false},
+		}, false, false},
+		{"no lease of this host, no subnet file", "no previous subnet file", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+			for i := range saved.Leases {
+				if saved.Leases[i].Subnet == own.Subnet {
+					saved.Leases = append(saved.Leases[:i], saved.Leases[i+1:]...)
+					return
+				}
+			}
+		}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, testNetwork)
@@ -326,7 +367,9 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 			tc.meanwhile(t, f, &saved, own)
 
 			var logs syncBuffer
-			h.Previous = own.Subnets() // from subnet.env, as overlayd does
+			if !tc.noPrevious {
+				h.Previous = own.Subnets() // from subnet.env, as overlayd does
+			}
 			m, listings := f.countedManager(t, h, slog.New(slog.NewTextHandler(&logs, nil)))
 			l, got, err := m.AcquireFrom(ctx(t), saved)
 			if err != nil {

@@ -54,11 +54,14 @@ func stale(format string, args ...any) error { return staleJournal{fmt.Sprintf(f
 // no cheap check could.
 func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {
 	var taken takenSubnets
-	var own *subnet.Lease
+	var own, atPrevious *subnet.Lease
 	for i, l := range saved.Leases {
 		taken.add(l.Subnets())
 		if own == nil && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
 			own = &saved.Leases[i]
+		}
+		if l.Subnets() == m.host.Previous {
+			atPrevious = &saved.Leases[i]
 		}
 	}
 	for _, inv := range saved.Invalid {
@@ -66,10 +69,22 @@ func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int
 			taken.add(s)
 		}
 	}
-	if own == nil || !m.fits(*own) {
-		return subnet.Lease{}, 0, stale("it holds no lease of this host in the network")
+	// This host's key: the one the saved set names it in or, if the set was
+	// saved before its own new lease arrived, the previous subnet.env's.
+	var mine subnet.Subnets
+	switch {
+	case own != nil && m.fits(*own):
+		mine = own.Subnets()
+	case own != nil:
+		return subnet.Lease{}, 0, stale("this host's lease %s is outside the network", own.Subnets())
+	case !m.host.Previous.Primary().IsValid():
+		return subnet.Lease{}, 0, stale("it holds no lease of this host, and there is no previous subnet file")
+	case atPrevious != nil:
+		return subnet.Lease{}, 0, stale("it names node %q as the holder of this host's previous subnet %s", atPrevious.Attrs.NodeID, m.host.Previous)
+	default:
+		mine = m.host.Previous
 	}
-	key, prefix := m.reg.LeaseKey(own.Subnets()), m.reg.SubnetsPrefix()
+	key, prefix := m.reg.LeaseKey(mine), m.reg.SubnetsPrefix()
 	resp, err := m.reg.cli.Txn(ctx).Then(
 		clientv3.OpGet(key),
 		clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithRev(saved.Revision), clientv3.WithCountOnly()),

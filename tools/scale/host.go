@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -125,6 +127,9 @@ type simHost struct {
 	done   chan struct{}
 	lease  netip.Prefix
 	log    *slog.Logger
+	// journal is the host's lease journal (etcdv3.Journal), as overlayd
+	// keeps one beside subnet.env: a restart resumes from it.
+	journal string
 }
 
 func (h *simHost) host() etcdv3.Host {
@@ -179,13 +184,21 @@ func (h *simHost) start(ctx context.Context) error {
 		return err
 	}
 	lap(2)
+	saved, err := etcdv3.LoadJournal(h.journal, reg)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		h.log.Warn("ignoring the lease journal; listing every lease instead", "err", err)
+	}
 	var lease subnet.Lease
 	var snap etcdv3.Snapshot
-	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.Acquire(ctx); return err }); err != nil {
+	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.AcquireFrom(ctx, saved); return err }); err != nil {
 		_ = cli.Close()
 		return err
 	}
 	lap(3)
+	journal, err := etcdv3.CreateJournal(h.journal, reg, snap)
+	if err != nil {
+		h.log.Warn("cannot keep the lease journal", "err", err)
+	}
 	h.lease = lease.Subnet
 	h.rec.mu.Lock()
 	h.rec.peers = make(map[netip.Prefix]struct{}, len(snap.Leases))
@@ -197,13 +210,23 @@ func (h *simHost) start(ctx context.Context) error {
 
 	hctx, cancel := context.WithCancel(context.Background())
 	h.cancel, h.done = cancel, make(chan struct{})
-	batches := reg.Watch(hctx, snap, etcdv3.WatchOptions{Logger: h.log})
+	batches := reg.Watch(hctx, snap, etcdv3.WatchOptions{Logger: h.log, Progress: journal != nil})
 	configs := reg.WatchConfig(hctx, time.Second)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(hctx) })
 	wg.Go(func() {
 		for b := range batches {
+			if journal != nil {
+				if err := journal.Apply(b); err != nil {
+					h.log.Warn("stopped keeping the lease journal", "err", err)
+					_ = journal.Close()
+					journal = nil
+				}
+			}
 			h.rec.apply(b)
+		}
+		if journal != nil {
+			_ = journal.Close()
 		}
 	})
 	wg.Go(func() {

@@ -113,7 +113,8 @@ func runWorker(eps []string, from, to int, proxied float64, dir string) error {
 		}
 	}
 	for i := from; i < to; i++ {
-		h := &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}}}
+		h := &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}},
+			journal: filepath.Join(dir, fmt.Sprintf("host-%05d.leases", i))}
 		if i%10 < cut {
 			h.eps = viaProxies
 		}

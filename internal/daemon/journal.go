@@ -13,29 +13,28 @@ import (
 // keeps etcd busy. It lives beside the subnet file, which the host lock
 // makes this daemon's alone.
 
-// savedLeases is the lease set the last run saved, or zero if there is
-// none to use (AcquireFrom then lists, as a first start does).
+// savedLeases opens the lease journal and returns the lease set the last
+// run saved in it, or zero if there is none to use (AcquireFrom then
+// lists, as a first start does).
 func (d *daemon) savedLeases() etcdv3.Snapshot {
-	path := etcdv3.JournalFile(d.cfg.SubnetFile)
-	saved, err := etcdv3.LoadJournal(path, d.reg)
+	j, saved, err := etcdv3.OpenJournal(etcdv3.JournalFile(d.cfg.SubnetFile), d.reg)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		d.log.Warn("ignoring the lease journal; listing every lease instead", "err", err)
 	}
+	d.journal = j
+	d.closers = append(d.closers, func() { _ = j.Close() })
 	return saved
 }
 
-// startJournal saves the start-up lease set as the journal the loop
-// appends each batch to. Without a journal the daemon works as well; the
-// next start just lists.
+// startJournal makes the journal hold the start-up lease set, which the
+// loop then appends each batch to. Without a journal the daemon works as
+// well; the next start just lists.
 func (d *daemon) startJournal() {
-	path := etcdv3.JournalFile(d.cfg.SubnetFile)
-	j, err := etcdv3.CreateJournal(path, d.reg, d.snap)
-	if err != nil {
+	if err := d.journal.Start(d.snap); err != nil {
 		d.log.Warn("cannot keep the lease journal; a restart will list every lease", "err", err)
-		return
+		_ = d.journal.Close()
+		d.journal = nil
 	}
-	d.journal = j
-	d.closers = append(d.closers, func() { _ = j.Close() })
 }
 
 // journalBatch appends a batch of the lease watch to the journal; after a

@@ -331,9 +331,11 @@ func TestWiringRestartResumesFromTheLeaseJournal(t *testing.T) {
 		t.Errorf("a damaged journal was not reported:\n%s", strings.Join(logs.lines(t), "\n"))
 	}
 	w.stop(t)
-	if _, err := etcdv3.LoadJournal(journal, etcdv3.NewRegistry(nil, etcdv3.DefaultPrefix)); err != nil {
+	j, _, err := etcdv3.OpenJournal(journal, etcdv3.NewRegistry(nil, etcdv3.DefaultPrefix))
+	if err != nil {
 		t.Errorf("the damaged journal was not replaced: %v", err)
 	}
+	j.Close()
 }
 
 // leftoverGoroutines names goroutines still running the daemon's code (the

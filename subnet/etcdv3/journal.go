@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -19,21 +20,23 @@ import (
 // lease: when a whole fleet restarts at once, N hosts each reading N leases
 // is what keeps etcd busy (Documentation/scale.md).
 //
-// The file is a header line, then records, one JSON object per line,
-// appended as the watch delivers batches:
+// The file is a JSON header line, then one record per line, appended as
+// the watch delivers batches; keys and messages are Go-quoted, a lease's
+// value is its JSON as etcd holds it (compact: it never spans lines):
 //
 //	{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":1234}
-//	{"key":"10.244.1.0-24","value":{...},"lease":7587,"mod":12}   a lease
-//	{"key":"10.244.9.0-24","mod":13,"invalid":"..."}               a key whose value does not decode
-//	{"key":"10.244.1.0-24","gone":true}                            a key deleted
-//	{"clearInvalid":true}                                          a re-list follows: forget the invalid keys
-//	{"rev":14}                                                     what precedes is the lease set at revision 14
+//	L "10.244.1.0-24" 7587 12 {"PublicIP":...}   a lease: key, etcd lease, ModRevision, value
+//	I "10.244.9.0-24" 13 "invalid character..."  a key whose value does not decode
+//	D "10.244.1.0-24"                            a key deleted
+//	C                                            a re-list follows: forget the invalid keys
+//	R 14                                         what precedes is the lease set at revision 14
 //
-// What follows the last rev record (a write cut short) is ignored. Once
-// the records outnumber twice the keys, the file is rewritten with one
-// record per key. Appending costs a host what changed, not the size of the
-// lease set; the file is rewritten to a new name and renamed, so it is
-// always whole.
+// What follows the last R record (a write cut short) is cut off when the
+// file is opened. Once the records outnumber twice the keys, the file is
+// rewritten with one record per key, to a new name and renamed, so it is
+// always whole. Appending costs a host what changed, not the size of the
+// lease set, and keeps no lease value in memory; reading it back costs
+// little more than decoding the values, which have to be decoded anyway.
 //
 // The file is untrusted input like etcd's values: each lease in it goes
 // through the decoding every lease from etcd goes through, and
@@ -42,13 +45,22 @@ import (
 // journalVersion is the format written in the header.
 const journalVersion = 1
 
-// maxJournalSize bounds what LoadJournal reads: 65,536 leases take about
+// maxJournalSize bounds what OpenJournal reads: 65,536 leases take about
 // 20 MB written compactly.
 const maxJournalSize = 256 << 20
 
 // journalSlack is how many records a journal may gain beyond twice its
 // keys before it is rewritten.
 const journalSlack = 1024
+
+// Record kinds: the first byte of a line.
+const (
+	recLease   = 'L'
+	recInvalid = 'I'
+	recGone    = 'D'
+	recClear   = 'C'
+	recRev     = 'R'
+)
 
 type journalHeader struct {
 	Journal int    `json:"journal"`
@@ -57,15 +69,16 @@ type journalHeader struct {
 }
 
 type journalRecord struct {
-	Key          string          `json:"key,omitempty"`
-	Value        json.RawMessage `json:"value,omitempty"`
-	Lease        int64           `json:"lease,omitempty"`
-	Mod          int64           `json:"mod,omitempty"`
-	Invalid      string          `json:"invalid,omitempty"`
-	Gone         bool            `json:"gone,omitempty"`
-	ClearInvalid bool            `json:"clearInvalid,omitempty"`
-	Rev          int64           `json:"rev,omitempty"`
+	kind            byte
+	key             string // relative to the header's prefix
+	value           []byte // a lease's value
+	lease, mod, rev int64
+	err             string // why an invalid key's value does not decode
 }
+
+// JournalFile is where overlayd keeps the lease journal: beside the subnet
+// file, e.g. /run/flannel/subnet.env.leases.
+func JournalFile(subnetFile string) string { return subnetFile + ".leases" }
 
 // Journal appends the batches of a watch to a lease journal file. It is
 // not safe for concurrent use.
@@ -73,29 +86,72 @@ type Journal struct {
 	path   string
 	header journalHeader
 	f      *os.File
-	// keys is how many keys the file held when last rewritten; records
-	// how many records were appended since.
+	// keys is how many keys the file held when last written whole;
+	// records how many records it has gained since.
 	keys, records int
 	rev           int64
+	// holds: the file holds the lease set OpenJournal returned.
+	holds bool
 }
 
-// CreateJournal writes snap as the journal at path (replacing any) for the
-// leases of reg, and returns it open for the batches that follow.
-func CreateJournal(path string, reg *Registry, snap Snapshot) (*Journal, error) {
-	j := &Journal{path: path, header: journalHeader{Journal: journalVersion, Prefix: reg.SubnetsPrefix(), Cluster: snap.ClusterID}}
+// OpenJournal opens the lease journal at path for the leases of reg and
+// returns the lease set it holds (Snapshot.Saved), to resume from
+// (AcquireFrom). If there is none to use it returns a zero Snapshot and
+// says why (fs.ErrNotExist: no journal yet); the journal is usable either
+// way: Start writes it anew.
+func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
+	j := &Journal{path: path, header: journalHeader{Journal: journalVersion, Prefix: reg.SubnetsPrefix()}}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return j, Snapshot{}, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxJournalSize+1))
+	switch {
+	case err != nil:
+		err = fmt.Errorf("read lease journal %s: %w", path, err)
+	case len(data) > maxJournalSize:
+		err = fmt.Errorf("lease journal %s is larger than %d MiB", path, maxJournalSize>>20)
+	}
+	var snap Snapshot
+	var r replayed
+	if err == nil {
+		if snap, r, err = decodeJournal(data, reg); err != nil {
+			err = fmt.Errorf("lease journal %s: %w", path, err)
+		}
+	}
+	if err == nil {
+		// Cut off a batch a crash left half written, and append after
+		// the last whole one.
+		if err = f.Truncate(int64(r.end)); err == nil {
+			_, err = f.Seek(int64(r.end), io.SeekStart)
+		}
+	}
+	if err != nil {
+		f.Close()
+		return j, Snapshot{}, err
+	}
+	j.f, j.header.Cluster, j.keys, j.records, j.rev, j.holds = f, snap.ClusterID, len(r.keys), r.records, snap.Revision, true
+	return j, snap, nil
+}
+
+// Start makes the journal hold snap, the lease set the watch starts from:
+// nothing to do if snap is the set OpenJournal returned (a resumed
+// start), else the file is written anew.
+func (j *Journal) Start(snap Snapshot) error {
+	if snap.Saved && j.holds && j.f != nil {
+		return nil
+	}
+	j.header.Cluster = snap.ClusterID
 	recs, err := snapshotRecords(j.header.Prefix, snap)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := j.rewrite(recs, snap.Revision); err != nil {
-		return nil, err
-	}
-	return j, nil
+	return j.rewrite(recs, snap.Revision)
 }
 
 // snapshotRecords are the records of snap's keys.
 func snapshotRecords(prefix string, snap Snapshot) ([]journalRecord, error) {
-	recs := make([]journalRecord, 0, len(snap.Leases)+len(snap.Invalid)+1)
+	recs := make([]journalRecord, 0, len(snap.Leases)+len(snap.Invalid))
 	for _, l := range snap.Leases {
 		r, err := leaseRecord(l)
 		if err != nil {
@@ -109,50 +165,47 @@ func snapshotRecords(prefix string, snap Snapshot) ([]journalRecord, error) {
 	return recs, nil
 }
 
-// JournalFile is where overlayd keeps the lease journal: beside the subnet
-// file, e.g. /run/flannel/subnet.env.leases.
-func JournalFile(subnetFile string) string { return subnetFile + ".leases" }
-
 // Apply appends a batch of the watch (Batch; an empty one only moves the
 // revision on).
 func (j *Journal) Apply(b Batch) error {
 	if j.f == nil {
-		return errors.New("lease journal is closed")
+		return errors.New("lease journal is not open")
 	}
-	var recs []journalRecord
+	var buf []byte
+	n := 0
+	add := func(r journalRecord) {
+		buf = r.append(buf)
+		n++
+	}
 	if b.Resync {
 		// A re-list's Invalid is every invalid key it found.
-		recs = append(recs, journalRecord{ClearInvalid: true})
+		add(journalRecord{kind: recClear})
 	}
 	for _, ev := range b.Events {
 		if ev.Type == subnet.Removed {
-			recs = append(recs, journalRecord{Key: ev.Lease.Key(), Gone: true})
+			add(journalRecord{kind: recGone, key: ev.Lease.Key()})
 			continue
 		}
 		r, err := leaseRecord(ev.Lease)
 		if err != nil {
 			return err
 		}
-		recs = append(recs, r)
+		add(r)
 	}
 	for _, key := range b.Deleted {
-		recs = append(recs, journalRecord{Key: strings.TrimPrefix(key, j.header.Prefix), Gone: true})
+		add(journalRecord{kind: recGone, key: strings.TrimPrefix(key, j.header.Prefix)})
 	}
 	for _, inv := range b.Invalid {
-		recs = append(recs, invalidRecord(j.header.Prefix, inv))
+		add(invalidRecord(j.header.Prefix, inv))
 	}
-	if len(recs) == 0 && b.Revision <= j.rev {
+	if n == 0 && b.Revision <= j.rev {
 		return nil
 	}
-	recs = append(recs, journalRecord{Rev: b.Revision})
-	buf, err := encodeRecords(nil, recs)
-	if err != nil {
-		return err
-	}
+	add(journalRecord{kind: recRev, rev: b.Revision})
 	if _, err := j.f.Write(buf); err != nil {
 		return fmt.Errorf("append to lease journal %s: %w", j.path, err)
 	}
-	j.records += len(recs)
+	j.records += n
 	j.rev = b.Revision
 	if j.records > 2*j.keys+journalSlack {
 		return j.compact()
@@ -176,15 +229,15 @@ func (j *Journal) compact() error {
 	if err != nil {
 		return fmt.Errorf("compact lease journal: %w", err)
 	}
-	_, keys, rev, err := replayJournal(data)
+	r, err := replayJournal(data)
 	if err != nil {
 		return fmt.Errorf("compact lease journal %s: %w", j.path, err)
 	}
-	recs := make([]journalRecord, 0, len(keys)+1)
-	for _, r := range keys {
-		recs = append(recs, r)
+	recs := make([]journalRecord, 0, len(r.keys))
+	for _, rec := range r.keys {
+		recs = append(recs, rec)
 	}
-	return j.rewrite(recs, rev)
+	return j.rewrite(recs, r.rev)
 }
 
 // rewrite replaces the file with the header, recs and the revision, and
@@ -210,19 +263,8 @@ func (j *Journal) rewrite(recs []journalRecord, rev int64) error {
 	if j.f != nil {
 		_ = j.f.Close()
 	}
-	j.f, j.keys, j.records, j.rev = f, len(recs), 0, rev
+	j.f, j.keys, j.records, j.rev, j.holds = f, len(recs), 0, rev, false
 	return nil
-}
-
-// encodeJournal is a whole journal: the header, recs (sorted by key) and
-// the revision they are at.
-func encodeJournal(h journalHeader, recs []journalRecord, rev int64) ([]byte, error) {
-	slices.SortFunc(recs, func(a, b journalRecord) int { return strings.Compare(a.Key, b.Key) })
-	buf, err := json.Marshal(h)
-	if err != nil {
-		return nil, err
-	}
-	return encodeRecords(append(buf, '\n'), append(recs, journalRecord{Rev: rev}))
 }
 
 func invalidRecord(prefix string, inv Invalid) journalRecord {
@@ -230,7 +272,7 @@ func invalidRecord(prefix string, inv Invalid) journalRecord {
 	if inv.Err != nil {
 		msg = inv.Err.Error()
 	}
-	return journalRecord{Key: strings.TrimPrefix(inv.Key, prefix), Mod: inv.ModRevision, Invalid: msg}
+	return journalRecord{kind: recInvalid, key: strings.TrimPrefix(inv.Key, prefix), mod: inv.ModRevision, err: msg}
 }
 
 func leaseRecord(l subnet.Lease) (journalRecord, error) {
@@ -238,134 +280,232 @@ func leaseRecord(l subnet.Lease) (journalRecord, error) {
 	if err != nil {
 		return journalRecord{}, fmt.Errorf("lease journal: encode %s: %w", l.Subnets(), err)
 	}
-	return journalRecord{Key: l.Key(), Value: v, Lease: l.EtcdLease, Mod: l.ModRevision}, nil
+	return journalRecord{kind: recLease, key: l.Key(), value: v, lease: l.EtcdLease, mod: l.ModRevision}, nil
 }
 
-func encodeRecords(buf []byte, recs []journalRecord) ([]byte, error) {
+// encodeJournal is a whole journal: the header, recs (sorted by key) and
+// the revision they are at.
+func encodeJournal(h journalHeader, recs []journalRecord, rev int64) ([]byte, error) {
+	slices.SortFunc(recs, func(a, b journalRecord) int { return strings.Compare(a.key, b.key) })
+	buf, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	buf = append(buf, '\n')
 	for _, r := range recs {
-		line, err := json.Marshal(r)
-		if err != nil {
-			return nil, fmt.Errorf("lease journal: %w", err)
+		buf = r.append(buf)
+	}
+	return journalRecord{kind: recRev, rev: rev}.append(buf), nil
+}
+
+// append appends r's line to buf.
+func (r journalRecord) append(buf []byte) []byte {
+	buf = append(buf, r.kind)
+	switch r.kind {
+	case recLease:
+		buf = strconv.AppendQuote(append(buf, ' '), r.key)
+		buf = strconv.AppendInt(append(buf, ' '), r.lease, 10)
+		buf = strconv.AppendInt(append(buf, ' '), r.mod, 10)
+		buf = append(append(buf, ' '), r.value...)
+	case recInvalid:
+		buf = strconv.AppendQuote(append(buf, ' '), r.key)
+		buf = strconv.AppendInt(append(buf, ' '), r.mod, 10)
+		buf = strconv.AppendQuote(append(buf, ' '), r.err)
+	case recGone:
+		buf = strconv.AppendQuote(append(buf, ' '), r.key)
+	case recRev:
+		buf = strconv.AppendInt(append(buf, ' '), r.rev, 10)
+	}
+	return append(buf, '\n')
+}
+
+// parseRecord reads one line (without its newline).
+func parseRecord(line string) (journalRecord, error) {
+	if line == "" {
+		return journalRecord{}, errors.New("empty line")
+	}
+	r := journalRecord{kind: line[0]}
+	f := fields{s: line[1:]}
+	switch r.kind {
+	case recLease:
+		r.key, r.lease, r.mod = f.quoted(), f.count(), f.count()
+		r.value = []byte(f.rest())
+	case recInvalid:
+		r.key, r.mod, r.err = f.quoted(), f.count(), f.quoted()
+	case recGone:
+		r.key = f.quoted()
+	case recClear:
+	case recRev:
+		if r.rev = f.count(); f.err == nil && r.rev == 0 {
+			f.err = errors.New("revision 0")
 		}
-		buf = append(append(buf, line...), '\n')
+	default:
+		return r, fmt.Errorf("unknown record %q", line[:1])
 	}
-	return buf, nil
+	if f.err == nil && f.s != "" {
+		f.err = fmt.Errorf("unexpected %.20q", f.s)
+	}
+	return r, f.err
 }
 
-// LoadJournal reads the lease set saved at path for the leases of reg.
-// The error says why there is none to use (fs.ErrNotExist: no journal).
-func LoadJournal(path string, reg *Registry) (Snapshot, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxJournalSize+1))
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("read lease journal %s: %w", path, err)
-	}
-	if len(data) > maxJournalSize {
-		return Snapshot{}, fmt.Errorf("lease journal %s is larger than %d MiB", path, maxJournalSize>>20)
-	}
-	snap, err := decodeJournal(data, reg)
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("lease journal %s: %w", path, err)
-	}
-	return snap, nil
+// fields reads the space-separated fields of a record; the first error
+// sticks.
+type fields struct {
+	s   string
+	err error
 }
 
-// decodeJournal is the lease set a journal holds for the leases of reg.
-func decodeJournal(data []byte, reg *Registry) (Snapshot, error) {
-	h, keys, rev, err := replayJournal(data)
+func (f *fields) next() bool {
+	if f.err == nil && !strings.HasPrefix(f.s, " ") {
+		f.err = errors.New("missing field")
+	}
+	if f.err != nil {
+		return false
+	}
+	f.s = f.s[1:]
+	return true
+}
+
+func (f *fields) quoted() string {
+	if !f.next() {
+		return ""
+	}
+	q, err := strconv.QuotedPrefix(f.s)
+	if err != nil || q[0] != '"' {
+		f.err = fmt.Errorf("want a quoted string at %.20q", f.s)
+		return ""
+	}
+	f.s = f.s[len(q):]
+	s, _ := strconv.Unquote(q)
+	return s
+}
+
+// count is a non-negative integer.
+func (f *fields) count() int64 {
+	if !f.next() {
+		return 0
+	}
+	end := strings.IndexByte(f.s, ' ')
+	if end < 0 {
+		end = len(f.s)
+	}
+	n, err := strconv.ParseInt(f.s[:end], 10, 64)
+	if err != nil || n < 0 {
+		f.err = fmt.Errorf("want a non-negative integer, not %.20q", f.s[:end])
+		return 0
+	}
+	f.s = f.s[end:]
+	return n
+}
+
+func (f *fields) rest() string {
+	if !f.next() {
+		return ""
+	}
+	s := f.s
+	f.s = ""
+	return s
+}
+
+// decodeJournal is the lease set a journal holds for the leases of reg,
+// and what replaying it found.
+func decodeJournal(data []byte, reg *Registry) (Snapshot, replayed, error) {
+	r, err := replayJournal(data)
 	if err != nil {
-		return Snapshot{}, err
+		return Snapshot{}, r, err
 	}
-	if h.Prefix != reg.SubnetsPrefix() {
-		return Snapshot{}, fmt.Errorf("it holds the leases under %s; the network's are under %s", h.Prefix, reg.SubnetsPrefix())
+	if r.header.Prefix != reg.SubnetsPrefix() {
+		return Snapshot{}, r, fmt.Errorf("it holds the leases under %s; the network's are under %s", r.header.Prefix, reg.SubnetsPrefix())
 	}
-	snap := Snapshot{Revision: rev, ClusterID: h.Cluster}
-	names := make([]string, 0, len(keys))
-	for k := range keys {
+	snap := Snapshot{Revision: r.rev, ClusterID: r.header.Cluster, Saved: true}
+	names := make([]string, 0, len(r.keys))
+	for k := range r.keys {
 		names = append(names, k)
 	}
 	slices.Sort(names) // etcd's order, as List returns them
 	for _, k := range names {
-		r := keys[k]
-		key := h.Prefix + k
-		if r.Invalid != "" {
-			snap.Invalid = append(snap.Invalid, Invalid{Key: key, ModRevision: r.Mod, Err: errors.New(r.Invalid)})
+		rec := r.keys[k]
+		key := r.header.Prefix + k
+		if rec.kind == recInvalid {
+			snap.Invalid = append(snap.Invalid, Invalid{Key: key, ModRevision: rec.mod, Err: errors.New(rec.err)})
 			continue
 		}
-		l, err := reg.decode([]byte(key), r.Value, r.Lease, r.Mod)
+		l, err := reg.decode([]byte(key), rec.value, rec.lease, rec.mod)
 		if err != nil {
 			// It decoded when it was written: the file is damaged.
-			return Snapshot{}, fmt.Errorf("lease %s: %w", k, err)
+			return Snapshot{}, r, fmt.Errorf("lease %s: %w", k, err)
 		}
 		snap.Leases = append(snap.Leases, l)
 	}
-	return snap, nil
+	return snap, r, nil
+}
+
+// replayed is what a journal holds at its last R record.
+type replayed struct {
+	header journalHeader
+	keys   map[string]journalRecord
+	rev    int64
+	// end is the length of the file up to the last R record, and
+	// records how many records follow the header up to there.
+	end, records int
 }
 
 // replayJournal reads a journal's header and the keys it holds at its last
-// rev record, with that revision.
-func replayJournal(data []byte) (journalHeader, map[string]journalRecord, int64, error) {
-	var h journalHeader
+// R record. Lines after that record are not part of a whole batch; the
+// last line is cut short if it does not end in a newline.
+func replayJournal(data []byte) (replayed, error) {
+	var r replayed
 	first, rest, _ := bytes.Cut(data, []byte("\n"))
-	if err := json.Unmarshal(first, &h); err != nil {
-		return h, nil, 0, fmt.Errorf("header: %w", err)
+	if err := json.Unmarshal(first, &r.header); err != nil {
+		return r, fmt.Errorf("header: %w", err)
 	}
-	if h.Journal != journalVersion {
-		return h, nil, 0, fmt.Errorf("format %d, want %d", h.Journal, journalVersion)
+	if r.header.Journal != journalVersion {
+		return r, fmt.Errorf("format %d, want %d", r.header.Journal, journalVersion)
 	}
-	keys := map[string]journalRecord{}
-	// Records after the last rev record are not part of a whole batch.
+	r.keys = map[string]journalRecord{}
+	offset := len(first) + 1
 	var pending []journalRecord
-	var rev int64
-	for n := 2; len(rest) > 0; n++ {
-		var line []byte
-		var complete bool
-		line, rest, complete = bytes.Cut(rest, []byte("\n"))
-		var r journalRecord
-		if err := json.Unmarshal(line, &r); err != nil {
-			if !complete {
-				break // the last line, cut short
-			}
-			return h, nil, 0, fmt.Errorf("line %d: %w", n, err)
+	for n := 2; ; n++ {
+		line, next, complete := bytes.Cut(rest, []byte("\n"))
+		if !complete {
+			break
 		}
-		switch {
-		case r.Rev < 0 || r.Mod < 0 || r.Lease < 0:
-			return h, nil, 0, fmt.Errorf("line %d: negative revision or lease", n)
-		case r.Rev > 0:
-			if r.Rev < rev {
-				return h, nil, 0, fmt.Errorf("line %d: revision %d after %d", n, r.Rev, rev)
-			}
-			for _, p := range pending {
-				applyRecord(keys, p)
-			}
-			pending, rev = pending[:0], r.Rev
-		case r.ClearInvalid || r.Key != "":
-			pending = append(pending, r)
-		default:
-			return h, nil, 0, fmt.Errorf("line %d: a record with neither key nor revision", n)
+		offset += len(line) + 1
+		rest = next
+		rec, err := parseRecord(string(line))
+		if err != nil {
+			return r, fmt.Errorf("line %d: %w", n, err)
 		}
+		if rec.kind != recRev {
+			pending = append(pending, rec)
+			continue
+		}
+		if rec.rev < r.rev {
+			return r, fmt.Errorf("line %d: revision %d after %d", n, rec.rev, r.rev)
+		}
+		for _, p := range pending {
+			r.apply(p)
+		}
+		r.records += len(pending) + 1
+		pending, r.rev, r.end = pending[:0], rec.rev, offset
 	}
-	if rev == 0 {
-		return h, nil, 0, errors.New("holds no complete lease set")
+	if r.rev == 0 {
+		return r, errors.New("holds no complete lease set")
 	}
-	return h, keys, rev, nil
+	return r, nil
 }
 
-func applyRecord(keys map[string]journalRecord, r journalRecord) {
-	switch {
-	case r.ClearInvalid:
-		for k, v := range keys {
-			if v.Invalid != "" {
-				delete(keys, k)
+func (r *replayed) apply(rec journalRecord) {
+	switch rec.kind {
+	case recClear:
+		for k, v := range r.keys {
+			if v.kind == recInvalid {
+				delete(r.keys, k)
 			}
 		}
-	case r.Gone:
-		delete(keys, r.Key)
+	case recGone:
+		delete(r.keys, rec.key)
 	default:
-		keys[r.Key] = r
+		r.keys[rec.key] = rec
 	}
 }

@@ -74,16 +74,33 @@ func follow(t *testing.T, ch <-chan Batch, j *Journal, rev int64) {
 	}
 }
 
+// createJournal writes snap as a new journal at path.
+func createJournal(t *testing.T, path string, reg *Registry, snap Snapshot) *Journal {
+	t.Helper()
+	j, _, err := OpenJournal(path, reg)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := j.Start(snap); err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// loadJournal is the lease set the journal at path holds.
+func loadJournal(path string, reg *Registry) (Snapshot, error) {
+	j, snap, err := OpenJournal(path, reg)
+	j.Close()
+	return snap, err
+}
+
 // journalOf writes the journal a host that started from snap keeps: snap,
 // then what its watch delivered up to etcd's current revision (its own
 // new lease, for one).
 func journalOf(t *testing.T, f *fixture, snap Snapshot) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "subnet.env.leases")
-	j, err := CreateJournal(path, f.reg, snap)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := createJournal(t, path, f.reg, snap)
 	defer j.Close()
 	wctx, cancel := context.WithCancel(ctx(t))
 	defer cancel()
@@ -146,10 +163,7 @@ func TestJournalHoldsTheLeaseSetTheWatchDelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "subnet.env.leases")
-	j, err := CreateJournal(path, f.reg, snap)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := createJournal(t, path, f.reg, snap)
 	defer j.Close()
 	ch := f.reg.Watch(ctx(t), snap, WatchOptions{Progress: true})
 
@@ -172,7 +186,7 @@ func TestJournalHoldsTheLeaseSetTheWatchDelivered(t *testing.T) {
 		}
 	}
 	follow(t, ch, j, currentRev(t, f))
-	saved, err := LoadJournal(path, f.reg)
+	saved, err := loadJournal(path, f.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +205,7 @@ func TestJournalHoldsTheLeaseSetTheWatchDelivered(t *testing.T) {
 	}
 	rev := currentRev(t, f)
 	follow(t, ch, j, rev)
-	if saved, err = LoadJournal(path, f.reg); err != nil || saved.Revision != rev {
+	if saved, err = loadJournal(path, f.reg); err != nil || saved.Revision != rev {
 		t.Fatalf("journal at revision %d (%v), want %d", saved.Revision, err, rev)
 	}
 	sameSet(t, f, saved)
@@ -225,7 +239,7 @@ func TestRestartResumesFromTheJournalWithoutListing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	saved, err := LoadJournal(path, f.reg)
+	saved, err := loadJournal(path, f.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,12 +286,8 @@ func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "subnet.env.leases")
-	j, err := CreateJournal(path, f.reg, snap) // the listing, without first
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.Close()
-	saved, err := LoadJournal(path, f.reg)
+	createJournal(t, path, f.reg, snap).Close() // the listing, without first
+	saved, err := loadJournal(path, f.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +370,7 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := journalOf(t, f, snap)
-			saved, err := LoadJournal(path, f.reg)
+			saved, err := loadJournal(path, f.reg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -410,10 +420,7 @@ func TestJournalIsCompacted(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
 	leases := journalLeases(4)
 	path := filepath.Join(t.TempDir(), "j")
-	j, err := CreateJournal(path, reg, Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
 	defer j.Close()
 	biggest := int64(0)
 	rev := int64(20)
@@ -433,7 +440,7 @@ func TestJournalIsCompacted(t *testing.T) {
 	if biggest > 400<<10 {
 		t.Errorf("the journal of 4 leases grew to %d bytes", biggest)
 	}
-	got, err := LoadJournal(path, reg)
+	got, err := loadJournal(path, reg)
 	if err != nil || got.Revision != rev || len(got.Leases) != 4 || got.ClusterID != 7 {
 		t.Fatalf("after compaction: %+v, %v", got, err)
 	}
@@ -450,43 +457,60 @@ func TestJournalIsCompacted(t *testing.T) {
 func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
 	header := `{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n"
-	lease := `{"key":"10.244.1.0-24","value":{"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}},"lease":5,"mod":3}` + "\n"
+	lease := `L "10.244.1.0-24" 5 3 {"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}` + "\n"
 	for _, tc := range []struct{ name, file, err string }{
 		{"empty", "", "header"},
 		{"not json", "garbage\n", "header"},
 		{"another format", `{"journal":2}` + "\n", "format 2"},
-		{"another prefix", `{"journal":1,"prefix":"/other/subnets/"}` + "\n" + lease + `{"rev":4}` + "\n", "under /other/subnets/"},
+		{"another prefix", `{"journal":1,"prefix":"/other/subnets/"}` + "\n" + lease + "R 4\n", "under /other/subnets/"},
 		{"no revision", header + lease, "no complete lease set"},
-		{"a value that does not decode", header + `{"key":"10.244.1.0-24","value":{"PublicIP":5},"mod":3}` + "\n" + `{"rev":4}` + "\n", "lease 10.244.1.0-24"},
-		{"a key that does not parse", header + `{"key":"10.244.1.0-99","value":{},"mod":3}` + "\n" + `{"rev":4}` + "\n", "10.244.1.0-99"},
-		{"a lease without a value", header + `{"key":"10.244.1.0-24","mod":3}` + "\n" + `{"rev":4}` + "\n", "lease 10.244.1.0-24"},
-		{"garbage in the middle", header + lease + "}{\n" + `{"rev":4}` + "\n", "line 3"},
-		{"revision going back", header + lease + `{"rev":4}` + "\n" + `{"rev":2}` + "\n", "revision 2 after 4"},
-		{"negative revision", header + lease + `{"rev":-4}` + "\n", "negative"},
-		{"a record of nothing", header + lease + "{}\n" + `{"rev":4}` + "\n", "neither key nor revision"},
+		{"a value that does not decode", header + `L "10.244.1.0-24" 0 3 {"PublicIP":5}` + "\nR 4\n", "lease 10.244.1.0-24"},
+		{"a key that does not parse", header + `L "10.244.1.0-99" 0 3 {}` + "\nR 4\n", "10.244.1.0-99"},
+		{"a lease without a value", header + `L "10.244.1.0-24" 0 3` + "\nR 4\n", "line 2: missing field"},
+		{"an unquoted key", header + "D 10.244.1.0-24\nR 4\n", "line 2: want a quoted string"},
+		{"garbage in the middle", header + lease + "}{\nR 4\n", "line 3: unknown record"},
+		{"revision going back", header + lease + "R 4\nR 2\n", "revision 2 after 4"},
+		{"negative revision", header + lease + "R -4\n", "non-negative"},
+		{"a field too many", header + lease + "R 4 5\n", "unexpected"},
+		{"an empty line", header + lease + "\nR 4\n", "line 3: empty line"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "j")
 			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			snap, err := LoadJournal(path, reg)
+			snap, err := loadJournal(path, reg)
 			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), path) {
-				t.Fatalf("LoadJournal = %+v, %v; want an error naming the file and %q", snap, err, tc.err)
+				t.Fatalf("OpenJournal = %+v, %v; want an error naming the file and %q", snap, err, tc.err)
 			}
 		})
 	}
 
+	// A batch cut short by a crash is cut off; appending goes on after
+	// the last whole one.
 	path := filepath.Join(t.TempDir(), "j")
-	torn := header + lease + `{"rev":4}` + "\n" + `{"key":"10.244.1.0-24","gone":true}` + "\n" + `{"key":"10.244.2.0-24","val`
-	if err := os.WriteFile(path, []byte(torn), 0o600); err != nil {
+	whole := header + lease + "R 4\n"
+	if err := os.WriteFile(path, []byte(whole+`D "10.244.1.0-24"`+"\n"+`L "10.244.2.0-24" 0 5 {"Pub`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := LoadJournal(path, reg)
+	j, snap, err := OpenJournal(path, reg)
 	if err != nil || snap.Revision != 4 || len(snap.Leases) != 1 || snap.Leases[0].Subnet.String() != "10.244.1.0/24" || snap.Leases[0].EtcdLease != 5 {
-		t.Fatalf("a journal cut short loads as %+v, %v; want the lease at revision 4", snap, err)
+		t.Fatalf("a journal cut short opens as %+v, %v; want the lease at revision 4", snap, err)
 	}
-	if _, err := LoadJournal(filepath.Join(t.TempDir(), "none"), reg); !os.IsNotExist(err) {
+	if data, _ := os.ReadFile(path); string(data) != whole {
+		t.Errorf("after opening, the file holds\n%s\nwant\n%s", data, whole)
+	}
+	if err := j.Start(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: snap.Leases[0]}}, Revision: 6}); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if snap, err := loadJournal(path, reg); err != nil || snap.Revision != 6 || len(snap.Leases) != 0 {
+		t.Errorf("after a batch appended: %+v, %v", snap, err)
+	}
+	if _, err := loadJournal(filepath.Join(t.TempDir(), "none"), reg); !os.IsNotExist(err) {
 		t.Errorf("no journal: %v, want not-exist", err)
 	}
 }
@@ -495,11 +519,11 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 // decodes is written and read back unchanged.
 func FuzzDecodeJournal(f *testing.F) {
 	f.Add([]byte(`{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n" +
-		`{"key":"10.244.1.0-24","value":{"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}},"lease":5,"mod":3}` + "\n" +
-		`{"key":"10.244.2.0-24","mod":4,"invalid":"bad"}` + "\n" + `{"rev":4}` + "\n" + `{"clearInvalid":true}` + "\n" + `{"key":"10.244.1.0-24","gone":true}` + "\n" + `{"rev":6}` + "\n"))
+		`L "10.244.1.0-24" 5 3 {"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}` + "\n" +
+		`I "10.244.2.0-24" 4 "bad"` + "\nR 4\nC\n" + `D "10.244.1.0-24"` + "\nR 6\n"))
 	reg := NewRegistry(nil, DefaultPrefix)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		snap, err := decodeJournal(data, reg)
+		snap, _, err := decodeJournal(data, reg)
 		if err != nil {
 			return
 		}
@@ -511,7 +535,7 @@ func FuzzDecodeJournal(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded set does not encode: %v", err)
 		}
-		again, err := decodeJournal(out, reg)
+		again, _, err := decodeJournal(out, reg)
 		if err != nil {
 			t.Fatalf("a written set does not decode: %v\n%s", err, out)
 		}

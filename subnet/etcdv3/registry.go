@@ -118,6 +118,8 @@ type Snapshot struct {
 	// ClusterID is the etcd cluster's ID, which a lease journal checks
 	// before it is used (AcquireFrom).
 	ClusterID uint64
+	// Saved: read from a lease journal (OpenJournal), not from etcd.
+	Saved bool
 }
 
 // listPage is how many leases one range request of List reads. etcd

@@ -184,20 +184,22 @@ func (h *simHost) start(ctx context.Context) error {
 		return err
 	}
 	lap(2)
-	saved, err := etcdv3.LoadJournal(h.journal, reg)
+	journal, saved, err := etcdv3.OpenJournal(h.journal, reg)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		h.log.Warn("ignoring the lease journal; listing every lease instead", "err", err)
 	}
 	var lease subnet.Lease
 	var snap etcdv3.Snapshot
 	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.AcquireFrom(ctx, saved); return err }); err != nil {
+		_ = journal.Close()
 		_ = cli.Close()
 		return err
 	}
 	lap(3)
-	journal, err := etcdv3.CreateJournal(h.journal, reg, snap)
-	if err != nil {
+	if err := journal.Start(snap); err != nil {
 		h.log.Warn("cannot keep the lease journal", "err", err)
+		_ = journal.Close()
+		journal = nil
 	}
 	h.lease = lease.Subnet
 	h.rec.mu.Lock()

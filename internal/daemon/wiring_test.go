@@ -245,16 +245,7 @@ func TestWiringStartUpHandOffAndShutdown(t *testing.T) {
 	testenv.WaitFor(t, testenv.Slack, "a deleted lease's route to go", func() bool { return !w.routed("10.244.9.0/24") })
 
 	// Shutdown: every goroutine ends before what it uses is closed.
-	w.cancel()
-	select {
-	case err := <-w.done:
-		w.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("Run returned %v after cancel, want nil", err)
-		}
-	case <-time.After(testenv.Deadline(testenv.Slack)):
-		t.Fatalf("Run did not return within %s of cancel", testenv.Deadline(testenv.Slack))
-	}
+	w.stop(t)
 	want := []string{"masq installed for 10.244.0.0/16", "masq running", "masq stopped", "masq closed", "netlink closed"}
 	if got := w.k.log(); !slices.Equal(got, want) {
 		t.Errorf("kernel seam calls %v, want %v (goroutines stopped before what they use closes, newest first)", got, want)

@@ -35,6 +35,8 @@ type config struct {
 	Partition time.Duration
 	Out       string
 	Plot      string
+	// WorkerGOGC is the workers' garbage-collection target (debug.SetGCPercent).
+	WorkerGOGC int
 }
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 	state := flag.String("state", "new", "internal: cluster state")
 	first := flag.Int("from", 0, "internal: first host")
 	end := flag.Int("to", 0, "internal: end of hosts")
+	gogc := flag.Int("gogc", 50, "internal: the worker's garbage-collection target")
 	ns := flag.String("n", "1000", "numbers of simulated hosts, comma-separated")
 	var c config
 	flag.IntVar(&c.Runs, "runs", 3, "repetitions of each join measurement")
@@ -56,6 +59,7 @@ func main() {
 	flag.DurationVar(&c.Partition, "partition", time.Minute, "how long the partition scenario isolates the proxied hosts")
 	flag.StringVar(&c.Out, "out", "bench/results", "directory for the JSON lines (\"\" writes none)")
 	flag.StringVar(&c.Plot, "plot", "", "write an SVG of the join latency and etcd memory against N here")
+	flag.IntVar(&c.WorkerGOGC, "worker-gogc", 50, "the worker processes' GOGC: below Go's 100 because their heap grows as N²; each collection scans every simulated host's heap, a cost no real host pays")
 	from := flag.String("plot-from", "", "instead of measuring, plot the JSON lines of this file (with -plot)")
 	flag.Parse()
 	var err error
@@ -63,7 +67,7 @@ func main() {
 	case *role == "member":
 		err = runMember(*dir, *idx, parseInts(*ports), *state)
 	case *role == "worker":
-		err = runWorker(flag.Args(), *first, *end, *proxied, *dir)
+		err = runWorker(flag.Args(), *first, *end, *proxied, *dir, *gogc)
 	case *from != "":
 		err = replot(c, *from)
 	default:
@@ -187,9 +191,10 @@ func (c *coordinator) record(r result) error {
 	}
 	line := struct {
 		result
-		Time string `json:"time"`
-		CPUs int    `json:"cpus"`
-	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU()}
+		Time       string `json:"time"`
+		CPUs       int    `json:"cpus"`
+		WorkerGOGC int    `json:"worker_gogc"`
+	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), c.cfg.WorkerGOGC}
 	err = json.NewEncoder(f).Encode(line)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -250,7 +255,7 @@ func (m *atN) startHosts() error {
 	}
 	t0 := time.Now()
 	for from := 0; from < m.n; from += m.c.cfg.Per {
-		w, err := startWorker(m.cl.eps, from, min(m.n, from+m.c.cfg.Per), proxied, m.cl.dir)
+		w, err := startWorker(m.cl.eps, from, min(m.n, from+m.c.cfg.Per), proxied, m.cl.dir, m.c.cfg.WorkerGOGC)
 		if err != nil {
 			return err
 		}

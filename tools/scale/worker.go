@@ -93,10 +93,10 @@ type worker struct {
 // runWorker runs hosts [from, to). The hosts whose index ends in a digit
 // below proxied×10 reach the members through proxies of their own (sockets
 // in dir), which the "partition" command turns into blackholes.
-func runWorker(eps []string, from, to int, proxied float64, dir string) error {
+func runWorker(eps []string, from, to int, proxied float64, dir string, gogc int) error {
 	// Each host holds every lease: the simulator's memory grows as N², so
-	// collect garbage sooner than Go's default.
-	debug.SetGCPercent(50)
+	// by default garbage is collected sooner than Go's default (-worker-gogc).
+	debug.SetGCPercent(gogc)
 	w := &worker{cnt: &rpcCounter{n: map[string]*atomic.Int64{}}, out: json.NewEncoder(os.Stdout), kinds: warningKinds{n: map[string]int{}}}
 	log := slog.New(countingHandler{&w.warn, &w.refus, &w.kinds})
 	cut := int(math.Round(proxied * 10))

@@ -194,6 +194,7 @@ type daemon struct {
 	peers              *peerSet
 	env                *envKeeper
 	journal            *etcdv3.Journal // nil if it cannot be kept
+	batches            <-chan etcdv3.Batch
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

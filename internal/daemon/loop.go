@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -21,15 +22,9 @@ func (d *daemon) loop(ctx context.Context) error {
 			fatal <- err
 		}
 	})
-	d.startJournal()
-	batches := d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
-		OnRestart: func(string) { d.m.watchRestarts.Inc() }, Progress: d.journal != nil})
-	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	configs := d.reg.WatchConfig(ctx, retryInterval)
-	// Both watches end by closing their channel once ctx is cancelled; the
-	// shutdown waits for that before the etcd client closes, so a re-list
-	// in flight never runs on a closed client.
-	d.wg.Go(func() { <-ctx.Done(); drain(batches); drain(configs) })
+	d.wg.Go(func() { <-ctx.Done(); drain(configs) }) // as watchLeases does
+	batches := d.batches
 	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.reg.ConfigKey(), log: d.log}
 	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
@@ -56,6 +51,46 @@ func (d *daemon) loop(ctx context.Context) error {
 				d.env.set(func(e *subnet.Env) { e.MTU = mtu })
 			}
 			d.env.keep(d.log)
+		}
+	}
+}
+
+// watchLeases starts the lease watch from the start-up lease set, and the
+// journal of it.
+func (d *daemon) watchLeases(ctx context.Context) {
+	d.startJournal()
+	d.batches = d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
+		OnRestart: func(string) { d.m.watchRestarts.Inc() }, Progress: d.journal != nil})
+	// The watch ends by closing its channel once ctx is cancelled; the
+	// shutdown waits for that before the etcd client closes, so a re-list
+	// in flight never runs on a closed client.
+	batches := d.batches
+	d.wg.Go(func() { <-ctx.Done(); drain(batches) })
+}
+
+// catchUp applies the watch's batches until the lease set is as current as
+// etcd was when a saved set was checked against it (Snapshot.Head):
+// readiness promises that the first pass programs the lease set as it is,
+// not as it was when this host stopped. It is quick: the watch delivers
+// only what changed meanwhile.
+func (d *daemon) catchUp(ctx context.Context) error {
+	head := d.snap.Head
+	if head <= d.snap.Revision {
+		return nil
+	}
+	d.st.setPhase(fmt.Sprintf("catching up with etcd: the saved lease set is at revision %d, etcd was at %d", d.snap.Revision, head))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case b, ok := <-d.batches:
+			if !ok {
+				return ctx.Err()
+			}
+			d.onBatch(b)
+			if b.Revision >= head {
+				return nil
+			}
 		}
 	}
 }

@@ -118,9 +118,14 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		d.m.eventArrived(l.Subnets().Primary(), now)
 	}
 	d.m.rejected(d.peers.reset(d.snap), d.log)
+	d.watchLeases(ctx)
+	if err := d.catchUp(ctx); err != nil {
+		return err
+	}
 	d.publishPeers()
 	c := d.peers.counts()
-	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", d.snap.Revision)
+	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", d.snap.Revision, "saved", d.snap.Saved)
+	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	for _, be := range []*vxlan.Backend{d.be, d.be6} {
 		if be != nil {
 			d.wg.Go(func() { _ = be.Run(ctx) })

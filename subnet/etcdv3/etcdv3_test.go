@@ -28,9 +28,9 @@ type fixture struct {
 	cfg *subnet.Config
 }
 
-func newFixture(t *testing.T, network string) *fixture {
+func newFixture(t *testing.T, network string, opts ...etcdtest.Option) *fixture {
 	t.Helper()
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Start(t, opts...)
 	cli := srv.Client(t)
 	reg := NewRegistry(cli, DefaultPrefix)
 	cfg, err := reg.PutConfig(ctx(t), []byte(network))

@@ -11,9 +11,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -269,6 +271,59 @@ func TestRestartResumesFromTheJournalWithoutListing(t *testing.T) {
 	}
 	if got[joined.Subnet] != subnet.Added || got[others[0].Subnet] != subnet.Removed {
 		t.Errorf("events after the restart %v; want %s added, %s removed", got, joined.Subnet, others[0].Subnet)
+	}
+}
+
+// A watch from a resumed saved set says when it has caught up with etcd
+// as it was when the set was checked (Snapshot.Head) — at once, not after
+// a quiet ProgressInterval, and with no lease changed meanwhile too: the
+// daemon is ready only then.
+func TestWatchFromASavedSetSaysWhenCurrent(t *testing.T) {
+	for _, leaseChanged := range []bool{false, true} {
+		t.Run(fmt.Sprint("lease changed meanwhile: ", leaseChanged), func(t *testing.T) {
+			// No progress notifications but those asked for.
+			f := newFixture(t, testNetwork, func(c *embed.Config) { c.WatchProgressNotifyInterval = time.Hour })
+			if _, _, err := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			h := host(1)
+			first, snap, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			saved, err := loadJournal(journalOf(t, f, snap), f.reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.cli.Put(ctx(t), DefaultPrefix+"/elsewhere", "x"); err != nil {
+				t.Fatal(err)
+			}
+			if leaseChanged {
+				if _, _, err := f.manager(host(3), ManagerOptions{}).Acquire(ctx(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := f.cli.Put(ctx(t), DefaultPrefix+"/elsewhere", "y"); err != nil {
+				t.Fatal(err)
+			}
+			h.Previous = first.Subnets()
+			_, from, err := f.manager(h, ManagerOptions{}).AcquireFrom(ctx(t), saved)
+			if err != nil || !from.Saved || from.Head <= from.Revision {
+				t.Fatalf("AcquireFrom: saved %v, revision %d, head %d, %v; want a saved set behind its head", from.Saved, from.Revision, from.Head, err)
+			}
+			ch := f.reg.Watch(ctx(t), from, WatchOptions{ProgressInterval: time.Hour})
+			events := 0
+			for {
+				b := recv(t, ch)
+				events += len(b.Events)
+				if b.Revision >= from.Head {
+					break
+				}
+			}
+			if leaseChanged != (events > 0) {
+				t.Errorf("caught up with %d events; a lease changed meanwhile: %v", events, leaseChanged)
+			}
+		})
 	}
 }
 

@@ -120,6 +120,10 @@ type Snapshot struct {
 	ClusterID uint64
 	// Saved: read from a lease journal (OpenJournal), not from etcd.
 	Saved bool
+	// Head is, for a saved set that AcquireFrom resumed from, etcd's
+	// revision when it checked the set: the set is current once the
+	// watch has delivered that far (a watch from it says when, see Watch).
+	Head int64
 }
 
 // listPage is how many leases one range request of List reads. etcd

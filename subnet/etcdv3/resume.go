@@ -33,6 +33,7 @@ func (m *Manager) AcquireFrom(ctx context.Context, saved Snapshot) (subnet.Lease
 	m.setLease(l)
 	m.setSeen(rev)
 	m.log.Info("lease acquired", "subnets", l.Subnets(), "reserved", l.Reserved, "public_ip", m.host.PublicIP, "resumed_from", saved.Revision)
+	saved.Head = rev
 	return l, saved, nil
 }
 

@@ -118,10 +118,13 @@ func (o *WatchOptions) defaults() {
 // stalls it resumes from the last revision seen, so what changed meanwhile
 // arrives as events; only when that revision has been compacted does it
 // re-list and send the difference — adds, removes and attribute changes —
-// so the consumer never misses one.
+// so the consumer never misses one. A watch from a saved set that
+// AcquireFrom resumed (snap.Head beyond snap.Revision) says when it has
+// caught up: a batch with a Revision of at least Head arrives as soon as
+// it has, an empty one if no lease changed.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
 	for _, l := range snap.Leases {
 		w.known[l.ID()] = subnet.KnownOf(l)
 	}
@@ -139,6 +142,11 @@ type watcher struct {
 	opts WatchOptions
 	log  *slog.Logger
 	rev  int64
+	// head is a revision the consumer must be told it has reached (a
+	// saved set's Snapshot.Head): until then the watch asks etcd for
+	// progress every catchUpInterval, and a progress notification
+	// past rev is delivered as an empty batch.
+	head int64
 	// known holds each lease's fingerprint and revision (subnet.Known),
 	// not the lease: what the consumer needs of a value it gets in the
 	// event, and at thousands of leases the values would be most of the
@@ -245,10 +253,28 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	}
 	stall := newStallCheck(w.reg.cli, wctx, wch, w.reg.head, func() int64 { return w.rev }, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
+	// A watch that starts behind a known head asks etcd whether it has
+	// caught up: etcd answers a progress request once the watch has
+	// delivered everything up to the store's revision (and drops it
+	// before), so the answer, not a quiet ProgressInterval, says when.
+	var catchUp <-chan time.Time
+	if w.rev < w.head {
+		t := time.NewTicker(catchUpInterval)
+		defer t.Stop()
+		catchUp = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return "stopped", false
+		case <-catchUp:
+			if w.rev >= w.head {
+				catchUp = nil
+				continue
+			}
+			rctx, cancel := context.WithTimeout(wctx, w.opts.StallTimeout)
+			_ = w.reg.cli.RequestProgress(rctx) // a failure shows as a stall
+			cancel()
 		case <-stall.C():
 			if reason := stall.check(); reason != "" {
 				return reason, false
@@ -276,20 +302,40 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			}
 			switch {
 			case resp.IsProgressNotify():
-				if w.opts.Progress && resp.Header.Revision > w.rev && !send(ctx, out, Batch{Revision: resp.Header.Revision}) {
+				if w.reports(resp.Header.Revision) && !send(ctx, out, Batch{Revision: resp.Header.Revision}) {
 					return "stopped", false
 				}
 				w.rev = max(w.rev, resp.Header.Revision)
 				continue
 			}
-			for _, b := range w.apply(after(resp.Events, from), resp.Header.Revision) {
+			// Everything up to the last event has been delivered; not
+			// necessarily up to the header's revision: a watch catching up
+			// gets its backlog in parts, each headed with the store's
+			// current revision. Only a progress notification vouches for
+			// its header (the lease manager's own-key watch reads it so too).
+			rev := resp.Header.Revision
+			if n := len(resp.Events); n > 0 {
+				rev = resp.Events[n-1].Kv.ModRevision
+			}
+			batches := w.apply(after(resp.Events, from), rev)
+			if len(batches) == 0 && w.reports(rev) {
+				batches = []Batch{{Revision: rev}}
+			}
+			for _, b := range batches {
 				if !send(ctx, out, b) {
 					return "stopped", false
 				}
 			}
-			w.rev = resp.Header.Revision
+			w.rev = max(w.rev, rev)
 		}
 	}
+}
+
+// reports says whether reaching rev without a lease changing is delivered
+// as an empty batch: when asked to (Progress), and until the head is
+// reached.
+func (w *watcher) reports(rev int64) bool {
+	return (w.opts.Progress || w.rev < w.head) && rev > w.rev
 }
 
 // apply folds watch events into the known set and returns the net events
@@ -391,6 +437,10 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 		return false
 	}
 }
+
+// catchUpInterval is how often a watch that starts behind a known head
+// asks etcd whether it has caught up.
+const catchUpInterval = 100 * time.Millisecond
 
 // resyncPerLease stretches the periodic re-list with the size of the lease
 // set. Every host re-reads every lease each interval, so a fixed interval

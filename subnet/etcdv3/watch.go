@@ -144,7 +144,7 @@ type watcher struct {
 	rev  int64
 	// head is a revision the consumer must be told it has reached (a
 	// saved set's Snapshot.Head): until then the watch asks etcd for
-	// progress every catchUpInterval, and a progress notification
+	// progress (after catchUpInterval, then less often), and a progress notification
 	// past rev is delivered as an empty batch.
 	head int64
 	// known holds each lease's fingerprint and revision (subnet.Known),
@@ -257,11 +257,12 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	// caught up: etcd answers a progress request once the watch has
 	// delivered everything up to the store's revision (and drops it
 	// before), so the answer, not a quiet ProgressInterval, says when.
+	// The pause doubles after each request: a fleet that restarts at once
+	// must not flood an etcd that is slow to catch them all up.
 	var catchUp <-chan time.Time
+	wait := catchUpInterval
 	if w.rev < w.head {
-		t := time.NewTicker(catchUpInterval)
-		defer t.Stop()
-		catchUp = t.C
+		catchUp = time.After(wait)
 	}
 	for {
 		select {
@@ -275,6 +276,8 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			rctx, cancel := context.WithTimeout(wctx, w.opts.StallTimeout)
 			_ = w.reg.cli.RequestProgress(rctx) // a failure shows as a stall
 			cancel()
+			wait = min(2*wait, maxCatchUpInterval)
+			catchUp = time.After(wait)
 		case <-stall.C():
 			if reason := stall.check(); reason != "" {
 				return reason, false
@@ -438,9 +441,13 @@ func send(ctx context.Context, out chan<- Batch, b Batch) bool {
 	}
 }
 
-// catchUpInterval is how often a watch that starts behind a known head
-// asks etcd whether it has caught up.
-const catchUpInterval = 100 * time.Millisecond
+// A watch that starts behind a known head first asks etcd whether it has
+// caught up after catchUpInterval, then after pauses that double up to
+// maxCatchUpInterval.
+const (
+	catchUpInterval    = 100 * time.Millisecond
+	maxCatchUpInterval = 1600 * time.Millisecond
+)
 
 // resyncPerLease stretches the periodic re-list with the size of the lease
 // set. Every host re-reads every lease each interval, so a fixed interval

@@ -283,14 +283,7 @@ func TestWatchFromASavedSetSaysWhenCurrent(t *testing.T) {
 		t.Run(fmt.Sprint("lease changed meanwhile: ", leaseChanged), func(t *testing.T) {
 			// No progress notifications but those asked for.
 			f := newFixture(t, testNetwork, func(c *embed.Config) { c.WatchProgressNotifyInterval = time.Hour })
-			if _, _, err := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
-				t.Fatal(err)
-			}
-			h := host(1)
-			first, snap, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
-			if err != nil {
-				t.Fatal(err)
-			}
+			h, first, snap := joinSecond(t, f)
 			saved, err := loadJournal(journalOf(t, f, snap), f.reg)
 			if err != nil {
 				t.Fatal(err)
@@ -327,11 +320,11 @@ func TestWatchFromASavedSetSaysWhenCurrent(t *testing.T) {
 	}
 }
 
-// A journal saved before the host's own new lease arrived on the watch (a
-// daemon stopped right after its first start) still serves: the host's
-// key is the previous subnet file's.
-func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
-	f := newFixture(t, testNetwork)
+// joinSecond acquires host(2)'s lease, then host(1)'s, and returns
+// host(1), its lease and the listing its Acquire returned: host(2)'s
+// lease, not its own.
+func joinSecond(t *testing.T, f *fixture) (Host, subnet.Lease, Snapshot) {
+	t.Helper()
 	if _, _, err := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -340,6 +333,15 @@ func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return h, first, snap
+}
+
+// A journal saved before the host's own new lease arrived on the watch (a
+// daemon stopped right after its first start) still serves: the host's
+// key is the previous subnet file's.
+func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	h, first, snap := joinSecond(t, f)
 	path := filepath.Join(t.TempDir(), "subnet.env.leases")
 	createJournal(t, path, f.reg, snap).Close() // the listing, without first
 	saved, err := loadJournal(path, f.reg)

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -24,15 +26,19 @@ import (
 // the watch delivers batches; keys and messages are Go-quoted, a lease's
 // value is its JSON as etcd holds it (compact: it never spans lines):
 //
-//	{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":1234}
+//	{"journal":2,"prefix":"/coreos.com/network/subnets/","cluster":1234}
 //	L "10.244.1.0-24" 7587 12 {"PublicIP":...}   a lease: key, etcd lease, ModRevision, value
 //	I "10.244.9.0-24" 13 "invalid character..."  a key whose value does not decode
 //	D "10.244.1.0-24"                            a key deleted
 //	C                                            a re-list follows: forget the invalid keys
-//	R 14                                         what precedes is the lease set at revision 14
+//	R 14 3905627101                              what precedes is the lease set at revision 14
 //
-// What follows the last R record (a write cut short) is cut off when the
-// file is opened. Once the records outnumber twice the keys, the file is
+// An R record ends with the CRC-32C of every byte of the file before it,
+// so a file changed after it was written (a bit flipped, a line lost) is
+// refused rather than resumed from: Manager.AcquireFrom checks only this
+// host's own key against etcd, as a count of every key would cost etcd a
+// walk over all of them per restart. What follows the last R record (a
+// write cut short) is cut off when the file is opened. Once the records outnumber twice the keys, the file is
 // rewritten with one record per key, to a new name and renamed, so it is
 // always whole. Appending costs a host what changed, not the size of the
 // lease set, and keeps no lease value in memory; reading it back costs
@@ -42,8 +48,12 @@ import (
 // through the decoding every lease from etcd goes through, and
 // Manager.AcquireFrom checks the set against etcd before using it.
 
-// journalVersion is the format written in the header.
-const journalVersion = 1
+// journalVersion is the format written in the header. Version 1 had no
+// checksums; a host that finds one lists every lease once.
+const journalVersion = 2
+
+// journalCRC is the checksum of R records: CRC-32C.
+var journalCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // maxJournalSize bounds what OpenJournal reads: 65,536 leases take about
 // 20 MB written compactly.
@@ -74,6 +84,7 @@ type journalRecord struct {
 	value           []byte // a lease's value
 	lease, mod, rev int64
 	err             string // why an invalid key's value does not decode
+	sum             uint32 // an R record's checksum of the file before it
 }
 
 // JournalFile is where overlayd keeps the lease journal: beside the subnet
@@ -90,6 +101,8 @@ type Journal struct {
 	// records how many records it has gained since.
 	keys, records int
 	rev           int64
+	// sum is the checksum of the file so far (journalCRC).
+	sum uint32
 	// holds: the file holds the lease set OpenJournal returned.
 	holds bool
 }
@@ -130,7 +143,7 @@ func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
 		f.Close()
 		return j, Snapshot{}, err
 	}
-	j.f, j.header.Cluster, j.keys, j.records, j.rev, j.holds = f, snap.ClusterID, len(r.keys), r.records, snap.Revision, true
+	j.f, j.header.Cluster, j.keys, j.records, j.rev, j.sum, j.holds = f, snap.ClusterID, len(r.keys), r.records, snap.Revision, r.sum, true
 	return j, snap, nil
 }
 
@@ -201,10 +214,11 @@ func (j *Journal) Apply(b Batch) error {
 	if n == 0 && b.Revision <= j.rev {
 		return nil
 	}
-	add(journalRecord{kind: recRev, rev: b.Revision})
+	add(journalRecord{kind: recRev, rev: b.Revision, sum: crc32.Update(j.sum, journalCRC, buf)})
 	if _, err := j.f.Write(buf); err != nil {
 		return fmt.Errorf("append to lease journal %s: %w", j.path, err)
 	}
+	j.sum = crc32.Update(j.sum, journalCRC, buf)
 	j.records += n
 	j.rev = b.Revision
 	if j.records > 2*j.keys+journalSlack {
@@ -263,7 +277,7 @@ func (j *Journal) rewrite(recs []journalRecord, rev int64) error {
 	if j.f != nil {
 		_ = j.f.Close()
 	}
-	j.f, j.keys, j.records, j.rev, j.holds = f, len(recs), 0, rev, false
+	j.f, j.keys, j.records, j.rev, j.sum, j.holds = f, len(recs), 0, rev, crc32.Checksum(buf, journalCRC), false
 	return nil
 }
 
@@ -295,7 +309,7 @@ func encodeJournal(h journalHeader, recs []journalRecord, rev int64) ([]byte, er
 	for _, r := range recs {
 		buf = r.append(buf)
 	}
-	return journalRecord{kind: recRev, rev: rev}.append(buf), nil
+	return journalRecord{kind: recRev, rev: rev, sum: crc32.Checksum(buf, journalCRC)}.append(buf), nil
 }
 
 // append appends r's line to buf.
@@ -315,6 +329,7 @@ func (r journalRecord) append(buf []byte) []byte {
 		buf = strconv.AppendQuote(append(buf, ' '), r.key)
 	case recRev:
 		buf = strconv.AppendInt(append(buf, ' '), r.rev, 10)
+		buf = strconv.AppendUint(append(buf, ' '), uint64(r.sum), 10)
 	}
 	return append(buf, '\n')
 }
@@ -338,6 +353,11 @@ func parseRecord(line string) (journalRecord, error) {
 	case recRev:
 		if r.rev = f.count(); f.err == nil && r.rev == 0 {
 			f.err = errors.New("revision 0")
+		}
+		if sum := f.count(); f.err == nil && sum > math.MaxUint32 {
+			f.err = fmt.Errorf("checksum %d out of range", sum)
+		} else {
+			r.sum = uint32(sum)
 		}
 	default:
 		return r, fmt.Errorf("unknown record %q", line[:1])
@@ -446,8 +466,10 @@ type replayed struct {
 	keys   map[string]journalRecord
 	rev    int64
 	// end is the length of the file up to the last R record, and
-	// records how many records follow the header up to there.
+	// records how many records follow the header up to there; sum is
+	// the checksum of those end bytes.
 	end, records int
+	sum          uint32
 }
 
 // replayJournal reads a journal's header and the keys it holds at its last
@@ -463,14 +485,16 @@ func replayJournal(data []byte) (replayed, error) {
 		return r, fmt.Errorf("format %d, want %d", r.header.Journal, journalVersion)
 	}
 	r.keys = map[string]journalRecord{}
-	offset := len(first) + 1
+	offset := min(len(first)+1, len(data))
+	sum := crc32.Checksum(data[:offset], journalCRC)
 	var pending []journalRecord
 	for n := 2; ; n++ {
 		line, next, complete := bytes.Cut(rest, []byte("\n"))
 		if !complete {
 			break
 		}
-		offset += len(line) + 1
+		whole := rest[:len(line)+1]
+		offset += len(whole)
 		rest = next
 		rec, err := parseRecord(string(line))
 		if err != nil {
@@ -478,7 +502,11 @@ func replayJournal(data []byte) (replayed, error) {
 		}
 		if rec.kind != recRev {
 			pending = append(pending, rec)
+			sum = crc32.Update(sum, journalCRC, whole)
 			continue
+		}
+		if rec.sum != sum {
+			return r, fmt.Errorf("line %d: checksum %d, want %d: the file was changed after it was written", n, rec.sum, sum)
 		}
 		if rec.rev < r.rev {
 			return r, fmt.Errorf("line %d: revision %d after %d", n, rec.rev, r.rev)
@@ -486,8 +514,9 @@ func replayJournal(data []byte) (replayed, error) {
 		for _, p := range pending {
 			r.apply(p)
 		}
+		sum = crc32.Update(sum, journalCRC, whole)
 		r.records += len(pending) + 1
-		pending, r.rev, r.end = pending[:0], rec.rev, offset
+		pending, r.rev, r.end, r.sum = pending[:0], rec.rev, offset, sum
 	}
 	if r.rev == 0 {
 		return r, errors.New("holds no complete lease set")

@@ -3,6 +3,7 @@ package etcdv3
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -379,11 +380,18 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 		{"another cluster", "cluster", func(t *testing.T, _ *fixture, saved *Snapshot, _ subnet.Lease) {
 			saved.ClusterID ^= 1
 		}, false, false},
-		{"a key missing from the file", "keys under", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
-			for i, l := range saved.Leases {
-				if l.Subnet != own.Subnet {
+		{"own key missing from the set", "the saved set as written at 0", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+			for i := range saved.Leases {
+				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases = append(saved.Leases[:i], saved.Leases[i+1:]...)
 					return
+				}
+			}
+		}, false, false},
+		{"own key at another revision in the set", "etcd held this host's key", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+			for i := range saved.Leases {
+				if saved.Leases[i].Subnet == own.Subnet {
+					saved.Leases[i].ModRevision--
 				}
 			}
 		}, false, false},
@@ -511,25 +519,45 @@ func TestJournalIsCompacted(t *testing.T) {
 // The file is untrusted input: whatever it holds, loading it gives a
 // clear error or a lease set, never a panic; a write cut short leaves the
 // last whole batch.
+// seal gives every R record of journal the checksum it must carry (what
+// follows "R rev" is replaced), so that a test's hand-written journal is
+// refused, or not, for what the test wrote.
+func seal(journal string) string {
+	var out []byte
+	for line := range strings.Lines(journal) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "R" && strings.HasSuffix(line, "\n") {
+			line = fmt.Sprintf("R %s %d\n", f[1], crc32.Checksum(out, journalCRC))
+		}
+		out = append(out, line...)
+	}
+	return string(out)
+}
+
 func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
-	header := `{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n"
+	header := `{"journal":2,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n"
 	lease := `L "10.244.1.0-24" 5 3 {"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}` + "\n"
 	for _, tc := range []struct{ name, file, err string }{
 		{"empty", "", "header"},
 		{"not json", "garbage\n", "header"},
-		{"another format", `{"journal":2}` + "\n", "format 2"},
-		{"another prefix", `{"journal":1,"prefix":"/other/subnets/"}` + "\n" + lease + "R 4\n", "under /other/subnets/"},
+		{"another format", `{"journal":1}` + "\n", "format 1, want 2"},
+		{"another prefix", seal(`{"journal":2,"prefix":"/other/subnets/"}` + "\n" + lease + "R 4\n"), "under /other/subnets/"},
 		{"no revision", header + lease, "no complete lease set"},
-		{"a value that does not decode", header + `L "10.244.1.0-24" 0 3 {"PublicIP":5}` + "\nR 4\n", "lease 10.244.1.0-24"},
-		{"a key that does not parse", header + `L "10.244.1.0-99" 0 3 {}` + "\nR 4\n", "10.244.1.0-99"},
-		{"a lease without a value", header + `L "10.244.1.0-24" 0 3` + "\nR 4\n", "line 2: missing field"},
-		{"an unquoted key", header + "D 10.244.1.0-24\nR 4\n", "line 2: want a quoted string"},
-		{"garbage in the middle", header + lease + "}{\nR 4\n", "line 3: unknown record"},
-		{"revision going back", header + lease + "R 4\nR 2\n", "revision 2 after 4"},
-		{"negative revision", header + lease + "R -4\n", "non-negative"},
-		{"a field too many", header + lease + "R 4 5\n", "unexpected"},
-		{"an empty line", header + lease + "\nR 4\n", "line 3: empty line"},
+		{"only a header", strings.TrimSuffix(header, "\n"), "no complete lease set"},
+		{"a value that does not decode", seal(header + `L "10.244.1.0-24" 0 3 {"PublicIP":5}` + "\nR 4\n"), "lease 10.244.1.0-24"},
+		{"a key that does not parse", seal(header + `L "10.244.1.0-99" 0 3 {}` + "\nR 4\n"), "10.244.1.0-99"},
+		{"a lease without a value", seal(header + `L "10.244.1.0-24" 0 3` + "\nR 4\n"), "line 2: missing field"},
+		{"an unquoted key", seal(header + "D 10.244.1.0-24\nR 4\n"), "line 2: want a quoted string"},
+		{"garbage in the middle", seal(header + lease + "}{\nR 4\n"), "line 3: unknown record"},
+		{"revision going back", seal(header + lease + "R 4\nR 2\n"), "revision 2 after 4"},
+		{"negative revision", header + lease + "R -4 0\n", "non-negative"},
+		{"no checksum", header + lease + "R 4\n", "line 3: missing field"},
+		{"a checksum out of range", header + lease + "R 4 4294967296\n", "out of range"},
+		{"a field too many", header + lease + "R 4 5 6\n", "unexpected"},
+		{"an empty line", seal(header + lease + "\nR 4\n"), "line 3: empty line"},
+		{"a lease changed after it was written", strings.Replace(seal(header+lease+"R 4\n"), "198.18.0.1", "198.18.0.2", 1), "line 3: checksum"},
+		{"a line lost", strings.Replace(seal(header+lease+`D "10.244.1.0-24"`+"\nR 4\n"), lease, "", 1), "line 3: checksum"},
+		{"a record of a later batch lost", strings.Replace(seal(header+lease+"R 4\n"+`D "10.244.1.0-24"`+"\nR 6\n"+lease+"R 8\n"), `D "10.244.1.0-24"`+"\n", "", 1), "line 4: checksum"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "j")
@@ -546,7 +574,7 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	// A batch cut short by a crash is cut off; appending goes on after
 	// the last whole one.
 	path := filepath.Join(t.TempDir(), "j")
-	whole := header + lease + "R 4\n"
+	whole := seal(header + lease + "R 4\n")
 	if err := os.WriteFile(path, []byte(whole+`D "10.244.1.0-24"`+"\n"+`L "10.244.2.0-24" 0 5 {"Pub`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -575,12 +603,13 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 // Whatever a journal file holds, decoding it never panics, and a set it
 // decodes is written and read back unchanged.
 func FuzzDecodeJournal(f *testing.F) {
-	f.Add([]byte(`{"journal":1,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n" +
+	f.Add([]byte(`{"journal":2,"prefix":"/coreos.com/network/subnets/","cluster":7}` + "\n" +
 		`L "10.244.1.0-24" 5 3 {"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}` + "\n" +
 		`I "10.244.2.0-24" 4 "bad"` + "\nR 4\nC\n" + `D "10.244.1.0-24"` + "\nR 6\n"))
 	reg := NewRegistry(nil, DefaultPrefix)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		snap, _, err := decodeJournal(data, reg)
+		// Sealed, or nearly every input would stop at its first checksum.
+		snap, _, err := decodeJournal([]byte(seal(string(data))), reg)
 		if err != nil {
 			return
 		}

@@ -205,3 +205,27 @@ func BenchmarkOpenJournal(b *testing.B) {
 		j.Close()
 	}
 }
+
+// BenchmarkResumeCheck is etcd's part of checking a saved lease set of
+// 2,000 leases at its revision (AcquireFrom): reading this host's key at
+// that revision, against counting every key there as the first version
+// did — a walk over all N keys per restart.
+func BenchmarkResumeCheck(b *testing.B) {
+	reg, snap := benchLeases(b, 2000)
+	key := reg.LeaseKey(snap.Leases[0].Subnets())
+	for _, bc := range []struct {
+		name string
+		op   clientv3.Op
+	}{
+		{"own key", clientv3.OpGet(key, clientv3.WithRev(snap.Revision))},
+		{"count of keys", clientv3.OpGet(reg.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(snap.Revision), clientv3.WithCountOnly())},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := reg.cli.Txn(b.Context()).Then(clientv3.OpGet(key), bc.op).Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -38,15 +38,16 @@ import (
 // refused rather than resumed from: Manager.AcquireFrom checks only this
 // host's own key against etcd, as a count of every key would cost etcd a
 // walk over all of them per restart. What follows the last R record (a
-// write cut short) is cut off when the file is opened. Once the records outnumber twice the keys, the file is
-// rewritten with one record per key, to a new name and renamed, so it is
-// always whole. Appending costs a host what changed, not the size of the
-// lease set, and keeps no lease value in memory; reading it back costs
-// little more than decoding the values, which have to be decoded anyway.
+// write cut short) is cut off when the file is opened. Once the records
+// outnumber twice the keys, the file is rewritten with one record per key,
+// to a new name and renamed, so it is always whole. Appending costs a host
+// what changed, not the size of the lease set, and keeps no lease value in
+// memory; reading it back costs little more than decoding the values,
+// which have to be decoded anyway.
 //
 // The file is untrusted input like etcd's values: each lease in it goes
 // through the decoding every lease from etcd goes through, and
-// Manager.AcquireFrom checks the set against etcd before using it.
+// Manager.AcquireFrom checks it against etcd before using it.
 
 // journalVersion is the format written in the header. Version 1 had no
 // checksums; a host that finds one lists every lease once.

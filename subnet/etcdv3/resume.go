@@ -52,8 +52,8 @@ func stale(format string, args ...any) error { return staleJournal{fmt.Sprintf(f
 // host's key at R (which fails if R was compacted, or is beyond a
 // re-created or restored cluster's head), as saved has it, and the
 // cluster's ID. Each read is of one key: a fleet restart costs etcd N
-// small reads, not N walks over N keys (counting the keys at R did, 9 %
-// of etcd's work in a restart of 2,000 hosts, growing as N). The journal's
+// small reads, not N walks over N keys (counting the keys at R did: 9 %
+// of the members' CPU in a profiled restart of 2,000 hosts). The journal's
 // checksums catch a file changed since it was written; the periodic
 // re-list catches what no cheap check could.
 func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {

@@ -63,7 +63,7 @@ func (d *daemon) join(ctx context.Context) error {
 		LeaseTTL: d.cfg.LeaseTTL, LivenessTTL: d.cfg.LivenessTTL, Logger: d.log, OnWait: d.st.setPhase})
 	// The wait for another host's liveness key is bounded by that key's
 	// TTL, not by a per-attempt timeout: it must be allowed to end.
-	if err := d.steps.retryUnbounded(ctx, "check that node ID "+strconv.Quote(d.nodeID)+" is not in use", d.mgr.CheckNodeID); err != nil {
+	if err := d.steps.retryUnbounded(ctx, "claim node ID "+strconv.Quote(d.nodeID), d.mgr.ClaimNodeID); err != nil {
 		return err
 	}
 	// The lease set saved by the last run, if etcd still holds it, or else

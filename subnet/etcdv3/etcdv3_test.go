@@ -59,7 +59,7 @@ func (f *fixture) manager(h Host, opts ManagerOptions) *Manager {
 	return NewManager(f.reg, f.cfg, h, opts)
 }
 
-// waitFor polls cond every 10 ms until it holds or the timeout passes.
+// countEtcdLeases returns how many etcd leases the cluster holds.
 func (f *fixture) countEtcdLeases(t *testing.T) int {
 	t.Helper()
 	resp, err := f.cli.Leases(ctx(t))
@@ -566,7 +566,7 @@ func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
 
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200") // another machine, same node ID
-	err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).CheckNodeID(ctx(t))
+	err = f.manager(clone, ManagerOptions{LivenessTTL: 2 * time.Second}).ClaimNodeID(ctx(t))
 	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("second host with the same node ID: %v, want ErrDuplicateNode with advice", err)
 	}
@@ -589,7 +589,7 @@ func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
 	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), val, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).ClaimNodeID(ctx(t)); err != nil {
 		t.Fatalf("restart on the same host: %v", err)
 	}
 }
@@ -604,7 +604,7 @@ func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nobody renews it: it expires within its TTL and the new host goes on.
-	if err := f.manager(host(1), ManagerOptions{}).CheckNodeID(ctx(t)); err != nil {
+	if err := f.manager(host(1), ManagerOptions{}).ClaimNodeID(ctx(t)); err != nil {
 		t.Fatalf("after the dead host's key expired: %v", err)
 	}
 }

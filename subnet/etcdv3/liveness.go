@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -21,24 +22,42 @@ type livenessValue struct {
 // expired lease (and so delete the liveness key it carries).
 const livenessSlack = 3 * time.Second
 
-// CheckNodeID refuses to start while another host's overlayd holds this
-// node ID's liveness key. A key left by this host's own previous process
-// (same public IP; a second live daemon on one host fails earlier, on its
-// lock file) is not a duplicate. Another host's key may be a dead host's
-// that has not expired yet: it is given its remaining TTL (plus slack) to
-// vanish. The wait is bounded by that TTL, not by any per-request timeout,
-// so it ends in nil, ErrDuplicateNode, ctx's error, or a request error
-// (etcd unreachable: the caller may retry).
-func (m *Manager) CheckNodeID(ctx context.Context) error {
+// ClaimNodeID makes this process the holder of the node ID: it writes the
+// liveness key on a short etcd lease, atomically, unless another host's
+// overlayd holds it. The key is kept alive from here on (Run takes it
+// over), so a clone that starts while this host is still starting up is
+// refused too: a check that only read the key would let both through until
+// the first one's Run wrote it.
+//
+// A key left by this host's own previous process (same public IP; a second
+// live daemon on one host fails earlier, on its lock file) is taken over.
+// Another host's key may be a dead host's that has not expired yet: it is
+// given its remaining TTL (plus slack) to vanish. The wait is bounded by
+// that TTL, not by any per-request timeout, so it ends in nil,
+// ErrDuplicateNode, ctx's error, or a request error (etcd unreachable: the
+// caller may retry).
+//
+// If the process never reaches Run, the claim ends with the etcd client
+// (closing it stops the keepalive) and the key expires within its TTL.
+func (m *Manager) ClaimNodeID(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
+	waited := false
 	for {
-		other, lease, rev, err := m.otherHolder(ctx, key)
-		if err != nil || other == nil {
+		c, other, err := m.claimLiveness(ctx)
+		if err != nil {
 			return err
+		}
+		if other == nil {
+			m.setClaim(c)
+			return nil
+		}
+		if waited {
+			return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
+				ErrDuplicateNode, m.host.NodeID, other.PublicIP, other.Hostname)
 		}
 		wait := m.opts.LivenessTTL + livenessSlack
 		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-		if ttl, err := m.reg.TTL(rctx, lease); err == nil && ttl >= 0 {
+		if ttl, err := m.reg.TTL(rctx, other.lease); err == nil && ttl >= 0 {
 			wait = time.Duration(ttl)*time.Second + livenessSlack
 		}
 		cancel()
@@ -48,40 +67,121 @@ func (m *Manager) CheckNodeID(ctx context.Context) error {
 		if m.opts.OnWait != nil {
 			m.opts.OnWait(reason)
 		}
-		deleted, err := m.waitDeleted(ctx, key, rev, wait)
+		deleted, err := m.waitDeleted(ctx, key, other.rev, wait)
 		if err != nil {
 			return err
 		}
-		if deleted {
-			continue // gone: look again, another host may have started
-		}
-		// The wait is over: one last look decides.
-		if other, _, _, err = m.otherHolder(ctx, key); err != nil || other == nil {
-			return err
-		}
-		return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
-			ErrDuplicateNode, m.host.NodeID, other.PublicIP, other.Hostname)
+		// Deleted: claim again (another host may have been faster). Not
+		// deleted within its TTL: one last attempt decides.
+		waited = !deleted
 	}
 }
 
-// otherHolder reads the liveness key and returns its value if another host
-// holds it (nil if nobody or this host does), with its etcd lease and the
-// revision of the read.
-func (m *Manager) otherHolder(ctx context.Context, key string) (*livenessValue, int64, int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+// liveClaim is a liveness key this process wrote: the etcd lease that
+// carries it, kept alive from the claim on.
+type liveClaim struct {
+	lease clientv3.LeaseID
+	rev   int64 // the revision of the write
+	ka    <-chan *clientv3.LeaseKeepAliveResponse
+	stop  context.CancelFunc // ends the keepalive
+}
+
+// release stops the keepalive and revokes the lease, so a clean stop shows
+// "not alive" at once.
+func (c *liveClaim) release(ctx context.Context, cli *clientv3.Client) {
+	c.stop()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	resp, err := m.reg.cli.Get(rctx, key)
+	_, _ = cli.Revoke(rctx, c.lease)
+}
+
+// liveHolder is another host's liveness key: its value, its etcd lease and
+// the revision it was read at.
+type liveHolder struct {
+	livenessValue
+	lease int64
+	rev   int64
+}
+
+// maxClaimAttempts bounds the compare-and-put loop of claimLiveness: only
+// this host's own previous key, changing under it, makes it go round.
+const maxClaimAttempts = 3
+
+// claimLiveness writes the liveness key on a new etcd lease if the key is
+// absent or was written by this host (a previous process), in one
+// transaction each: two hosts claiming at once cannot both succeed. If
+// another host holds the key it returns that holder and writes nothing.
+func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, error) {
+	key := m.reg.NodeKey(m.host.NodeID)
+	cli := m.reg.cli
+	grant, err := cli.Grant(ctx, int64(m.opts.LivenessTTL/time.Second))
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("read liveness key %s: %w", key, err)
+		return nil, nil, fmt.Errorf("grant liveness lease: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, 0, resp.Header.Revision, nil
+	won := false
+	defer func() {
+		if !won {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			_, _ = cli.Revoke(rctx, grant.ID)
+		}
+	}()
+	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
+	var mod int64 // the ModRevision the key must have: 0 is absent
+	for range maxClaimAttempts {
+		resp, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(grant.ID))).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		if err != nil {
+			return nil, nil, fmt.Errorf("write liveness key %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			// The keepalive outlives this call's ctx, which may be one
+			// attempt's: release ends it.
+			kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+			ka, err := cli.KeepAlive(kctx, grant.ID)
+			if err != nil {
+				stop()
+				return nil, nil, fmt.Errorf("keep liveness lease alive: %w", err)
+			}
+			won = true
+			return &liveClaim{lease: grant.ID, rev: resp.Header.Revision, ka: ka, stop: stop}, nil, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			mod = 0 // deleted since the compare
+			continue
+		}
+		var v livenessValue
+		if err := json.Unmarshal(kvs[0].Value, &v); err == nil && v.PublicIP == m.host.PublicIP.String() {
+			mod = kvs[0].ModRevision // this host's previous process: take it over
+			continue
+		}
+		return nil, &liveHolder{livenessValue: v, lease: kvs[0].Lease, rev: resp.Header.Revision}, nil
 	}
-	var v livenessValue
-	if err := json.Unmarshal(resp.Kvs[0].Value, &v); err == nil && v.PublicIP == m.host.PublicIP.String() {
-		return nil, 0, resp.Header.Revision, nil
+	return nil, nil, fmt.Errorf("write liveness key %s: it changed under each of %d attempts", key, maxClaimAttempts)
+}
+
+// setClaim keeps c for Run, releasing a claim not taken yet.
+func (m *Manager) setClaim(c *liveClaim) {
+	m.mu.Lock()
+	old := m.claim
+	m.claim = c
+	m.mu.Unlock()
+	if old != nil {
+		old.release(context.Background(), m.reg.cli)
 	}
-	return &v, resp.Kvs[0].Lease, resp.Header.Revision, nil
+}
+
+// takeClaim returns the claim ClaimNodeID made, once; nil after that.
+func (m *Manager) takeClaim() *liveClaim {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.claim
+	m.claim = nil
+	return c
 }
 
 // waitDeleted watches key from after rev for up to wait and reports
@@ -141,42 +241,44 @@ func (m *Manager) keepLiveness(ctx context.Context) {
 
 func (m *Manager) holdLiveness(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
-	grant, err := m.reg.cli.Grant(ctx, int64(m.opts.LivenessTTL/time.Second))
-	if err != nil {
-		return fmt.Errorf("grant liveness lease: %w", err)
+	c := m.takeClaim()
+	if c == nil {
+		// Re-created after a loss: still only if nobody else holds it.
+		var other *liveHolder
+		var err error
+		if c, other, err = m.claimLiveness(ctx); err != nil {
+			return err
+		}
+		if other != nil {
+			return fmt.Errorf("liveness key %s is held by another overlayd at %s (%s): give every host its own --node-name", key, other.PublicIP, other.Hostname)
+		}
 	}
-	// Revoke on the way out so a clean stop shows "not alive" at once.
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_, _ = m.reg.cli.Revoke(rctx, grant.ID)
-	}()
-	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
-	put, err := m.reg.cli.Put(ctx, key, string(val), clientv3.WithLease(grant.ID))
-	if err != nil {
-		return fmt.Errorf("write liveness key %s: %w", key, err)
-	}
+	defer c.release(ctx, m.reg.cli) // last, once both goroutines are done
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel below: both goroutines end with kctx
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	kaCh, err := m.reg.cli.KeepAlive(kctx, grant.ID)
-	if err != nil {
-		return fmt.Errorf("keep liveness lease alive: %w", err)
-	}
 	// Two goroutines, so that neither can delay the other: the keepalive
 	// drain must notice an expired lease within its TTL however long the
 	// key's watch takes to come back (without quorum, re-opening a watch
 	// blocks until etcd confirms it).
 	lost := make(chan error, 2)
 	wg.Go(func() {
-		for ka := range kaCh {
-			m.reg.head.observe(ka.ResponseHeader, time.Duration(ka.TTL)*time.Second)
+		for {
+			select {
+			case ka, ok := <-c.ka:
+				if !ok {
+					lost <- fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
+					return
+				}
+				m.reg.head.observe(ka.ResponseHeader, time.Duration(ka.TTL)*time.Second)
+			case <-kctx.Done():
+				return
+			}
 		}
-		lost <- fmt.Errorf("liveness key %s: its %s etcd lease expired (etcd unreachable?)", key, m.opts.LivenessTTL)
 	})
 	wg.Go(func() {
-		if err := m.watchLivenessKey(kctx, key, put.Header.Revision); err != nil {
+		if err := m.watchLivenessKey(kctx, key, c); err != nil {
 			lost <- err
 		}
 	})
@@ -192,11 +294,22 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 }
 
 // watchLivenessKey returns an error once the liveness key is deleted while
-// its lease lives on (etcdctl del), and nil when ctx ends. A broken watch (a
-// leader change, a failover) is no loss by itself — the keepalive says
-// whether the session holds: it looks whether the key is still there, then
-// watches again.
-func (m *Manager) watchLivenessKey(ctx context.Context, key string, rev int64) error {
+// its lease lives on (etcdctl del) or is overwritten onto another etcd
+// lease (an older overlayd of a clone, or an operator), and nil when ctx
+// ends. A broken watch (a leader change, a failover) is no loss by itself —
+// the keepalive says whether the session holds: it looks whether the key is
+// still this claim's, then watches again.
+func (m *Manager) watchLivenessKey(ctx context.Context, key string, c *liveClaim) error {
+	rev := c.rev
+	lost := func(kv *mvccpb.KeyValue) error {
+		switch {
+		case kv == nil:
+			return fmt.Errorf("liveness key %s was deleted", key)
+		case clientv3.LeaseID(kv.Lease) != c.lease:
+			return fmt.Errorf("liveness key %s was overwritten: %q", key, kv.Value)
+		}
+		return nil
+	}
 	for {
 		wch := m.reg.cli.Watch(ownStream(clientv3.WithRequireLeader(ctx), "liveness"), key, clientv3.WithRev(rev+1))
 		for wr := range wch {
@@ -204,8 +317,12 @@ func (m *Manager) watchLivenessKey(ctx context.Context, key string, rev int64) e
 				break
 			}
 			for _, ev := range wr.Events {
+				kv := ev.Kv
 				if ev.Type == clientv3.EventTypeDelete {
-					return fmt.Errorf("liveness key %s was deleted", key)
+					kv = nil
+				}
+				if err := lost(kv); err != nil {
+					return err
 				}
 			}
 		}
@@ -216,8 +333,12 @@ func (m *Manager) watchLivenessKey(ctx context.Context, key string, rev int64) e
 		resp, err := m.reg.cli.Get(rctx, key)
 		cancel()
 		if err == nil {
-			if len(resp.Kvs) == 0 {
-				return fmt.Errorf("liveness key %s was deleted", key)
+			var kv *mvccpb.KeyValue
+			if len(resp.Kvs) > 0 {
+				kv = resp.Kvs[0]
+			}
+			if err := lost(kv); err != nil {
+				return err
 			}
 			rev = resp.Header.Revision
 		}

@@ -69,7 +69,7 @@ type ManagerOptions struct {
 	// would hide a deletion of the key from the re-claim.
 	ProgressInterval time.Duration
 	StallTimeout     time.Duration
-	// OnWait, if set, is told why CheckNodeID is waiting (for readiness).
+	// OnWait, if set, is told why ClaimNodeID is waiting (for readiness).
 	OnWait func(reason string)
 }
 
@@ -91,10 +91,11 @@ type Manager struct {
 	// from there fails at once, every time.
 	seen      int64
 	etcdLease clientv3.LeaseID
-	expires   time.Time // when the etcd lease runs out unless renewed
-	liveSince time.Time // zero while the liveness key is not held
-	liveErr   error     // why the liveness key is not held, once it was lost
-	keyErr    error     // why the lease key is not known to be ours, while re-claiming
+	expires   time.Time  // when the etcd lease runs out unless renewed
+	claim     *liveClaim // the liveness key ClaimNodeID wrote, until Run takes it over
+	liveSince time.Time  // zero while the liveness key is not held
+	liveErr   error      // why the liveness key is not held, once it was lost
+	keyErr    error      // why the lease key is not known to be ours, while re-claiming
 }
 
 // NewManager returns a Manager for host in the network cfg.
@@ -181,7 +182,7 @@ func (m *Manager) attrs() subnet.LeaseAttrs {
 // Acquire obtains a lease, in order of preference: one that already names this
 // host (adopting its etcd lease, or keeping a reservation TTL-free), the
 // subnet of the previous subnet.env if free, else a random free subnet.
-// Call CheckNodeID first: Acquire trusts that the node ID is this host's.
+// Call ClaimNodeID first: Acquire trusts that the node ID is this host's.
 // A lease naming this host outside the network is ErrStranded.
 //
 // It also returns the listing it picked the subnet from. A daemon starting

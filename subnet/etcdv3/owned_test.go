@@ -3,6 +3,7 @@ package etcdv3
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
@@ -73,6 +76,90 @@ func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
 		}
 		testenv.WaitFor(t, testenv.Slack, "the liveness key re-created", func() bool { return present() && m.Alive() })
 	}
+}
+
+// Two clones (one node ID, two machines) claiming at once: exactly one wins,
+// and its claim is kept alive before it ever runs; the other waits out the
+// winner's TTL and fails. A check that only read the key let both through.
+func TestClonesClaimingAtOnceGetOneWinner(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	clone := host(1)
+	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
+	opts := ManagerOptions{LivenessTTL: 2 * time.Second}
+	ms := []*Manager{f.manager(host(1), opts), f.manager(clone, opts)}
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() { errs[i] = m.ClaimNodeID(ctx(t)) })
+	}
+	wg.Wait()
+	won := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, ErrDuplicateNode):
+			t.Errorf("claim %d: %v, want nil or ErrDuplicateNode", i, err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("claims: %v; want exactly one to succeed", errs)
+	}
+}
+
+// Run keeps the key ClaimNodeID wrote (the same etcd lease), and never
+// takes it from another host: overwritten, it is lost, and it is written
+// again only once the other host's key is gone.
+func TestLivenessKeyIsNeverTakenFromAnotherHost(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	m := f.manager(host(1), ManagerOptions{RetryInterval: 50 * time.Millisecond})
+	if err := m.ClaimNodeID(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	key := f.reg.NodeKey("node-1")
+	holder := func() (ip string, lease int64) {
+		resp, err := f.cli.Get(ctx(t), key)
+		if err != nil || len(resp.Kvs) != 1 {
+			return "", 0
+		}
+		var v livenessValue
+		_ = json.Unmarshal(resp.Kvs[0].Value, &v)
+		return v.PublicIP, resp.Kvs[0].Lease
+	}
+	ip, claimed := holder()
+	if ip != host(1).PublicIP.String() {
+		t.Fatalf("after ClaimNodeID the key names %q, want %s", ip, host(1).PublicIP)
+	}
+	if _, _, err := m.Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, m)
+	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
+	if _, lease := holder(); lease != claimed {
+		t.Errorf("Run holds the key on etcd lease %x, want the claim's %x", lease, claimed)
+	}
+
+	grant, err := f.cli.Grant(ctx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.cli.Put(ctx(t), key, `{"PublicIP":"198.18.0.200","Hostname":"clone"}`, clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "the overwrite seen as a loss", func() bool {
+		alive, err := m.Liveness()
+		return !alive && err != nil && strings.Contains(err.Error(), "held by another overlayd at 198.18.0.200 (clone)")
+	})
+	if ip, _ := holder(); ip != "198.18.0.200" {
+		t.Fatalf("the other host's key was overwritten: it names %q", ip)
+	}
+	if _, err := f.cli.Revoke(ctx(t), grant.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "the key written again once the other is gone", func() bool {
+		ip, _ := holder()
+		return ip == host(1).PublicIP.String() && m.Alive()
+	})
 }
 
 func TestRepeatWarnLogsAtMostEveryWarnEvery(t *testing.T) {

@@ -179,7 +179,7 @@ func (h *simHost) start(ctx context.Context) error {
 	}
 	lap(1)
 	mgr := etcdv3.NewManager(reg, cfg, h.host(), etcdv3.ManagerOptions{Logger: h.log})
-	if err := step(mgr.CheckNodeID); err != nil {
+	if err := step(mgr.ClaimNodeID); err != nil {
 		_ = cli.Close()
 		return err
 	}

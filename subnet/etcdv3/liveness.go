@@ -90,9 +90,14 @@ type liveClaim struct {
 // "not alive" at once.
 func (c *liveClaim) release(ctx context.Context, cli *clientv3.Client) {
 	c.stop()
+	revoke(ctx, cli, c.lease)
+}
+
+// revoke revokes an etcd lease, within 2 s, also once ctx has ended.
+func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	_, _ = cli.Revoke(rctx, c.lease)
+	_, _ = cli.Revoke(rctx, id)
 }
 
 // liveHolder is another host's liveness key: its value, its etcd lease and
@@ -121,9 +126,7 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 	won := false
 	defer func() {
 		if !won {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			defer cancel()
-			_, _ = cli.Revoke(rctx, grant.ID)
+			revoke(ctx, cli, grant.ID)
 		}
 	}()
 	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})

@@ -282,6 +282,21 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 		if verr != nil && !errors.Is(verr, ErrInvalidLease) {
 			t.Fatalf("errors must wrap ErrInvalidLease: %v", verr)
 		}
+		if verr == nil {
+			// A value read is written again (the lease journal keeps
+			// values so), and from then on reads and writes the same.
+			out, err := attrs.Marshal()
+			if err != nil {
+				t.Fatalf("a value read does not encode: %v", err)
+			}
+			again, err := DecodeAttrs(out)
+			if err != nil {
+				t.Fatalf("%s written as %s does not read back: %v", value, out, err)
+			}
+			if out2, err := again.Marshal(); err != nil || !bytes.Equal(out2, out) {
+				t.Fatalf("%s written as %s, read back and written as %s (%v)", value, out, out2, err)
+			}
+		}
 		for _, cfg := range configs {
 			// Each network reads its own key space's form.
 			sn, kerr := cfg.ParseLeaseKey(key)

@@ -107,15 +107,7 @@ func TestRacingClaimsOfOneIPv6SubnetLeaveOne(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	won := 0
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			won++
-		case !errors.Is(err, ErrHeldElsewhere):
-			t.Errorf("claim %d: %v, want success or ErrHeldElsewhere", i, err)
-		}
-	}
+	won := winners(t, errs, ErrHeldElsewhere)
 	snap, err := f.reg.List(ctx(t))
 	if err != nil {
 		t.Fatal(err)

@@ -59,6 +59,22 @@ func (f *fixture) manager(h Host, opts ManagerOptions) *Manager {
 	return NewManager(f.reg, f.cfg, h, opts)
 }
 
+// winners counts the claims that succeeded in errs; each other one must
+// have failed with lost.
+func winners(t *testing.T, errs []error, lost error) int {
+	t.Helper()
+	won := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, lost):
+			t.Errorf("claim %d: %v, want success or %v", i, err, lost)
+		}
+	}
+	return won
+}
+
 // countEtcdLeases returns how many etcd leases the cluster holds.
 func (f *fixture) countEtcdLeases(t *testing.T) int {
 	t.Helper()
@@ -200,6 +216,7 @@ func TestPreviousSubnetReusedOnlyWhenFree(t *testing.T) {
 }
 
 func TestKeepAliveRenewsOneEtcdLease(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	f := newFixture(t, testNetwork)
 	// Short TTLs so renewals come often, but not so short that a busy
 	// machine delaying a keepalive by a few seconds lets a lease expire:
@@ -553,6 +570,7 @@ func expect(t *testing.T, ch <-chan Batch, typ subnet.EventType, p netip.Prefix,
 }
 
 func TestDuplicateNodeIDFailsLoudly(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	f := newFixture(t, testNetwork)
 	// The first host's liveness key must outlive a keepalive delayed by a
 	// busy machine; the clone waits out its remaining TTL before failing.
@@ -595,6 +613,7 @@ func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
 }
 
 func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	f := newFixture(t, testNetwork)
 	grant, err := f.cli.Grant(ctx(t), 2)
 	if err != nil {

@@ -205,6 +205,7 @@ func (c *collector) changedMeanwhile(mac string) bool {
 // on a new stream. Without the check nothing would arrive until the
 // periodic re-list (30 min).
 func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, _, dreg, _ := startServer(t)
 	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
 	if err != nil {
@@ -256,6 +257,7 @@ func TestWatchStallIsDetectedAndNothingIsLost(t *testing.T) {
 // A forced revoke made meanwhile must still be noticed and the same subnet
 // re-claimed, or peers would drop this host's routes for good.
 func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	for _, atCreation := range []bool{false, true} {
 		t.Run(map[bool]string{false: "stalled while open", true: "stalled at creation"}[atCreation], func(t *testing.T) {
 			srv, _, dreg, cfg := startServer(t)
@@ -299,6 +301,7 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 // stall is noticed and the lease set re-listed, so a lease added meanwhile
 // still arrives.
 func TestWatchStallAtCreationIsDetected(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, _, dreg, _ := startServer(t)
 	proxy, err := lab.NewGRPCProxy(filepath.Join(shortDir(t), "p.sock"), srv.Endpoint)
 	if err != nil {
@@ -350,6 +353,7 @@ func (h countingHandler) WithGroup(string) slog.Handler            { return h }
 // key's ModRevision would fail with "compacted" at once, every time: a busy
 // loop of re-claims hammering etcd.
 func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, direct, dreg, cfg := startServer(t)
 	proxy := newProxy(t, srv.Endpoint)
 	reg := proxiedRegistry(t, proxy.Endpoint())
@@ -409,6 +413,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 // not re-listed. A re-list per broken watch would make every host read
 // every lease at the same moment after each leader change.
 func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, _, dreg, _ := startServer(t)
 	proxy := newProxy(t, srv.Endpoint)
 	reg := proxiedRegistry(t, proxy.Endpoint())
@@ -451,6 +456,7 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 // watch resumes from its revision; re-listing every lease — every cut-off
 // host at once, at heal time — would add nothing.
 func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, _, dreg, cfg := startServer(t)
 	proxy := newProxy(t, srv.Endpoint)
 	// overlayd's client: gRPC keepalive drops the blackholed connections.
@@ -508,6 +514,7 @@ func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
 // re-opening — and then re-listing — a watch that works. Under load at
 // 2,000 hosts, every false stall added a re-open or a re-list to the load.
 func TestSlowAnswersAreNotTakenForAStalledWatch(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	srv, _, dreg, _ := startServer(t, noProgressNotify)
 	proxy := newProxy(t, srv.Endpoint)
 	reg, counter := countedRegistry(t, proxy.Endpoint())

@@ -82,6 +82,7 @@ func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
 // and its claim is kept alive before it ever runs; the other waits out the
 // winner's TTL and fails. A check that only read the key let both through.
 func TestClonesClaimingAtOnceGetOneWinner(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	f := newFixture(t, testNetwork)
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
@@ -93,16 +94,7 @@ func TestClonesClaimingAtOnceGetOneWinner(t *testing.T) {
 		wg.Go(func() { errs[i] = m.ClaimNodeID(ctx(t)) })
 	}
 	wg.Wait()
-	won := 0
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			won++
-		case !errors.Is(err, ErrDuplicateNode):
-			t.Errorf("claim %d: %v, want nil or ErrDuplicateNode", i, err)
-		}
-	}
-	if won != 1 {
+	if winners(t, errs, ErrDuplicateNode) != 1 {
 		t.Fatalf("claims: %v; want exactly one to succeed", errs)
 	}
 }
@@ -229,6 +221,7 @@ func TestWatchConfigFollowsChanges(t *testing.T) {
 // every few seconds: one line when the outage begins, then at most one per
 // WarnEvery (before, each failed re-list logged its own line).
 func TestWatchOutageWarnsOncePerWarnEvery(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	f := newFixture(t, testNetwork)
 	snap, err := f.reg.List(ctx(t))
 	if err != nil {

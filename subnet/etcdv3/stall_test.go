@@ -20,6 +20,7 @@ import (
 // (a write anywhere), they ask for progress again — which is what still
 // catches a watch that stalled while missing that write.
 func TestQuietWatchesAskNoProgressWhileTheStoreStandsStill(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
 	// etcd's own progress notifications (every 10 min by default; every
 	// second on the test servers) would confirm the revision in the
 	// checks' place: off, as on a production etcd between two of them.

@@ -113,6 +113,14 @@ func peerSubnet(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
 }
 
+// me is the host the tests' lease managers run as. Its subnet is pinned to
+// one no peer of the tests uses: picked at random, it collided now and then
+// with a peer a test adds later ("subnet already leased").
+func me() etcdv3.Host {
+	return etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
+		Previous: subnet.Subnets{IPv4: peerSubnet(50)}}
+}
+
 // collector gathers a watch's batches into the lease set it describes.
 type collector struct {
 	mu      sync.Mutex
@@ -267,7 +275,7 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 			}
 			t.Cleanup(proxy.Close)
 			reg := proxiedRegistry(t, proxy.Endpoint())
-			h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}}
+			h := me()
 			const progress, stallTimeout = 500 * time.Millisecond, time.Second
 			m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{ProgressInterval: progress, StallTimeout: stallTimeout, RetryInterval: 100 * time.Millisecond})
 			l, _, err := m.Acquire(tctx(t))
@@ -359,10 +367,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	reg := proxiedRegistry(t, proxy.Endpoint())
 	var interrupted atomic.Int64
 	log := slog.New(countingHandler{match: "lease keeping interrupted", n: &interrupted})
-	// Pin the manager's subnet below the peers' 10.244.100-149.0/24 it
-	// would otherwise collide with now and then (it picks at random).
-	h := etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
-		Previous: subnet.Subnets{IPv4: peerSubnet(50)}}
+	h := me()
 	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond})
 	l, _, err := m.Acquire(tctx(t))
 	if err != nil {
@@ -463,7 +468,7 @@ func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
 	reg, counter := countedRegistry(t, proxy.Endpoint())
 	snap := seedPeers(t, dreg, reg)
 	const retry = 100 * time.Millisecond
-	m := etcdv3.NewManager(reg, cfg, etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}},
+	m := etcdv3.NewManager(reg, cfg, me(),
 		etcdv3.ManagerOptions{LivenessTTL: 3 * time.Second, RetryInterval: retry})
 	if _, _, err := m.Acquire(tctx(t)); err != nil {
 		t.Fatal(err)

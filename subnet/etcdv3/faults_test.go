@@ -455,6 +455,29 @@ func TestBrokenWatchResumesWithoutRelist(t *testing.T) {
 	}
 }
 
+// Claiming the node ID bounds each request: with etcd out of reach,
+// start-up gets an error it retries on (and reports), not a hang.
+func TestClaimNodeIDGivesUpOnAnUnreachableEtcd(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
+	srv, _, _, cfg := startServer(t)
+	proxy := newProxy(t, srv.Endpoint)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	proxy.Set(lab.ProxyBlackhole)
+	done := make(chan error, 1)
+	go func() {
+		done <- etcdv3.NewManager(reg, cfg, me(), etcdv3.ManagerOptions{}).ClaimNodeID(context.Background())
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("ClaimNodeID succeeded through a blackholed etcd")
+		}
+		t.Logf("ClaimNodeID: %v", err)
+	case <-time.After(testenv.Deadline(etcdv3.DefaultRequestTimeout + testenv.Slack)):
+		t.Fatalf("ClaimNodeID still waiting after %s with etcd out of reach", etcdv3.DefaultRequestTimeout+testenv.Slack)
+	}
+}
+
 // A partition cuts a host off from etcd altogether: its watches stall one
 // after another, but so do its keepalives, so the stalls say "out of
 // reach", not "the watch path is broken". Once etcd answers again the

@@ -119,7 +119,11 @@ const maxClaimAttempts = 3
 func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, error) {
 	key := m.reg.NodeKey(m.host.NodeID)
 	cli := m.reg.cli
-	grant, err := cli.Grant(ctx, int64(m.opts.LivenessTTL/time.Second))
+	// Each request is bounded: with etcd out of reach the caller gets an
+	// error to retry on, not a start-up that hangs.
+	rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	defer cancel()
+	grant, err := cli.Grant(rctx, int64(m.opts.LivenessTTL/time.Second))
 	if err != nil {
 		return nil, nil, fmt.Errorf("grant liveness lease: %w", err)
 	}
@@ -132,7 +136,7 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
 	var mod int64 // the ModRevision the key must have: 0 is absent
 	for range maxClaimAttempts {
-		resp, err := cli.Txn(ctx).
+		resp, err := cli.Txn(rctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).
 			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(grant.ID))).
 			Else(clientv3.OpGet(key)).
@@ -152,7 +156,10 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 			won = true
 			return &liveClaim{lease: grant.ID, rev: resp.Header.Revision, ka: ka, stop: stop}, nil, nil
 		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
+		var kvs []*mvccpb.KeyValue // the Else branch's read
+		if len(resp.Responses) > 0 {
+			kvs = resp.Responses[0].GetResponseRange().GetKvs()
+		}
 		if len(kvs) == 0 {
 			mod = 0 // deleted since the compare
 			continue

@@ -227,6 +227,10 @@ func TestRestartWithStrandedLeaseRefusesUntilReleased(t *testing.T) {
 	if lerr != nil || len(snap.Leases) != 1 || snap.Leases[0].Subnet != old {
 		t.Fatalf("leases after the refused start = %+v (%v), want only the stranded %s", snap.Leases, lerr, old)
 	}
+	// The node ID claimed before the refusal is given up, not left to expire.
+	if resp, err := c.reg.Client().Get(tctx(t), c.reg.NodeKey(h1.cfg.NodeName)); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("liveness key after the refused start: %v, %v; want it released", resp.Kvs, err)
+	}
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
 	if err != nil || res.LeaseRemoved != old.String() {
 		t.Fatalf("teardown = %+v, %v; want the stranded lease %s released", res, err, old)

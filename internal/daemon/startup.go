@@ -61,6 +61,9 @@ func (d *daemon) join(ctx context.Context) error {
 	host.Hostname, _ = os.Hostname()
 	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
 		LeaseTTL: d.cfg.LeaseTTL, LivenessTTL: d.cfg.LivenessTTL, Logger: d.log, OnWait: d.st.setPhase})
+	// A start-up that fails after the claim frees the node ID at once (a
+	// no-op once the lease manager runs: it releases its own).
+	d.closers = append(d.closers, func() { d.mgr.ReleaseClaim(context.Background()) })
 	// The wait for another host's liveness key is bounded by that key's
 	// TTL, not by a per-attempt timeout: it must be allowed to end.
 	if err := d.steps.retryUnbounded(ctx, "claim node ID "+strconv.Quote(d.nodeID), d.mgr.ClaimNodeID); err != nil {

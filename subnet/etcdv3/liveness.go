@@ -37,8 +37,8 @@ const livenessSlack = 3 * time.Second
 // ErrDuplicateNode, ctx's error, or a request error (etcd unreachable: the
 // caller may retry).
 //
-// If the process never reaches Run, the claim ends with the etcd client
-// (closing it stops the keepalive) and the key expires within its TTL.
+// A caller that gives up before Run (a later start-up step failed) calls
+// ReleaseClaim, so that the node ID is free at once, not after the TTL.
 func (m *Manager) ClaimNodeID(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
 	waited := false
@@ -182,6 +182,16 @@ func (m *Manager) setClaim(c *liveClaim) {
 	m.mu.Unlock()
 	if old != nil {
 		old.release(context.Background(), m.reg.cli)
+	}
+}
+
+// ReleaseClaim gives up the node ID claimed by ClaimNodeID if Run has not
+// taken the claim over: the keepalive stops and the liveness key goes at
+// once. Once Run has it, Run releases it when it returns; then, and
+// without a claim, ReleaseClaim does nothing.
+func (m *Manager) ReleaseClaim(ctx context.Context) {
+	if c := m.takeClaim(); c != nil {
+		c.release(ctx, m.reg.cli)
 	}
 }
 

@@ -102,6 +102,45 @@ func TestClonesClaimingAtOnceGetOneWinner(t *testing.T) {
 	}
 }
 
+// A start-up that gives up after its claim (ReleaseClaim) frees the node
+// ID at once: the key is gone and a host taking the name over (a moved
+// --node-name) claims it without waiting out the TTL. Once Run holds the
+// claim, ReleaseClaim leaves it alone.
+func TestReleasedClaimFreesTheNodeIDAtOnce(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	long := ManagerOptions{LivenessTTL: time.Minute}
+	first := f.manager(host(1), long)
+	if err := first.ClaimNodeID(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	first.ReleaseClaim(ctx(t))
+	key := f.reg.NodeKey("node-1")
+	if resp, err := f.cli.Get(ctx(t), key); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("after ReleaseClaim: %v, %v; want the liveness key gone", resp.Kvs, err)
+	}
+	other := host(1)
+	other.PublicIP = netip.MustParseAddr("198.18.0.200")
+	m := f.manager(other, long)
+	// Within a bound far below the minute the first claim would hold it.
+	c, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	if err := m.ClaimNodeID(c); err != nil {
+		t.Fatalf("claim after the release: %v; want it at once", err)
+	}
+	if _, _, err := m.Acquire(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, m)
+	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
+	m.ReleaseClaim(ctx(t)) // Run's now: nothing to release
+	if resp, err := f.cli.Get(ctx(t), key); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("ReleaseClaim while Run holds the claim: key %v, %v; want it kept", resp.Kvs, err)
+	}
+	if alive, err := m.Liveness(); !alive {
+		t.Fatalf("ReleaseClaim while Run holds the claim: liveness %v", err)
+	}
+}
+
 // Run keeps the key ClaimNodeID wrote (the same etcd lease), and never
 // takes it from another host: overwritten, it is lost, and it is written
 // again only once the other host's key is gone.

@@ -191,6 +191,7 @@ func (h *simHost) start(ctx context.Context) error {
 	var lease subnet.Lease
 	var snap etcdv3.Snapshot
 	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.AcquireFrom(ctx, saved); return err }); err != nil {
+		mgr.ReleaseClaim(context.Background())
 		_ = journal.Close()
 		_ = cli.Close()
 		return err

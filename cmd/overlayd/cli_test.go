@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -203,6 +204,19 @@ func TestLeaseListTableAndJSON(t *testing.T) {
 	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
 	if n := len(strings.Split(strings.TrimSpace(r.out), "\n")); n != 4 || strings.Contains(r.out, "SUBNET") {
 		t.Errorf("simple output has %d lines (want 4, no header):\n%s", n, r.out)
+	}
+
+	// A node ID anyone with etcd access could have written (a newline and
+	// a terminal escape) stays one quoted cell of one row.
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.101.0/24")}, subnet.LeaseAttrs{PublicIP: "198.18.0.101", NodeID: "x\n\x1b[2J"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"table", "simple"} {
+		r = run(t, srv.Endpoint, "", "lease", "list", "-w", w)
+		row := regexp.MustCompile(`(?m)^10\.244\.101\.0/24 .*$`).FindString(r.out)
+		if !strings.Contains(row, `"x\n\x1b[2J"`) || strings.Contains(r.out, "\x1b") {
+			t.Errorf("-w %s: the hostile node ID is not one quoted cell of its row %q:\n%q", w, row, r.out)
+		}
 	}
 }
 

@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode"
 )
 
 // Format is a -w value.
@@ -32,6 +34,10 @@ func ParseFormat(s string) (Format, error) {
 }
 
 // Output is what a command prints: rows for table and simple, a value for JSON.
+// Cells may hold what anyone could write to etcd (a hostname, a node ID):
+// table and simple print a cell with a tab, a newline, an escape or any
+// other unprintable rune quoted, so it can neither break the rows nor reach
+// the terminal raw.
 type Output struct {
 	Header []string
 	Rows   [][]string
@@ -47,7 +53,7 @@ func Write(w io.Writer, f Format, out Output) error {
 		return enc.Encode(out.JSON)
 	case Simple:
 		for _, r := range out.Rows {
-			if _, err := fmt.Fprintln(w, strings.Join(r, " ")); err != nil {
+			if _, err := fmt.Fprintln(w, strings.Join(cells(r), " ")); err != nil {
 				return err
 			}
 		}
@@ -58,8 +64,20 @@ func Write(w io.Writer, f Format, out Output) error {
 			fmt.Fprintln(tw, strings.Join(out.Header, "\t"))
 		}
 		for _, r := range out.Rows {
-			fmt.Fprintln(tw, strings.Join(r, "\t"))
+			fmt.Fprintln(tw, strings.Join(cells(r), "\t"))
 		}
 		return tw.Flush()
 	}
+}
+
+// cells returns row with every cell that holds an unprintable rune quoted.
+func cells(row []string) []string {
+	out := make([]string, len(row))
+	for i, c := range row {
+		out[i] = c
+		if strings.ContainsFunc(c, func(r rune) bool { return !unicode.IsPrint(r) }) {
+			out[i] = strconv.Quote(c)
+		}
+	}
+	return out
 }

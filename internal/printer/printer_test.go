@@ -39,3 +39,22 @@ func TestParseFormat(t *testing.T) {
 		t.Error("ParseFormat(yaml) succeeded")
 	}
 }
+
+// A cell from etcd with a tab, a newline or an escape sequence is printed
+// quoted: one cell, one line, nothing raw on the terminal. Spaces and
+// printable non-ASCII stay as they are.
+func TestUnplainCellsAreQuoted(t *testing.T) {
+	out := Output{Rows: [][]string{{"10.244.1.0/24", "a\tc\n\x1b[2J\"d", "héllo wörld"}}}
+	for f, want := range map[Format]string{
+		Simple: "10.244.1.0/24 \"a\\tc\\n\\x1b[2J\\\"d\" héllo wörld\n",
+		Table:  "10.244.1.0/24  \"a\\tc\\n\\x1b[2J\\\"d\"  héllo wörld\n",
+	} {
+		var b bytes.Buffer
+		if err := Write(&b, f, out); err != nil {
+			t.Fatal(err)
+		}
+		if b.String() != want {
+			t.Errorf("%s:\n got %q\nwant %q", f, b.String(), want)
+		}
+	}
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +19,22 @@ type livenessValue struct {
 	PublicIP string
 	Hostname string
 	Since    string
+}
+
+// String names the holder for messages, "198.18.0.1 (h1)". The value is
+// anyone's to write: what is not an address or a plain host name is quoted.
+func (v livenessValue) String() string {
+	ip := strconv.Quote(v.PublicIP)
+	if a, err := netip.ParseAddr(v.PublicIP); err == nil {
+		ip = a.String()
+	}
+	host := v.Hostname
+	if host == "" || strings.ContainsFunc(host, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_')
+	}) {
+		host = strconv.Quote(host)
+	}
+	return ip + " (" + host + ")"
 }
 
 // livenessSlack is how long after its TTL etcd may take to revoke an
@@ -52,8 +71,8 @@ func (m *Manager) ClaimNodeID(ctx context.Context) error {
 			return nil
 		}
 		if waited {
-			return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s (%s): give every host its own --node-name (cloned machines share /etc/machine-id)",
-				ErrDuplicateNode, m.host.NodeID, other.PublicIP, other.Hostname)
+			return fmt.Errorf("%w: node ID %q is held by a live overlayd at %s: give every host its own --node-name (cloned machines share /etc/machine-id)",
+				ErrDuplicateNode, m.host.NodeID, other)
 		}
 		wait := m.opts.LivenessTTL + livenessSlack
 		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
@@ -61,9 +80,9 @@ func (m *Manager) ClaimNodeID(ctx context.Context) error {
 			wait = time.Duration(ttl)*time.Second + livenessSlack
 		}
 		cancel()
-		reason := fmt.Sprintf("duplicate node ID: %q is held by a live overlayd at %s (%s); waiting up to %s for its liveness key %s to expire",
-			m.host.NodeID, other.PublicIP, other.Hostname, wait.Round(time.Second), key)
-		m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "other_public_ip", other.PublicIP, "wait", wait)
+		reason := fmt.Sprintf("duplicate node ID: %q is held by a live overlayd at %s; waiting up to %s for its liveness key %s to expire",
+			m.host.NodeID, other, wait.Round(time.Second), key)
+		m.log.Warn("another host holds this node ID's liveness key; waiting for it to expire", "other", other.String(), "wait", wait)
 		if m.opts.OnWait != nil {
 			m.opts.OnWait(reason)
 		}
@@ -270,7 +289,7 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 			return err
 		}
 		if other != nil {
-			return fmt.Errorf("liveness key %s is held by another overlayd at %s (%s): give every host its own --node-name", key, other.PublicIP, other.Hostname)
+			return fmt.Errorf("liveness key %s is held by another overlayd at %s: give every host its own --node-name", key, other)
 		}
 	}
 	defer c.release(ctx, m.reg.cli) // last, once both goroutines are done

@@ -307,3 +307,21 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// The liveness value is anyone's to write: messages name its holder as
+// written only when it is an address and a plain host name.
+func TestLivenessHolderIsNamedSafely(t *testing.T) {
+	for _, tt := range []struct {
+		v    livenessValue
+		want string
+	}{
+		{livenessValue{PublicIP: "198.18.0.1", Hostname: "h1.example-net_2"}, `198.18.0.1 (h1.example-net_2)`},
+		{livenessValue{PublicIP: "fd00::1", Hostname: "h1"}, `fd00::1 (h1)`},
+		{livenessValue{PublicIP: "198.18.0.1\n\x1b[2J", Hostname: "a b\r"}, `"198.18.0.1\n\x1b[2J" ("a b\r")`},
+		{livenessValue{}, `"" ("")`},
+	} {
+		if got := tt.v.String(); got != tt.want {
+			t.Errorf("%+v: %s, want %s", tt.v, got, tt.want)
+		}
+	}
+}

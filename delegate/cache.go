@@ -40,6 +40,11 @@ var (
 	ErrInvalidAttachment = errors.New("invalid attachment")
 	// ErrCacheCorrupt marks a cache file that cannot be used.
 	ErrCacheCorrupt = errors.New("corrupt cache entry")
+	// errOtherAttachment (which wraps ErrCacheCorrupt) marks a whole entry
+	// of another attachment at this one's path, which is that attachment's
+	// path too: "<net>-<cid>-<if>" is ambiguous when IDs hold dashes. It
+	// is unusable here but not garbage: DEL must leave it to its owner.
+	errOtherAttachment = fmt.Errorf("%w: it belongs to another attachment", ErrCacheCorrupt)
 )
 
 // Attachment identifies one interface of one container on one network: the
@@ -164,8 +169,9 @@ func (c Cache) Write(a Attachment, d Delegate) error {
 }
 
 // Publish stores d for a, creating the directory with mode 0700; the file
-// gets mode 0600. When it returns, every reader finds the complete entry
-// (temporary file, rename); the returned Pending's Sync makes it survive a
+// gets mode 0600. An existing entry is never replaced: that is an error
+// wrapping atomicfile.ErrExist. When it returns, every reader finds the complete
+// entry (temporary file, link); the returned Pending's Sync makes it survive a
 // power loss, so ADD can overlap the fsyncs with the delegate's work. An
 // entry emptied by a power loss before then is read as corrupt, and DEL
 // then re-renders the configuration instead.
@@ -234,7 +240,10 @@ func (c Cache) Read(a Attachment) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("cache entry %s: %w", p, err)
 	}
-	if e.Attachment != a {
+	switch {
+	case e.Attachment != a && e.fileName() == a.fileName():
+		return Entry{}, fmt.Errorf("cache entry %s: %w: %s", p, errOtherAttachment, e.Attachment)
+	case e.Attachment != a: // a file copied or moved here: garbage
 		return Entry{}, fmt.Errorf("cache entry %s: %w: it names %s", p, ErrCacheCorrupt, e.Attachment)
 	}
 	return e, nil

@@ -247,6 +247,9 @@ func TestCacheIPv6Lease(t *testing.T) {
 		t.Errorf("IPv4-only entry mentions an IPv6 lease: %s", data)
 	}
 	d.IPv6Lease = netip.MustParsePrefix("fd00:10:244:7::/64")
+	if err := c.Remove(a); err != nil { // an entry is never replaced
+		t.Fatal(err)
+	}
 	if err := c.Write(a, d); err != nil {
 		t.Fatal(err)
 	}

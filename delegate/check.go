@@ -23,7 +23,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args, false); err != nil {
+	if err := checkNetNS(args); err != nil {
 		return err
 	}
 	if conf.PrevResult == nil {

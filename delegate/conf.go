@@ -169,7 +169,9 @@ func ParseConf(data []byte) (*NetConf, error) {
 		name string
 		raw  json.RawMessage
 	}{{"cni.dev/valid-attachments", raw.ValidAttachments}, {"cni.dev/attachments", raw.Attachments}} {
-		if isAbsent(key.raw) {
+		// Present but null is an empty list: libcni marshals a runtime's
+		// nil slice that way (CRI-O's GC of a network without pods).
+		if len(bytes.TrimSpace(key.raw)) == 0 {
 			continue
 		}
 		var list []types.GCAttachment

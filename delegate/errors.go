@@ -47,11 +47,16 @@ func cniError(code uint, cause error, format string, args ...any) *types.Error {
 
 // delegateError turns an error of the delegate plugin into ours: a CNI error
 // of the delegate keeps its code (a runtime may act on it, e.g. 11), anything
-// else (plugin not found, exec failure) becomes CodeDelegateFailed.
+// else (plugin not found, exec failure, a result that cannot be decoded)
+// becomes CodeDelegateFailed.
 func delegateError(verb, plugin string, err error) *types.Error {
 	var te *types.Error
 	if errors.As(err, &te) {
 		return types.NewError(te.Code, fmt.Sprintf("delegate %s %s failed: %s", plugin, verb, te.Msg), te.Details)
+	}
+	if errors.Is(err, errUnusableResult) {
+		return cniError(CodeDelegateFailed, err,
+			"delegate %s %s printed a result overlay-cni cannot use: check the %q plugin's version (or fix delegate.type)", plugin, verb, plugin)
 	}
 	return cniError(CodeDelegateFailed, err,
 		"delegate %s %s failed to run: check that the %q plugin is installed in CNI_PATH (or fix delegate.type)", plugin, verb, plugin)

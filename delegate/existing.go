@@ -19,14 +19,15 @@ import (
 // such an ADD an error, and bridge fails it anyway; refusing before
 // anything is cached or delegated means the rollback of the failed ADD
 // cannot delete the existing attachment's interface, address or entry.
+// Two ADDs of one attachment at once both pass this check; the cache
+// entry, created exclusively, then lets only one of them go on.
 func (p *Plugin) refuseExisting(cache Cache, att Attachment, args *skel.CmdArgs) error {
 	path, err := cache.Path(att)
 	if err != nil { // loadAttachment validated att: cannot happen
 		return cniError(types.ErrInvalidEnvironmentVariables, err, "invalid attachment %s", att)
 	}
 	if _, err := os.Lstat(path); err == nil {
-		return cniError(CodeAlreadyAttached, nil,
-			"%s is already attached (cache entry %s): the runtime must DEL it before adding it again", att, path)
+		return alreadyAttached(cache, att)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return cniError(types.ErrIOFailure, err, "cannot look for the cache entry of %s in %s", att, cache.Dir)
 	}
@@ -40,6 +41,13 @@ func (p *Plugin) refuseExisting(cache Cache, att Attachment, args *skel.CmdArgs)
 			"interface %s already exists in network namespace %s: %s is attached already, or CNI_IFNAME is taken; DEL it first or use another CNI_IFNAME", args.IfName, args.Netns, att)
 	}
 	return nil
+}
+
+// alreadyAttached is the error of an ADD whose cache entry exists.
+func alreadyAttached(cache Cache, att Attachment) *types.Error {
+	path, _ := cache.Path(att)
+	return cniError(CodeAlreadyAttached, nil,
+		"%s is already attached (cache entry %s): the runtime must DEL it before adding it again", att, path)
 }
 
 // InterfaceExists reports whether the network namespace at netnsPath has

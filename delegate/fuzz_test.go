@@ -174,7 +174,7 @@ func (vc verbCase) run(t *testing.T) error {
 	if fi, serr := os.Stat(netns); netns != "" && serr == nil && fi.Mode()&(fs.ModeNamedPipe|fs.ModeDevice) != 0 {
 		badNetNS = true
 	}
-	ownNetNS := verb == "ADD" && !override && netns == "/proc/self/ns/net"
+	ownNetNS := attVerb && !override && netns == "/proc/self/ns/net"
 	switch {
 	case attVerb && att.Validate() != nil:
 		if te == nil || te.Code != types.ErrInvalidEnvironmentVariables || len(inv.calls) != 0 || len(changes) != 0 {

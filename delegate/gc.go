@@ -11,8 +11,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/overlaynet/overlay/subnet"
 )
 
 // GC removes what belongs to attachments that are no longer valid: each
@@ -87,9 +85,17 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		p.logf("GC: released host-local reservation %s", a)
 	}
 
-	if env, err := readEnv(conf.SubnetFile); err != nil {
+	// Without subnet.env, or with a configuration that cannot be rendered
+	// against it, no ADD can have succeeded since: the sweep above did what
+	// the delegate's GC would (an error would fail every GC to come).
+	env, err := readEnv(conf.SubnetFile)
+	var d Delegate
+	if err == nil {
+		d, err = Render(conf, env)
+	}
+	if err != nil {
 		p.logf("GC: not forwarding GC to the delegate, its configuration cannot be rendered: %v", err)
-	} else if err := p.delegateGC(ctx, conf, env, args.Path); err != nil {
+	} else if err := p.delegateGC(ctx, d, conf.ValidAttachments, args.Path); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -101,16 +107,12 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 }
 
 // delegateGC forwards the GC to the delegate with the valid attachments.
-func (p *Plugin) delegateGC(ctx context.Context, conf *NetConf, env subnet.Env, path string) error {
-	d, err := Render(conf, env)
-	if err != nil {
-		return fmt.Errorf("render the delegate configuration for GC: %w", err)
-	}
+func (p *Plugin) delegateGC(ctx context.Context, d Delegate, valid []types.GCAttachment, path string) error {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(d.Config, &m); err != nil {
 		return fmt.Errorf("render the delegate configuration for GC: %w", err)
 	}
-	list := conf.ValidAttachments
+	list := valid
 	if list == nil {
 		list = []types.GCAttachment{}
 	}

@@ -98,10 +98,12 @@ func TestHostileAttachments(t *testing.T) {
 
 // TestHostileNetNS: a CNI_NETNS that is a FIFO or a device is refused
 // before anything is done (regression: the CNI library opens it after a
-// successful ADD or DEL, and a FIFO blocked the plugin forever); ADD in the
-// plugin's own namespace is refused before anything is cached or delegated
-// (regression: the library refused it only after the ADD, whose result was
-// already on stdout, so stdout held a result and then an error).
+// successful ADD or DEL, and a FIFO blocked the plugin forever); every verb
+// in the plugin's own namespace is refused before anything is cached or
+// delegated (regressions: the library refused an ADD only after it ran,
+// whose result was already on stdout, so stdout held a result and then an
+// error; and a DEL only after bridge had deleted the host's interface named
+// CNI_IFNAME).
 func TestHostileNetNS(t *testing.T) {
 	conf := []byte(`{"cniVersion":"1.1.0","name":"overlay",` + prevResult110 + `}`)
 	for _, tc := range []struct {
@@ -114,7 +116,7 @@ func TestHostileNetNS(t *testing.T) {
 		{"regular file", 1, false, [3]uint{0, 0, 0}},
 		{"FIFO", 2, false, [3]uint{4, 4, 4}},
 		{"FIFO with override", 2, true, [3]uint{4, 4, 4}},
-		{"own namespace", 3, false, [3]uint{types.ErrInvalidNetNS, 0, 0}},
+		{"own namespace", 3, false, [3]uint{types.ErrInvalidNetNS, types.ErrInvalidNetNS, types.ErrInvalidNetNS}},
 		{"own namespace with override", 3, true, [3]uint{0, 0, 0}},
 		{"/dev/zero", 4, false, [3]uint{4, 4, 4}},
 		{"directory (the delegate's to judge)", 5, false, [3]uint{0, 0, 0}},

@@ -78,8 +78,15 @@ func (e *ExecInvoker) Add(ctx context.Context, plugin string, conf []byte, rt Ru
 	if err != nil {
 		return nil, err
 	}
-	return decodeResult(conf, out)
+	res, err := decodeResult(conf, out)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnusableResult, err)
+	}
+	return res, nil
 }
+
+// errUnusableResult marks an ADD that ran but printed no usable CNI result.
+var errUnusableResult = errors.New("unusable result")
 
 // Del runs the delegate's DEL.
 func (e *ExecInvoker) Del(ctx context.Context, plugin string, conf []byte, rt Runtime) error {

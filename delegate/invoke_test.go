@@ -129,6 +129,9 @@ func TestExecInvokerErrors(t *testing.T) {
 	}
 	if _, err := inv.Add(context.Background(), "badresult", conf, rt); err == nil {
 		t.Error("Add accepted an undecodable result")
+	} else if te := delegateError("ADD", "badresult", err); !strings.Contains(te.Msg, "printed a result overlay-cni cannot use") {
+		// It ran: "check that it is installed" would send the operator astray.
+		t.Errorf("undecodable result reported as %q", te.Msg)
 	}
 	if err := inv.Del(context.Background(), "missing", conf, rt); !errors.Is(err, ErrPluginNotFound) {
 		t.Errorf("missing plugin: %v, want ErrPluginNotFound", err)

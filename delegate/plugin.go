@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/overlaynet/overlay/internal/lib/atomicfile"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -102,12 +103,13 @@ func readEnv(path string) (subnet.Env, error) {
 // missing path is fine (DEL of a pod whose namespace is gone), and so is
 // anything else the delegate will judge.
 //
-// For ADD (own set) it also refuses the plugin's own network namespace, as
-// the CNI library does, but before anything is cached or delegated: the
-// library's own check comes after the ADD succeeded and its result was
-// printed, so the runtime would get a result followed by an error on stdout
-// and an attachment nobody asked to keep.
-func checkNetNS(args *skel.CmdArgs, own bool) error {
+// It also refuses the plugin's own network namespace, as the CNI library
+// does for ADD and DEL, but before anything is cached or delegated: the
+// library's own check comes after the verb ran. After an ADD the runtime
+// would get a result followed by an error on stdout and an attachment
+// nobody asked to keep; after a DEL the delegate would already have
+// deleted the host's interface named CNI_IFNAME, again on every retry.
+func checkNetNS(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return nil
 	}
@@ -119,7 +121,7 @@ func checkNetNS(args *skel.CmdArgs, own bool) error {
 		return cniError(types.ErrInvalidEnvironmentVariables, nil,
 			"invalid CNI_NETNS %q: a %v is not a network namespace", args.Netns, fi.Mode().Type())
 	}
-	if !own || strings.ToUpper(args.NetnsOverride) == "TRUE" || args.NetnsOverride == "1" {
+	if strings.ToUpper(args.NetnsOverride) == "TRUE" || args.NetnsOverride == "1" {
 		return nil
 	}
 	if same, err := ns.CheckNetNS(args.Netns); err != nil {
@@ -155,7 +157,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args, true); err != nil {
+	if err := checkNetNS(args); err != nil {
 		return err
 	}
 	cache := Cache{Dir: conf.DataDir}
@@ -174,6 +176,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
 	}
 	pending, err := cache.Publish(att, d)
+	if errors.Is(err, atomicfile.ErrExist) {
+		// A concurrent ADD of the same attachment got there first (the
+		// check above was before it): its ADD is left alone.
+		return alreadyAttached(cache, att)
+	}
 	if err != nil {
 		return cacheFailed(err)
 	}
@@ -244,7 +251,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args, false); err != nil {
+	if err := checkNetNS(args); err != nil {
 		return err
 	}
 	ctx := context.Background()
@@ -262,8 +269,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		return nil
 	}
-	missing := errors.Is(err, fs.ErrNotExist)
-	if !missing {
+	// An unusable entry goes once the DEL succeeded, unless it is another
+	// attachment's (IDs with dashes can share a file name): that one is
+	// left to its own DEL.
+	removeEntry := store != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errOtherAttachment)
+	if !errors.Is(err, fs.ErrNotExist) {
 		p.logf("cannot use the cache entry of %s, re-rendering from %s instead: %v", att, conf.SubnetFile, err)
 	}
 	env, err := readEnv(conf.SubnetFile)
@@ -273,12 +283,16 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	d, err := Render(conf, env)
 	if err != nil {
-		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
+		// An error here would fail every retry of the runtime's DEL (a pod
+		// stuck terminating). ADD renders the same way before it caches
+		// or delegates anything, so it made nothing with this pair.
+		p.logf("DEL of %s: no usable cache entry, and the configuration cannot be rendered against %s (%v): nothing to release", att, conf.SubnetFile, err)
+		return nil
 	}
 	if err := p.invoker.Del(ctx, d.Type, d.Config, rt); err != nil {
 		return delegateError("DEL", d.Type, err)
 	}
-	if !missing && store != nil {
+	if removeEntry {
 		if err := store.Remove(att); err != nil {
 			p.logf("DEL of %s succeeded, but its unusable cache entry stays: %v", att, err)
 		}

@@ -44,6 +44,9 @@ type fakeInvoker struct {
 	readyz []string
 	// exists names the interfaces the container's namespace has.
 	exists map[string]bool
+	// onExists runs inside InterfaceExists, e.g. to hold concurrent ADDs
+	// there until all have passed.
+	onExists func()
 }
 
 func (f *fakeInvoker) record(verb, plugin string, conf []byte, rt Runtime) error {
@@ -97,6 +100,9 @@ func (f *fakeInvoker) DaemonReady(_ context.Context, addr string) error {
 
 // InterfaceExists answers exists[ifname].
 func (f *fakeInvoker) InterfaceExists(_, ifname string) (bool, error) {
+	if f.onExists != nil {
+		f.onExists()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.exists[ifname], nil
@@ -275,6 +281,36 @@ func TestAddRefusesExisting(t *testing.T) {
 		}
 		if err := fx.plugin.Add(fx.args("c1", "eth1", fx.conf("1.1.0"))); err != nil {
 			t.Errorf("ADD of another interface: %v", err)
+		}
+	})
+	t.Run("two ADDs at once", func(t *testing.T) {
+		// A runtime that sends the same ADD twice at once: both pass the
+		// look for an entry before either has written one. The entry is
+		// created exclusively, so one goes on and the other is refused
+		// without a rollback that would tear the first one's pod down.
+		fx := newFixture(t)
+		var arrived sync.WaitGroup
+		arrived.Add(2)
+		fx.inv.onExists = func() { arrived.Done(); arrived.Wait() }
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() { errs[i] = fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0"))) })
+		}
+		wg.Wait()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("ADDs: %v, %v; want exactly one to succeed", errs[0], errs[1])
+		}
+		loser := errs[0]
+		if loser == nil {
+			loser = errs[1]
+		}
+		wantCode(t, loser, CodeAlreadyAttached)
+		if diff := cmp.Diff([]string{"ADD"}, fx.inv.verbs()); diff != "" {
+			t.Errorf("delegate calls (-want +got):\n%s", diff)
+		}
+		if _, err := (Cache{Dir: fx.dataDir}).Read(Attachment{"overlay", "c1", "eth0"}); err != nil {
+			t.Errorf("the successful ADD's cache entry: %v", err)
 		}
 	})
 }
@@ -473,6 +509,52 @@ func TestDel(t *testing.T) {
 			t.Errorf("stderr %q does not explain the fallback", fx.stderr)
 		}
 	})
+	t.Run("no cache and a configuration that cannot be rendered succeeds", func(t *testing.T) {
+		// An IPv6 route on an IPv4-only host: ADD failed before it made
+		// anything, and a DEL error would be repeated on every retry.
+		fx := newFixture(t)
+		conf := []byte(strings.Replace(string(fx.conf("1.1.0")), `"ipam":{`, `"ipam":{"routes":[{"dst":"fd99::/64"}],`, 1))
+		wantCode(t, fx.plugin.Add(fx.args("c1", "eth0", conf)), types.ErrInvalidNetworkConfig)
+		if err := fx.plugin.Del(fx.args("c1", "eth0", conf)); err != nil {
+			t.Fatalf("Del: %v", err)
+		}
+		if len(fx.inv.calls) != 0 {
+			t.Errorf("delegated %v with nothing to delegate", fx.inv.verbs())
+		}
+		if !strings.Contains(fx.stderr.String(), "cannot be rendered") {
+			t.Errorf("stderr %q does not say why nothing was released", fx.stderr)
+		}
+	})
+	t.Run("another attachment's entry under the same file name is left alone", func(t *testing.T) {
+		// "overlay-x-y-z" is both (x, y-z) and (x-y, z).
+		fx := newFixture(t)
+		if err := fx.plugin.Add(fx.args("x", "y-z", fx.conf("1.1.0"))); err != nil {
+			t.Fatal(err)
+		}
+		if err := fx.plugin.Del(fx.args("x-y", "z", fx.conf("1.1.0"))); err != nil {
+			t.Fatalf("Del: %v", err)
+		}
+		if _, err := (Cache{Dir: fx.dataDir}).Read(Attachment{"overlay", "x", "y-z"}); err != nil {
+			t.Errorf("the other attachment's entry after this DEL: %v", err)
+		}
+	})
+	t.Run("the plugin's own namespace is refused before anything is touched", func(t *testing.T) {
+		// bridge's DEL there would delete the host's interface named
+		// CNI_IFNAME; the CNI library only objects after the DEL ran.
+		fx := newFixture(t)
+		fx.add("c1")
+		fx.inv.calls = nil
+		args := fx.args("c1", "eth0", fx.conf("1.1.0"))
+		args.Netns = "/proc/self/ns/net"
+		wantCode(t, fx.plugin.Del(args), types.ErrInvalidNetNS)
+		if len(fx.inv.calls) != 0 || !exists(fx.cacheFile("c1", "eth0")) {
+			t.Errorf("delegate calls %v, cache entry kept %v; want none and kept", fx.inv.verbs(), exists(fx.cacheFile("c1", "eth0")))
+		}
+		args.NetnsOverride = "1"
+		if err := fx.plugin.Del(args); err != nil {
+			t.Errorf("Del with CNI_NETNS_OVERRIDE: %v", err)
+		}
+	})
 	t.Run("corrupt cache and no subnet.env succeeds", func(t *testing.T) {
 		fx := newFixture(t)
 		fx.add("c1")
@@ -659,6 +741,28 @@ func TestGC(t *testing.T) {
 		}
 		if diff := cmp.Diff([]string{"10.244.7.2", "last_reserved_ip.0", "lock"}, dirNames(t, filepath.Join(fx.ipamDir, "overlay"))); diff != "" {
 			t.Errorf("host-local after GC (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("null valid attachments mean none", func(t *testing.T) {
+		// What libcni sends for a runtime's empty list (CRI-O's GC of a
+		// network without pods): everything cached is stale.
+		fx := setup(t)
+		conf := fx.conf("1.1.0", `"cni.dev/valid-attachments":null`, `"cni.dev/attachments":null`)
+		if err := fx.plugin.GC(&skel.CmdArgs{StdinData: conf}); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		if names := dirNames(t, fx.dataDir); len(names) != 0 {
+			t.Errorf("cache after GC: %v, want it empty", names)
+		}
+	})
+	t.Run("a configuration that cannot be rendered skips only the delegate GC", func(t *testing.T) {
+		fx := setup(t)
+		conf := []byte(strings.Replace(string(fx.conf("1.1.0", valid)), `"ipam":{`, `"ipam":{"routes":[{"dst":"fd99::/64"}],`, 1))
+		if err := fx.plugin.GC(&skel.CmdArgs{StdinData: conf}); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		if diff := cmp.Diff([]string{"DEL", "DEL"}, fx.inv.verbs()); diff != "" {
+			t.Errorf("delegate calls (-want +got):\n%s", diff)
 		}
 	})
 	t.Run("accepts cni.dev/attachments", func(t *testing.T) {

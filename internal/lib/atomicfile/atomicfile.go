@@ -7,6 +7,7 @@ package atomicfile
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -37,6 +38,12 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 	return syncDir(filepath.Dir(path))
 }
 
+// ErrExist is Publish's error for a path that exists. It is its own
+// error, not fs.ErrExist, which a failing mkdir of the directory returns
+// too (a dangling symbolic link, say): only this one means "someone
+// created the file first".
+var ErrExist = errors.New("file already exists")
+
 // Pending is a file published by Publish whose contents and name are not yet
 // known to be on stable storage.
 type Pending struct {
@@ -44,22 +51,31 @@ type Pending struct {
 	path string
 }
 
-// Publish is Write in two steps, for a caller that can overlap the slow
-// part (the fsyncs, about a millisecond on an ordinary disk) with other
-// work. When it returns, path holds data as one complete file for every
-// process that opens it, exactly as after Write. Only after Sync returns
-// nil does it also survive a power loss; a power loss before that may leave
-// path missing or empty, so the caller must not report the file as saved
-// until then, and its readers must treat an empty file as unusable.
+// Publish creates path with data, in two steps, for a caller that can
+// overlap the slow part (the fsyncs, about a millisecond on an ordinary
+// disk) with other work. When it returns, path holds data as one complete
+// file for every process that opens it. Only after Sync returns nil does it
+// also survive a power loss; a power loss before that may leave path
+// missing or empty, so the caller must not report the file as saved until
+// then, and its readers must treat an empty file as unusable.
+//
+// Unlike Write it never replaces a file: if path exists, even one created
+// a moment earlier by another process, it fails with an error wrapping
+// ErrExist (the temporary file is linked to path, which the kernel does
+// only if path does not exist).
 func Publish(path string, data []byte, perm os.FileMode) (*Pending, error) {
 	tmp, err := writeTemp(path, data, perm)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	err = os.Link(tmp.Name(), path)
+	_ = os.Remove(tmp.Name()) // path, if linked, keeps the data
+	if err != nil {
 		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("create %s: %w", path, ErrExist)
+		}
+		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
 	return &Pending{f: tmp, path: path}, nil
 }

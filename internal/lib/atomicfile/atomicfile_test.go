@@ -5,6 +5,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -60,7 +62,8 @@ func TestWriteMissingDirectoryFailsAndNamesPath(t *testing.T) {
 }
 
 func TestPublishIsVisibleAtOnceAndSyncCompletesIt(t *testing.T) {
-	dir, path := existingFile(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
 	p, err := Publish(path, []byte("new"), 0o600)
 	if err != nil {
 		t.Fatalf("Publish: %v", err)
@@ -71,6 +74,48 @@ func TestPublishIsVisibleAtOnceAndSyncCompletesIt(t *testing.T) {
 		t.Fatalf("Sync: %v", err)
 	}
 	checkOnlyFile(t, dir, path, "new", 0o600)
+}
+
+// Publish never replaces a file, however close together two publishers
+// come: exactly one of them creates it, the others get ErrExist and
+// leave nothing behind.
+func TestPublishNeverReplacesAFile(t *testing.T) {
+	dir, path := existingFile(t)
+	if _, err := Publish(path, []byte("new"), 0o600); !errors.Is(err, ErrExist) {
+		t.Fatalf("Publish over an existing file: %v, want ErrExist", err)
+	}
+	checkOnlyFile(t, dir, path, "old contents that are longer", 0o644)
+
+	dir = t.TempDir()
+	path = filepath.Join(dir, "f")
+	const n = 8
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			p, err := Publish(path, []byte(strconv.Itoa(i)), 0o600)
+			if err == nil {
+				err = p.Sync()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && won >= 0:
+			t.Fatalf("publishers %d and %d both created %s", won, i, path)
+		case err == nil:
+			won = i
+		case !errors.Is(err, ErrExist):
+			t.Fatalf("publisher %d: %v, want ErrExist", i, err)
+		}
+	}
+	if won < 0 {
+		t.Fatal("no publisher created the file")
+	}
+	checkOnlyFile(t, dir, path, strconv.Itoa(won), 0o600)
 }
 
 func TestPublishIntoMissingDirectoryFails(t *testing.T) {

@@ -205,12 +205,18 @@ func vxlanByMember(name string, raw json.RawMessage) (VXLANData, error) {
 }
 
 // OwnedBy reports whether the lease names this host: by NodeID when the lease
-// has one, else by PublicIP (the identity flanneld uses).
-func (a LeaseAttrs) OwnedBy(nodeID string, publicIP netip.Addr) bool {
+// has one, else by a public address of the host's (PublicIP is the identity
+// flanneld uses; PublicIPv6 names an IPv6-only host's reservation).
+func (a LeaseAttrs) OwnedBy(nodeID string, publicIPs ...netip.Addr) bool {
 	if a.NodeID != "" {
 		return a.NodeID == nodeID
 	}
-	return publicIP.IsValid() && a.PublicAddr() == publicIP
+	for _, ip := range publicIPs {
+		if ip.IsValid() && (ip.Is4() && a.PublicAddr() == ip || ip.Is6() && a.PublicAddrV6() == ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // NamesAHost reports whether the value could be some host's claim: it has a

@@ -61,6 +61,11 @@ func TestAttrsAreFlannelCompatible(t *testing.T) {
 	if a.OwnedBy("node-b", mustAddr("198.18.0.7")) {
 		t.Errorf("a lease with a NodeID must not be owned by another node with the same IP")
 	}
+	// A reservation for an IPv6-only host names it by PublicIPv6 alone.
+	v6 := LeaseAttrs{PublicIPv6: "2001:db8::2"}
+	if !v6.OwnedBy("n", netip.Addr{}, mustAddr("2001:db8::2")) || v6.OwnedBy("n", netip.Addr{}, mustAddr("2001:db8::3")) || v6.OwnedBy("n", mustAddr("198.18.0.2")) {
+		t.Errorf("a lease without NodeID must be owned by its PublicIPv6, and only by it")
+	}
 }
 
 func TestPeerValidation(t *testing.T) {

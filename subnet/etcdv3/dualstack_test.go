@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/subnet"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -270,5 +271,48 @@ func TestIPv6OnlyLeasesLiveUnderSubnets6(t *testing.T) {
 	}
 	if l, err := reg.Lookup(ctx(t), got[1].IPv6Subnet); err != nil || l.Subnets() != got[1].Subnets() {
 		t.Errorf("Lookup(%s) = %v, %v", got[1].IPv6Subnet, l.Subnets(), err)
+	}
+}
+
+// An IPv6-only host (no IPv4 address at all) is named by its IPv6 address:
+// a reservation made for that address is adopted, and its node ID claim
+// refuses a clone at another address — with no IPv4 address to compare,
+// every host looked like the claim's own previous process.
+func TestIPv6OnlyHostIsKnownByItsIPv6Address(t *testing.T) {
+	t.Parallel() // waits out a liveness TTL; it has its own etcd
+	f := newFixture(t, `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":1}}`)
+	reg := f.reg.For(f.cfg)
+	v6only := func(i int) Host {
+		h := dualHost(i)
+		h.PublicIP, h.VtepMAC = netip.Addr{}, nil
+		return h
+	}
+	h := v6only(1)
+	reserved := subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:7::/64")}
+	if _, err := reg.Create(ctx(t), reserved, subnet.LeaseAttrs{PublicIPv6: h.PublicIPv6.String()}, 0); err != nil {
+		t.Fatal(err)
+	}
+	opts := ManagerOptions{LivenessTTL: 2 * time.Second}
+	m := NewManager(reg, f.cfg, h, opts)
+	if err := m.ClaimNodeID(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := m.Acquire(ctx(t))
+	if err != nil || l.Subnets() != reserved || !l.Reserved {
+		t.Fatalf("Acquire = %v (reserved %v), %v; want the reservation %v", l.Subnets(), l.Reserved, err, reserved)
+	}
+	resp, err := f.cli.Get(ctx(t), f.reg.NodeKey(h.NodeID))
+	if err != nil || len(resp.Kvs) != 1 || strings.Contains(string(resp.Kvs[0].Value), "invalid") {
+		t.Fatalf("liveness key %v, %v; want one naming the host's addresses", resp.Kvs, err)
+	}
+	clone := v6only(2)
+	clone.NodeID = h.NodeID
+	err = NewManager(reg, f.cfg, clone, opts).ClaimNodeID(ctx(t))
+	if !errors.Is(err, ErrDuplicateNode) || !strings.Contains(err.Error(), h.PublicIPv6.String()) {
+		t.Fatalf("a clone's claim: %v; want ErrDuplicateNode naming %s", err, h.PublicIPv6)
+	}
+	// Its own next process is still welcome.
+	if err := NewManager(reg, f.cfg, v6only(1), opts).ClaimNodeID(ctx(t)); err != nil {
+		t.Fatalf("the same host's next claim: %v", err)
 	}
 }

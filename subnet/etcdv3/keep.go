@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -127,14 +128,14 @@ func (m *Manager) holdLease(ctx context.Context) error {
 				}
 				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
 				switch {
-				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !attrs.NamesAHost():
+				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !attrs.NamesAHost():
 					// Garbage is nobody's claim: reclaim restores ours.
 					return keyGone("lease key %s was overwritten with a value naming no host", key)
-				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
 					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
 				case !subnet.SameAttrs(attrs, m.attrs()):
-					return fmt.Errorf("%w: %s was rewritten with node ID %q from public IP %s: give every host its own --node-name",
-						ErrDuplicateNode, key, attrs.NodeID, attrs.PublicIP)
+					return fmt.Errorf("%w: %s was rewritten with node ID %q from %s: give every host its own --node-name",
+						ErrDuplicateNode, key, attrs.NodeID, publicAddrs(attrs))
 				}
 				l.ModRevision = ev.Kv.ModRevision
 				m.setLease(l)
@@ -196,7 +197,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		m.log.Info("lease re-claimed", "subnets", want.Subnets())
 		return nil
 	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0,
-		err == nil && !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) && !cur.Attrs.NamesAHost():
+		err == nil && !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !cur.Attrs.NamesAHost():
 		// Our key holds a value naming no host: nobody's claim. Overwrite
 		// it, keeping the kind of claim we had (the writer may have dropped
 		// the etcd lease).
@@ -204,8 +205,8 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		cur.Attrs, cur.Reserved, cur.EtcdLease = subnet.LeaseAttrs{}, want.Reserved, want.EtcdLease
 	case err != nil:
 		return err
-	case !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
-		return fmt.Errorf("%w: %s is now held by node %q (public IP %s)", ErrLeaseLost, want.Subnets(), cur.Attrs.NodeID, cur.Attrs.PublicIP)
+	case !cur.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
+		return fmt.Errorf("%w: %s is now held by node %q (%s)", ErrLeaseLost, want.Subnets(), cur.Attrs.NodeID, publicAddrs(cur.Attrs))
 	}
 	l, err := m.adopt(ctx, cur, &takenSubnets{})
 	if err != nil {
@@ -229,4 +230,16 @@ func (m *Manager) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, 
 	kv := resp.Kvs[0]
 	l, err := m.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 	return l, resp.Header.Revision, err
+}
+
+// publicAddrs names a lease's public addresses for a message, quoted: they
+// are as anyone wrote them to etcd.
+func publicAddrs(a subnet.LeaseAttrs) string {
+	switch {
+	case a.PublicIPv6 == "":
+		return "public IP " + strconv.Quote(a.PublicIP)
+	case a.PublicIP == "":
+		return "public IPv6 " + strconv.Quote(a.PublicIPv6)
+	}
+	return fmt.Sprintf("public IPs %q and %q", a.PublicIP, a.PublicIPv6)
 }

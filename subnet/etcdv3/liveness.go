@@ -14,18 +14,45 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// livenessValue is the JSON of <prefix>/nodes/<node-id>.
+// livenessValue is the JSON of <prefix>/nodes/<node-id>. An address the
+// host does not have is "" (an IPv6-only host has no PublicIP).
 type livenessValue struct {
-	PublicIP string
-	Hostname string
-	Since    string
+	PublicIP   string
+	PublicIPv6 string `json:",omitempty"`
+	Hostname   string
+	Since      string
 }
 
-// String names the holder for messages, "198.18.0.1 (h1)". The value is
-// anyone's to write: what is not an address or a plain host name is quoted.
+// livenessOf is the value this host writes.
+func livenessOf(h Host) livenessValue {
+	return livenessValue{PublicIP: addrOrEmpty(h.PublicIP), PublicIPv6: addrOrEmpty(h.PublicIPv6), Hostname: h.Hostname,
+		Since: time.Now().UTC().Format(time.RFC3339)}
+}
+
+func addrOrEmpty(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+// writtenBy reports whether v was written from one of h's public
+// addresses: by an earlier process of this host.
+func (v livenessValue) writtenBy(h Host) bool {
+	return h.PublicIP.IsValid() && v.PublicIP == h.PublicIP.String() ||
+		h.PublicIPv6.IsValid() && v.PublicIPv6 == h.PublicIPv6.String()
+}
+
+// String names the holder for messages, "198.18.0.1 (h1)" (an IPv6-only
+// host by its IPv6 address). The value is anyone's to write: what is not
+// an address or a plain host name is quoted.
 func (v livenessValue) String() string {
-	ip := strconv.Quote(v.PublicIP)
-	if a, err := netip.ParseAddr(v.PublicIP); err == nil {
+	raw := v.PublicIP
+	if raw == "" {
+		raw = v.PublicIPv6
+	}
+	ip := strconv.Quote(raw)
+	if a, err := netip.ParseAddr(raw); err == nil {
 		ip = a.String()
 	}
 	host := v.Hostname
@@ -48,8 +75,9 @@ const livenessSlack = 3 * time.Second
 // refused too: a check that only read the key would let both through until
 // the first one's Run wrote it.
 //
-// A key left by this host's own previous process (same public IP; a second
-// live daemon on one host fails earlier, on its lock file) is taken over.
+// A key left by this host's own previous process (written from one of its
+// public addresses; a second live daemon on one host fails earlier, on its
+// lock file) is taken over.
 // Another host's key may be a dead host's that has not expired yet: it is
 // given its remaining TTL (plus slack) to vanish. The wait is bounded by
 // that TTL, not by any per-request timeout, so it ends in nil,
@@ -152,7 +180,7 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 			revoke(ctx, cli, grant.ID)
 		}
 	}()
-	val, _ := json.Marshal(livenessValue{PublicIP: m.host.PublicIP.String(), Hostname: m.host.Hostname, Since: time.Now().UTC().Format(time.RFC3339)})
+	val, _ := json.Marshal(livenessOf(m.host))
 	var mod int64 // the ModRevision the key must have: 0 is absent
 	for range maxClaimAttempts {
 		resp, err := cli.Txn(rctx).
@@ -184,7 +212,7 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 			continue
 		}
 		var v livenessValue
-		if err := json.Unmarshal(kvs[0].Value, &v); err == nil && v.PublicIP == m.host.PublicIP.String() {
+		if err := json.Unmarshal(kvs[0].Value, &v); err == nil && v.writtenBy(m.host) {
 			mod = kvs[0].ModRevision // this host's previous process: take it over
 			continue
 		}

@@ -217,7 +217,7 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 	for i, l := range snap.Leases {
 		taken.add(l.Subnets())
 		switch {
-		case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+		case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
 		case !m.fits(l):
 			return subnet.Lease{}, m.stranded(l)
 		case own == nil:

@@ -61,7 +61,7 @@ func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int
 	var own, atPrevious *subnet.Lease
 	for i, l := range saved.Leases {
 		taken.add(l.Subnets())
-		if own == nil && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP) {
+		if own == nil && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) {
 			own = &saved.Leases[i]
 		}
 		if l.Subnets() == m.host.Previous {
@@ -122,7 +122,7 @@ func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int
 	switch {
 	case err != nil:
 		return subnet.Lease{}, 0, stale("this host's lease key %s: %v", key, err)
-	case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP):
+	case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
 		return subnet.Lease{}, 0, stale("this host's lease key %s now names node %q", key, l.Attrs.NodeID)
 	}
 	l, err = m.adopt(ctx, l, &taken)

@@ -139,6 +139,10 @@ func (j *Journal) Apply(b Batch) error {
 	if j.f == nil {
 		return errors.New("lease journal is not open")
 	}
+	if b.Revision < j.rev {
+		// Replay would refuse the file from here on: keep it readable.
+		return fmt.Errorf("lease journal %s: a batch at revision %d after %d", j.path, b.Revision, j.rev)
+	}
 	var buf []byte
 	n := 0
 	add := func(r journal.Record) {

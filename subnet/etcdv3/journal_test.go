@@ -518,6 +518,29 @@ func TestJournalIsCompacted(t *testing.T) {
 	}
 }
 
+// A batch behind the journal's revision is refused and leaves the file as
+// it was: appended, it would make the journal unreadable for good.
+func TestJournalRefusesABatchBehindIt(t *testing.T) {
+	reg := NewRegistry(nil, DefaultPrefix)
+	leases := journalLeases(2)
+	path := filepath.Join(t.TempDir(), "j")
+	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
+	defer j.Close()
+	l := leases[0]
+	l.Attrs.Hostname, l.ModRevision = "new", 30
+	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 30}); err != nil {
+		t.Fatal(err)
+	}
+	l.Attrs.Hostname, l.ModRevision = "stale", 25
+	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 25}); err == nil || !strings.Contains(err.Error(), "revision 25 after 30") {
+		t.Fatalf("a batch behind the journal: %v, want it refused", err)
+	}
+	got, err := loadJournal(path, reg)
+	if err != nil || got.Revision != 30 || got.Leases[0].Attrs.Hostname != "new" {
+		t.Fatalf("the journal after the refusal: %+v, %v; want it readable at revision 30", got, err)
+	}
+}
+
 // file is a journal of the leases under prefix holding recs at revision 4.
 func file(t *testing.T, prefix string, recs ...journal.Record) string {
 	t.Helper()

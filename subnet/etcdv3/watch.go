@@ -245,9 +245,8 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
-	from := w.rev
 	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
-		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(from)), clientv3.WithProgressNotify())
+		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(w.rev)), clientv3.WithProgressNotify())
 	if err != nil {
 		return err.Error(), false
 	}
@@ -320,7 +319,10 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			if n := len(resp.Events); n > 0 {
 				rev = resp.Events[n-1].Kv.ModRevision
 			}
-			batches := w.apply(after(resp.Events, from), rev)
+			// Only what is past w.rev is news: a periodic re-list may have
+			// moved it beyond responses still waiting in wch (and a resumed
+			// watch delivers w.rev's own events again).
+			batches := w.apply(after(resp.Events, w.rev), rev)
 			if len(batches) == 0 && w.reports(rev) {
 				batches = []Batch{{Revision: rev}}
 			}

@@ -52,7 +52,9 @@ func (r *Registry) Create(ctx context.Context, s subnet.Subnets, attrs subnet.Le
 // next, in one transaction: how a host's lease gains or drops its IPv6
 // subnet when the network config starts or stops carrying IPv6, keeping
 // its IPv4 subnet. It returns the revision of the write, ErrConflict if
-// prev changed, or ErrTaken if next is held.
+// prev changed, ErrTaken if next is held, or ErrHeldElsewhere if next's
+// IPv6 subnet turned out to be claimed first under another key: then prev
+// is written back (with a new ModRevision).
 func (r *Registry) Rekey(ctx context.Context, prev subnet.Lease, next subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
 	key := r.LeaseKey(next)
 	val, err := attrs.Marshal()
@@ -75,7 +77,17 @@ func (r *Registry) Rekey(ctx context.Context, prev subnet.Lease, next subnet.Sub
 		}
 		return 0, fmt.Errorf("%w: %s", ErrTaken, key)
 	}
-	return r.keepIfFirst(ctx, next, resp.Header.Revision)
+	rev, err := r.keepIfFirst(ctx, next, resp.Header.Revision)
+	if errors.Is(err, ErrHeldElsewhere) {
+		// The new key withdrew itself (an earlier claim holds its IPv6
+		// subnet): put the lease it replaced back, or the host would lose
+		// its IPv4 subnet, and its pods their addresses, to a race it
+		// lost on the other family.
+		if _, rerr := r.Create(ctx, prev.Subnets(), prev.Attrs, prev.EtcdLease); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restore %s: %w", old, rerr))
+		}
+	}
+	return rev, err
 }
 
 // keepIfFirst ends the claim of s written at revision rev. etcd cannot

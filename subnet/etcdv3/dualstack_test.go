@@ -208,6 +208,33 @@ func TestAdoptRekeysForTheNetworksFamilies(t *testing.T) {
 	}
 }
 
+// A re-key whose IPv6 half turns out to be another host's (claimed first
+// under another IPv4 subnet: no transaction can see that) withdraws and
+// puts the IPv4 lease it replaced back: the host keeps the subnet its
+// pods' addresses are in.
+func TestRekeyThatLosesItsIPv6HalfKeepsTheIPv4Lease(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	mine, _, err := f.manager(dualHost(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reg.Create(ctx(t), subnets("10.244.99.0/24", "fd00:10:244:3::/64"), dualAttrs(2), 0); err != nil {
+		t.Fatal(err)
+	}
+	next := subnets(mine.Subnet.String(), "fd00:10:244:3::/64")
+	_, err = f.reg.Rekey(ctx(t), mine, next, dualAttrs(1), mine.EtcdLease)
+	if !errors.Is(err, ErrHeldElsewhere) {
+		t.Fatalf("Rekey onto a held IPv6 subnet: %v, want ErrHeldElsewhere", err)
+	}
+	got, err := f.reg.Get(ctx(t), mine.Subnets())
+	if err != nil || got.EtcdLease != mine.EtcdLease || !subnet.SameAttrs(got.Attrs, mine.Attrs) {
+		t.Fatalf("the IPv4 lease after the lost re-key: %+v, %v; want it back as it was", got, err)
+	}
+	if keys := f.leaseKeys(t); len(keys) != 2 {
+		t.Errorf("keys after the lost re-key: %v, want the restored lease and the other host's", keys)
+	}
+}
+
 func (f *fixture) leaseKeys(t *testing.T) []string {
 	t.Helper()
 	snap, err := f.reg.List(ctx(t))

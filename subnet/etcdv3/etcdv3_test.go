@@ -167,8 +167,42 @@ func TestFlannelLeaseIsAdoptedByPublicIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
-	if err != nil || l.Subnet != p || l.EtcdLease != int64(grant.ID) {
-		t.Fatalf("Acquire = %+v, %v; want %s on etcd lease %x", l, err, p, grant.ID)
+	if err != nil || l.Subnet != p {
+		t.Fatalf("Acquire = %+v, %v; want %s", l, err, p)
+	}
+	// flanneld's etcd lease had another TTL than --lease-ttl: the key moved
+	// onto overlayd's (TestChangedLeaseTTLTakesEffectAtRestart).
+	if _, granted, err := f.reg.ttls(ctx(t), l.EtcdLease); err != nil || granted != int64(DefaultLeaseTTL/time.Second) {
+		t.Errorf("adopted lease on etcd lease %x granted %ds (%v), want %s", l.EtcdLease, granted, err, DefaultLeaseTTL)
+	}
+}
+
+// A restart with another --lease-ttl moves the lease key onto an etcd
+// lease of that TTL (the same subnet, the key never gone) and revokes the
+// old one; a restart with the same TTL keeps its etcd lease.
+func TestChangedLeaseTTLTakesEffectAtRestart(t *testing.T) {
+	f := newFixture(t, testNetwork)
+	first, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t))
+	if err != nil || same.EtcdLease != first.EtcdLease {
+		t.Fatalf("restart with the same TTL: etcd lease %x (%v), want %x kept", same.EtcdLease, err, first.EtcdLease)
+	}
+	l, _, err := f.manager(host(1), ManagerOptions{LeaseTTL: time.Minute}).Acquire(ctx(t))
+	if err != nil || l.Subnet != first.Subnet || l.EtcdLease == first.EtcdLease {
+		t.Fatalf("restart with --lease-ttl 1m: %s on etcd lease %x (%v); want %s on a new etcd lease", l.Subnet, l.EtcdLease, err, first.Subnet)
+	}
+	stored, err := f.reg.Get(ctx(t), first.Subnets())
+	if err != nil || stored.EtcdLease != l.EtcdLease {
+		t.Fatalf("stored lease %+v, %v; want it on etcd lease %x", stored, err, l.EtcdLease)
+	}
+	if _, granted, err := f.reg.ttls(ctx(t), l.EtcdLease); err != nil || granted != 60 {
+		t.Errorf("new etcd lease granted %ds (%v), want 60", granted, err)
+	}
+	if left, _, err := f.reg.ttls(ctx(t), first.EtcdLease); err != nil || left != -1 {
+		t.Errorf("the old etcd lease: %ds left (%v), want it revoked", left, err)
 	}
 }
 

@@ -325,23 +325,34 @@ func (m *Manager) pools() string {
 }
 
 // adopt takes over a lease that already names this host. A reservation stays
-// TTL-free; a leased key keeps its etcd lease if it is still alive, so a
-// restart never multiplies etcd leases. If the network started or stopped
-// carrying IPv6 since the lease was written, the key is replaced by one
-// that adds or drops the IPv6 subnet (the IPv4 subnet, which pods hold
-// addresses of, is kept).
+// TTL-free; a leased key keeps its etcd lease if it is still alive and was
+// granted the TTL asked for now, so a restart never multiplies etcd leases
+// (one granted another TTL — --lease-ttl changed — is replaced, and revoked
+// once the key has moved). If the network started or stopped carrying IPv6
+// since the lease was written, the key is replaced by one that adds or
+// drops the IPv6 subnet (the IPv4 subnet, which pods hold addresses of, is
+// kept).
 func (m *Manager) adopt(ctx context.Context, l subnet.Lease, taken *takenSubnets) (subnet.Lease, error) {
 	id := clientv3.LeaseID(0)
+	var replaced clientv3.LeaseID // an etcd lease of another TTL, revoked once the key has moved
 	if !l.Reserved {
-		ttl, err := m.reg.TTL(ctx, l.EtcdLease)
+		left, granted, err := m.reg.ttls(ctx, l.EtcdLease)
 		if err != nil {
 			return subnet.Lease{}, err
 		}
-		if ttl > 0 {
-			m.setEtcdLease(clientv3.LeaseID(l.EtcdLease), time.Duration(ttl)*time.Second)
+		asked := int64(m.opts.LeaseTTL / time.Second)
+		switch {
+		case left > 0 && granted == asked:
+			m.setEtcdLease(clientv3.LeaseID(l.EtcdLease), time.Duration(left)*time.Second)
 			id = clientv3.LeaseID(l.EtcdLease)
-		} else if id, err = m.ensureEtcdLease(ctx); err != nil {
-			return subnet.Lease{}, err
+		case left > 0:
+			m.log.Info("the lease's etcd lease was granted another TTL; moving the key onto one of the TTL asked for", "granted", time.Duration(granted)*time.Second, "lease_ttl", m.opts.LeaseTTL)
+			replaced = clientv3.LeaseID(l.EtcdLease)
+		}
+		if id == 0 {
+			if id, err = m.ensureEtcdLease(ctx); err != nil {
+				return subnet.Lease{}, err
+			}
 		}
 	}
 	want, err := m.pick(l.Subnets(), taken)
@@ -361,6 +372,9 @@ func (m *Manager) adopt(ctx context.Context, l subnet.Lease, taken *takenSubnets
 	}
 	if err != nil {
 		return subnet.Lease{}, err
+	}
+	if replaced != 0 {
+		revoke(ctx, m.reg.cli, replaced) // it carries nothing now; else it would linger for its whole TTL
 	}
 	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, Reserved: l.Reserved, EtcdLease: int64(id), ModRevision: rev}, nil
 }

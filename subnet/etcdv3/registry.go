@@ -306,11 +306,18 @@ func (r *Registry) AliveNodes(ctx context.Context) (map[string]bool, error) {
 
 // TTL returns the seconds left on an etcd lease, or -1 if it no longer exists.
 func (r *Registry) TTL(ctx context.Context, etcdLease int64) (int64, error) {
+	left, _, err := r.ttls(ctx, etcdLease)
+	return left, err
+}
+
+// ttls returns the seconds left on an etcd lease (-1 if it no longer
+// exists) and the TTL it was granted with.
+func (r *Registry) ttls(ctx context.Context, etcdLease int64) (left, granted int64, err error) {
 	resp, err := r.cli.TimeToLive(ctx, clientv3.LeaseID(etcdLease))
 	if err != nil {
-		return 0, fmt.Errorf("time-to-live of etcd lease %x: %w", etcdLease, err)
+		return 0, 0, fmt.Errorf("time-to-live of etcd lease %x: %w", etcdLease, err)
 	}
-	return resp.TTL, nil
+	return resp.TTL, resp.GrantedTTL, nil
 }
 
 func leaseOpt(etcdLease int64) []clientv3.OpOption {

@@ -196,6 +196,11 @@ func leaseTTLs(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease)
 			ids = append(ids, l.EtcdLease)
 		}
 	}
+	// Each request waits up to --dial-timeout: after one fails, the rest
+	// are cancelled rather than each waiting its turn for an etcd that is
+	// gone.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var (
 		mu       sync.Mutex
 		firstErr error
@@ -211,6 +216,7 @@ func leaseTTLs(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease)
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {
 				firstErr = err
+				cancel()
 			}
 			ttls[id] = ttl
 		})

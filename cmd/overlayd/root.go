@@ -223,18 +223,20 @@ func (g *GlobalFlags) clientConfig() etcdclient.Config {
 	}
 }
 
-// connect opens a request context bounded by --dial-timeout and a registry
-// on a checked etcd connection — so a wrong CA, a missing client
-// certificate or a bad password is reported precisely up front. done
-// releases both.
+// connect returns the command's context and a registry on a checked etcd
+// connection — so a wrong CA, a missing client certificate or a bad
+// password is reported precisely up front. Each request waits at most
+// --dial-timeout (boundRequests); the command as a whole is not bounded,
+// as it makes as many requests as its work needs. done closes the
+// connection.
 func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etcdv3.Registry, done func(), err error) {
-	ctx, cancel := g.requestContext(cmd)
+	ctx = cmd.Context()
 	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
-		cancel()
 		return nil, nil, nil, err
 	}
-	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close(); cancel() }, nil
+	boundRequests(cli, g.DialTimeout)
+	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
 }
 
 // connectLeases is connect for the lease commands: the registry looks
@@ -249,11 +251,6 @@ func (g *GlobalFlags) connectLeases(cmd *cobra.Command) (context.Context, *etcdv
 		reg = reg.For(cfg)
 	}
 	return ctx, reg, done, nil
-}
-
-// requestContext bounds one CLI request by --dial-timeout.
-func (g *GlobalFlags) requestContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(cmd.Context(), g.DialTimeout)
 }
 
 // etcdHint explains a failed etcd request: which endpoint, TLS or

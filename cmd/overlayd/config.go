@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -25,21 +26,43 @@ func newConfigCommand(g *GlobalFlags) *cobra.Command {
 }
 
 // configOutput shows the effective config: a field table, or its JSON
-// (which `config put` accepts back).
+// (which `config put` accepts back). The table names fields as the JSON
+// does and shows only the families the network carries, as the JSON does.
 func configOutput(cfg *subnet.Config) printer.Output {
-	rows := [][]string{
-		{"Network", cfg.Network.String()},
-		{"SubnetLen", strconv.Itoa(cfg.SubnetLen)},
-		{"SubnetMin", cfg.SubnetMin.String()},
-		{"SubnetMax", cfg.SubnetMax.String()},
-		{"Subnets", strconv.Itoa(cfg.Count())},
-		{"Backend.Type", cfg.Backend.Type},
-		{"Backend.VNI", strconv.Itoa(cfg.Backend.VNI)},
-		{"Backend.Port", strconv.Itoa(cfg.Backend.Port)},
-		{"Backend.DirectRouting", strconv.FormatBool(cfg.Backend.DirectRouting)},
-		{"Backend.MTU", mtuText(cfg.Backend.MTU)},
+	var rows [][]string
+	if cfg.EnableIPv4 {
+		rows = poolRows("", "Subnets", &cfg.Pool)
+	} else {
+		rows = [][]string{{"EnableIPv4", "false"}}
 	}
+	if cfg.EnableIPv6 {
+		rows = append(rows, []string{"EnableIPv6", "true"})
+		rows = append(rows, poolRows("IPv6", "IPv6Subnets", &cfg.IPv6)...)
+	}
+	rows = append(rows,
+		[]string{"Backend.Type", cfg.Backend.Type},
+		[]string{"Backend.VNI", strconv.Itoa(cfg.Backend.VNI)},
+		[]string{"Backend.Port", strconv.Itoa(cfg.Backend.Port)},
+		[]string{"Backend.DirectRouting", strconv.FormatBool(cfg.Backend.DirectRouting)},
+		[]string{"Backend.MTU", mtuText(cfg.Backend.MTU)},
+	)
 	return printer.Output{Header: []string{"FIELD", "VALUE"}, Rows: rows, JSON: cfg}
+}
+
+// poolRows are the rows of one family's pool, its fields named with prefix
+// as in the JSON config, and how many subnets it holds.
+func poolRows(prefix, countName string, p *subnet.Pool) [][]string {
+	count := strconv.Itoa(p.Count())
+	if p.Count() == math.MaxInt {
+		count += " or more" // Count saturates for a huge IPv6 pool
+	}
+	return [][]string{
+		{prefix + "Network", p.Network.String()},
+		{prefix + "SubnetLen", strconv.Itoa(p.SubnetLen)},
+		{prefix + "SubnetMin", p.SubnetMin.String()},
+		{prefix + "SubnetMax", p.SubnetMax.String()},
+		{countName, count},
+	}
 }
 
 func mtuText(mtu int) string {

@@ -451,3 +451,35 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 		}
 	}
 }
+
+// The config table shows the families the network carries, with the IPv6
+// pool's fields when it carries IPv6 — in validate, put and get alike.
+func TestConfigTableByFamily(t *testing.T) {
+	backend := "Backend.Type vxlan|Backend.VNI 1|Backend.Port 8472|Backend.DirectRouting false|Backend.MTU 0 (underlay MTU - 50)"
+	v4 := "Network 10.1.0.0/16|SubnetLen 24|SubnetMin 10.1.1.0|SubnetMax 10.1.255.0|Subnets 255|"
+	v6 := "EnableIPv6 true|IPv6Network fd00:1::/48|IPv6SubnetLen 64|IPv6SubnetMin fd00:1:0:1::|IPv6SubnetMax fd00:1:0:ffff::|IPv6Subnets 65535|"
+	for _, tc := range []struct{ name, config, want string }{
+		{"IPv4-only", `{"Network":"10.1.0.0/16"}`, v4 + backend},
+		{"IPv6-only", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`, "EnableIPv4 false|" + v6 + backend},
+		{"dual-stack", `{"Network":"10.1.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:1::/48"}`, v4 + v6 + backend},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := cluster(t)
+			for _, args := range [][]string{{"config", "validate", "-f", "-"}, {"config", "put", "-f", "-"}, {"config", "get"}} {
+				r := run(t, srv.Endpoint, tc.config, args...)
+				if r.code != exitOK {
+					t.Fatalf("%s: %+v", strings.Join(args, " "), r)
+				}
+				var rows []string
+				for _, line := range strings.Split(strings.TrimSpace(r.out), "\n") {
+					if f := strings.Fields(line); len(f) > 0 && f[0] != "FIELD" && f[0] != "stored" {
+						rows = append(rows, strings.Join(f, " "))
+					}
+				}
+				if got := strings.Join(rows, "|"); got != tc.want {
+					t.Errorf("%s table rows:\n got %s\nwant %s", strings.Join(args, " "), got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -414,18 +414,28 @@ func (h *hostFlags) checkUnderlay() error {
 	if err := h.selectUnderlay(); err != nil {
 		return err
 	}
-	if h.publicIP == "" {
+	if err := h.checkPublicAddr("public-ip", h.publicIP, "ip -4 addr"); err != nil {
+		return err
+	}
+	return h.checkPublicAddr("public-ipv6", h.publicIPv6, "ip -6 addr")
+}
+
+// checkPublicAddr checks that value, the host's public address given with
+// --flag, is an address of this host on the underlay interface: the daemon
+// would refuse it only after reading its config, with exit 1.
+func (h *hostFlags) checkPublicAddr(flag, value, listCmd string) error {
+	if value == "" {
 		return nil
 	}
-	ip := netip.MustParseAddr(h.publicIP) // checked when set
+	ip := netip.MustParseAddr(value) // checked when set
 	ifc, err := interfaceWith(ip)
 	switch {
 	case err != nil:
 		return err
 	case ifc == "":
-		return fmt.Errorf("--public-ip %s is not an address of this host: pass this host's underlay address (see `ip -4 addr`)", ip)
+		return fmt.Errorf("--%s %s is not an address of this host: pass this host's underlay address (see `%s`)", flag, ip, listCmd)
 	case h.iface != "" && ifc != h.iface:
-		return fmt.Errorf("--public-ip %s is on %s, not on --iface %s: pass the interface that holds it", ip, ifc, h.iface)
+		return fmt.Errorf("--%s %s is on %s, not on --iface %s: pass the interface that holds it", flag, ip, ifc, h.iface)
 	}
 	return nil
 }

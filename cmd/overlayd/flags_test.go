@@ -345,3 +345,25 @@ func TestNodeNameRuleIsTheDaemons(t *testing.T) {
 		}
 	}
 }
+
+// -w takes its value in any case, as its flag check does: the check and
+// the printer never disagree about a value.
+func TestWriteOutIgnoresCase(t *testing.T) {
+	config := `{"Network":"10.1.0.0/16"}`
+	for _, tc := range []struct {
+		args    []string
+		environ []string
+		want    string
+	}{
+		{[]string{"-w", "JSON"}, nil, `"Network": "10.1.0.0/16"`},
+		{[]string{"--write-out=Simple"}, nil, "Network 10.1.0.0/16\n"},
+		{nil, []string{"OVERLAY_WRITE_OUT=TABLE"}, "FIELD"},
+	} {
+		args := append(tc.args, "config", "validate", "-f", "-")
+		var out, errOut bytes.Buffer
+		code := executeEnv(args, tc.environ, strings.NewReader(config), &out, &errOut)
+		if code != exitOK || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%v overlayd %s: exit %d, stdout %q, stderr %q; want %q", tc.environ, strings.Join(args, " "), code, out.String(), errOut.String(), tc.want)
+		}
+	}
+}

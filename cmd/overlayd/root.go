@@ -204,8 +204,10 @@ func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
+// format is -w's value in any case, as its flag check (oneOf) and every
+// other choice flag take it.
 func (g *GlobalFlags) format() (printer.Format, error) {
-	f, err := printer.ParseFormat(g.WriteOut)
+	f, err := printer.ParseFormat(strings.ToLower(g.WriteOut))
 	if err != nil {
 		return "", usageError{err}
 	}

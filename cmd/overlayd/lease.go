@@ -270,7 +270,7 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			for _, inv := range snap.Invalid {
 				invalid = append(invalid, invalidRow{Key: inv.Key, Error: inv.Err.Error()})
 				if format != printer.JSON {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", inv.Key, inv.Err)
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", plainKey(inv.Key), inv.Err)
 				}
 			}
 			out := leaseTable(cfg, rows)

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -249,18 +249,41 @@ func heldElsewhere(s, other subnet.Subnets, key string) error {
 
 // describeOwner names the host a lease value names, as messages show it:
 // "198.18.0.7", "node h7 (198.18.0.7)", "node h7 (198.18.0.7, 2001:db8::7)"
-// or, for a reservation waiting for its node, "node h7".
+// or, for a reservation waiting for its node, "node h7". The value is
+// anyone's with write access to etcd: a node ID or address that is not
+// one is shown quoted, so it can neither drive the terminal nor fake lines.
 func describeOwner(a subnet.LeaseAttrs) string {
-	addrs := strings.Join(slices.DeleteFunc([]string{a.PublicIP, a.PublicIPv6}, func(s string) bool { return s == "" }), ", ")
+	node := a.NodeID
+	if subnet.CheckNodeID(node) != nil {
+		node = strconv.Quote(node)
+	}
+	var shown []string
+	for _, s := range []string{a.PublicIP, a.PublicIPv6} {
+		if ip, err := netip.ParseAddr(s); err == nil && ip.Zone() == "" { // a zone is free text
+			shown = append(shown, ip.String())
+		} else if s != "" {
+			shown = append(shown, strconv.Quote(s))
+		}
+	}
+	addrs := strings.Join(shown, ", ")
 	switch {
 	case a.NodeID == "" && addrs == "":
 		return "unknown: the value names no host"
 	case a.NodeID == "":
 		return addrs
 	case addrs == "":
-		return "node " + a.NodeID
+		return "node " + node
 	}
-	return fmt.Sprintf("node %s (%s)", a.NodeID, addrs)
+	return fmt.Sprintf("node %s (%s)", node, addrs)
+}
+
+// plainKey is an etcd key as messages show it: as it is if it holds only
+// printable ASCII other than space, else quoted (anyone may write a key).
+func plainKey(key string) string {
+	if strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return strconv.Quote(key)
+	}
+	return key
 }
 
 func newLeaseRevokeCommand(g *GlobalFlags) *cobra.Command {

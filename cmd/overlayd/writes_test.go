@@ -248,3 +248,38 @@ func TestRevokeUnusedSecondReservation(t *testing.T) {
 		t.Errorf("revoke the lease node-1 uses: %+v", r)
 	}
 }
+
+// A lease's node ID, public address and key are anyone's with write access
+// to etcd: messages show them as they are when they are what they claim to
+// be, and quoted otherwise, so an escape sequence never reaches the terminal.
+func TestOwnerFromEtcdIsShownSafely(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	p := netip.MustParsePrefix("10.244.70.0/24")
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: p}, subnet.LeaseAttrs{PublicIP: "198.18.0.70\x1b[31m", PublicIPv6: "fe80::1%\x1b[0m", NodeID: "ev\x1b[2Jil"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Client().Put(ctx(t), reg.SubnetsPrefix()+"\x1b[2Jbad", "x"); err != nil {
+		t.Fatal(err)
+	}
+	owner := `node "ev\x1b[2Jil" ("198.18.0.70\x1b[31m", "fe80::1%\x1b[0m")`
+	for _, tc := range []struct {
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"", []string{"lease", "revoke", "--dry-run", p.String()}, "would revoke 10.244.70.0/24 (owner " + owner + ", alive no)"},
+		{`{"Network":"10.50.0.0/16"}`, []string{"config", "put", "-f", "-"}, "stranded: 10.244.70.0/24 of " + owner + ": "},
+		{"", []string{"lease", "list"}, `warning: skipping "/coreos.com/network/subnets/\x1b[2Jbad": `},
+		{"", []string{"lease", "revoke", p.String()}, "revoked 10.244.70.0/24 (owner " + owner + ")"},
+	} {
+		r := run(t, srv.Endpoint, tc.stdin, tc.args...)
+		if strings.Contains(r.out+r.err, "\x1b") || !strings.Contains(r.out+r.err, tc.want) {
+			t.Errorf("overlayd %s: stdout %q, stderr %q; want %q and no escape", strings.Join(tc.args, " "), r.out, r.err, tc.want)
+		}
+	}
+	// What is what it claims to be is shown as it is.
+	if r := run(t, srv.Endpoint, "", "lease", "revoke", "--dry-run", "10.244.2.0/24"); !strings.Contains(r.err, "its owner node node-2 (198.18.0.2) is alive") {
+		t.Errorf("revoke of a live lease: %+v", r)
+	}
+}

@@ -375,7 +375,7 @@ func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) 
 		return false, err
 	}
 	for _, other := range snap.Leases {
-		if other.Subnets() != l.Subnets() && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr()) {
+		if other.Subnets() != l.Subnets() && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
 			return true, nil
 		}
 	}

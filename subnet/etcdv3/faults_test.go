@@ -611,3 +611,64 @@ func TestQuietStoreAnswersEveryProgressRequest(t *testing.T) {
 		t.Fatalf("%d stall(s) of a healthy watch on a quiet store: its progress requests went unanswered", n)
 	}
 }
+
+// etcd's store re-created behind the same endpoint (wiped and started
+// again, or restored from a backup): none of what this host wrote is there
+// and the revisions start over, below every one the host has seen. The
+// host must notice — by its node ID claim's write, whose revision went back
+// — re-claim its subnet in the new store and re-list the leases there; its
+// watches, waiting for revisions far ahead, would otherwise sit silent
+// while another host could take the subnet.
+func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
+	srv, _, dreg, cfg := startServer(t)
+	proxy := newProxy(t, srv.Endpoint)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	h := me()
+	m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{LivenessTTL: 2 * time.Second, RetryInterval: 100 * time.Millisecond})
+	if err := m.ClaimNodeID(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l, snap, err := m.Acquire(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	seen := collect(reg.Watch(runCtx, snap, etcdv3.WatchOptions{RetryInterval: 100 * time.Millisecond, RelistSpread: 100 * time.Millisecond}))
+	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
+	for i := range 300 { // the old store runs far ahead of the new one
+		if _, err := dreg.Client().Put(tctx(t), "/elsewhere/k", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, testenv.Slack, "the old store's revision seen", func() bool { return seen.has(l.Subnet, "") })
+
+	srv2, _, dreg2, _ := startServer(t)
+	if _, err := dreg2.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(7)}, peerAttrs(7), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Retarget(srv2.Endpoint); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	// The clients reconnect (gRPC's backoff: 1 s, 1.6 s, 2.6 s, … if a
+	// first attempt fails), the liveness keepalive finds its lease gone
+	// (within its 2 s TTL), the claim's write shows the revision went back.
+	testenv.WaitFor(t, 3*2*time.Second+5*time.Second+testenv.Slack, "the lease re-claimed in the new store", func() bool {
+		cur, err := dreg2.Get(tctx(t), l.Subnets())
+		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+	})
+	testenv.WaitFor(t, testenv.Slack, "the new store's leases listed", func() bool { return seen.has(peerSubnet(7), "") })
+	testenv.WaitFor(t, testenv.Slack, "the lease key known to be this host's again", func() bool { return m.KeyProblem() == nil })
+	// And the key is watched again: a deletion in the new store is noticed.
+	if _, err := dreg2.Delete(tctx(t), l.Subnets()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, testenv.Slack, "the deleted key re-claimed", func() bool {
+		cur, err := dreg2.Get(tctx(t), l.Subnets())
+		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
+	})
+}

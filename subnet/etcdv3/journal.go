@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -139,51 +140,63 @@ func (j *Journal) Apply(b Batch) error {
 	if j.f == nil {
 		return errors.New("lease journal is not open")
 	}
-	if b.Revision < j.rev {
+	switch {
+	case b.Resync && (b.Revision < j.rev || b.ClusterID != 0 && b.ClusterID != j.header.Cluster):
+		return j.rebase(b)
+	case b.Revision < j.rev:
 		// Replay would refuse the file from here on: keep it readable.
 		return fmt.Errorf("lease journal %s: a batch at revision %d after %d", j.path, b.Revision, j.rev)
 	}
-	var buf []byte
-	n := 0
-	add := func(r journal.Record) {
-		buf = r.Append(buf)
-		n++
+	recs, err := j.recordsOf(b)
+	if err != nil {
+		return err
 	}
-	if b.Resync {
-		// A re-list's Invalid is every invalid key it found.
-		add(journal.Record{Kind: journal.KindClear})
-	}
-	for _, ev := range b.Events {
-		if ev.Type == subnet.Removed {
-			add(journal.Record{Kind: journal.KindGone, Key: ev.Lease.Key()})
-			continue
-		}
-		r, err := leaseRecord(ev.Lease)
-		if err != nil {
-			return err
-		}
-		add(r)
-	}
-	for _, key := range b.Deleted {
-		add(journal.Record{Kind: journal.KindGone, Key: strings.TrimPrefix(key, j.header.Prefix)})
-	}
-	for _, inv := range b.Invalid {
-		add(invalidRecord(j.header.Prefix, inv))
-	}
+	n := len(recs)
 	if n == 0 && b.Revision <= j.rev {
 		return nil
 	}
-	add(journal.Seal(b.Revision, journal.Checksum(j.sum, buf)))
+	var buf []byte
+	for _, r := range recs {
+		buf = r.Append(buf)
+	}
+	buf = journal.Seal(b.Revision, journal.Checksum(j.sum, buf)).Append(buf)
 	if _, err := j.f.Write(buf); err != nil {
 		return fmt.Errorf("append to lease journal %s: %w", j.path, err)
 	}
 	j.sum = journal.Checksum(j.sum, buf)
-	j.records += n
+	j.records += n + 1 // and the seal
 	j.rev = b.Revision
 	if j.records > 2*j.keys+journalSlack {
 		return j.compact()
 	}
 	return nil
+}
+
+// recordsOf are b's records, in the order they apply.
+func (j *Journal) recordsOf(b Batch) ([]journal.Record, error) {
+	var recs []journal.Record
+	if b.Resync {
+		// A re-list's Invalid is every invalid key it found.
+		recs = append(recs, journal.Record{Kind: journal.KindClear})
+	}
+	for _, ev := range b.Events {
+		if ev.Type == subnet.Removed {
+			recs = append(recs, journal.Record{Kind: journal.KindGone, Key: ev.Lease.Key()})
+			continue
+		}
+		r, err := leaseRecord(ev.Lease)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	for _, key := range b.Deleted {
+		recs = append(recs, journal.Record{Kind: journal.KindGone, Key: strings.TrimPrefix(key, j.header.Prefix)})
+	}
+	for _, inv := range b.Invalid {
+		recs = append(recs, invalidRecord(j.header.Prefix, inv))
+	}
+	return recs, nil
 }
 
 // Close closes the file; the journal stays on disk for the next start.
@@ -198,19 +211,41 @@ func (j *Journal) Close() error {
 
 // compact rewrites the file with one record per key.
 func (j *Journal) compact() error {
-	data, err := os.ReadFile(j.path)
-	if err != nil {
-		return fmt.Errorf("compact lease journal: %w", err)
-	}
-	r, err := journal.Replay(data)
+	r, err := j.replay()
 	if err != nil {
 		return fmt.Errorf("compact lease journal %s: %w", j.path, err)
 	}
-	recs := make([]journal.Record, 0, len(r.Keys))
-	for _, rec := range r.Keys {
-		recs = append(recs, rec)
+	return j.rewrite(slices.Collect(maps.Values(r.Keys)), r.Rev)
+}
+
+// rebase rewrites the file with the set after b, a re-list of a store
+// that was re-created (its revisions start over, its cluster ID may be
+// new): appended, its revision would make the file unreadable.
+func (j *Journal) rebase(b Batch) error {
+	r, err := j.replay()
+	if err != nil {
+		return fmt.Errorf("lease journal %s: %w", j.path, err)
 	}
-	return j.rewrite(recs, r.Rev)
+	recs, err := j.recordsOf(b)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		r.Apply(rec)
+	}
+	if b.ClusterID != 0 {
+		j.header.Cluster = b.ClusterID
+	}
+	return j.rewrite(slices.Collect(maps.Values(r.Keys)), b.Revision)
+}
+
+// replay reads back what the file holds.
+func (j *Journal) replay() (journal.Replayed, error) {
+	data, err := os.ReadFile(j.path)
+	if err != nil {
+		return journal.Replayed{}, err
+	}
+	return journal.Replay(data)
 }
 
 // rewrite replaces the file with the header, recs and the revision, and

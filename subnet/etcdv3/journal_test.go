@@ -541,6 +541,28 @@ func TestJournalRefusesABatchBehindIt(t *testing.T) {
 	}
 }
 
+// A re-list of a store that was re-created comes at a lower revision,
+// perhaps from another cluster: the journal starts over from the set it
+// describes, readable, with the new cluster's ID.
+func TestJournalStartsOverWithARecreatedStore(t *testing.T) {
+	reg := NewRegistry(nil, DefaultPrefix)
+	leases := journalLeases(3)
+	path := filepath.Join(t.TempDir(), "j")
+	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 300, ClusterID: 7})
+	defer j.Close()
+	b := Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: leases[2]}}, Revision: 12, Resync: true, ClusterID: 8}
+	if err := j.Apply(b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadJournal(path, reg)
+	if err != nil || got.Revision != 12 || got.ClusterID != 8 || len(got.Leases) != 2 {
+		t.Fatalf("after the re-created store's re-list: %+v, %v; want 2 leases at revision 12 of cluster 8", got, err)
+	}
+	if err := j.Apply(Batch{Revision: 13}); err != nil {
+		t.Errorf("a batch after the start-over: %v", err)
+	}
+}
+
 // file is a journal of the leases under prefix holding recs at revision 4.
 func file(t *testing.T, prefix string, recs ...journal.Record) string {
 	t.Helper()

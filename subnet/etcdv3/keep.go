@@ -85,6 +85,13 @@ func (m *Manager) keepLease(ctx context.Context) error {
 func (m *Manager) holdLease(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A store that was re-created (wiped, restored from a backup) holds
+	// none of what this host wrote, and its revisions start over: the
+	// key's watch would wait for a revision that is far ahead. Re-claim.
+	epoch, rebased := m.reg.head.rebaseSignal()
+	if epoch != m.epoch {
+		return m.storeRecreated()
+	}
 	l := m.Lease()
 	var kaCh <-chan *clientv3.LeaseKeepAliveResponse
 	if !l.Reserved {
@@ -111,6 +118,8 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			if reason := stall.check(); reason != "" {
 				return fmt.Errorf("watch of %s: %s", key, reason)
 			}
+		case <-rebased:
+			return m.storeRecreated()
 		case ka, ok := <-kaCh:
 			if !ok {
 				m.clearEtcdLease()
@@ -149,6 +158,14 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// storeRecreated forgets the old store and says why the lease is
+// re-claimed.
+func (m *Manager) storeRecreated() error {
+	m.epoch, _ = m.reg.head.rebaseSignal()
+	m.forgetStore()
+	return keyGone("etcd's store was re-created (wiped, or restored from a backup): re-claiming %s", m.Lease().Subnets())
 }
 
 // keyGoneError is a reason holdLease stopped that means the key no longer

@@ -192,6 +192,10 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 			return nil, nil, fmt.Errorf("write liveness key %s: %w", key, err)
 		}
 		if resp.Succeeded {
+			if m.reg.head.wrote(resp.Header) {
+				m.log.Warn("etcd's store was re-created (wiped or restored from a backup): its revision went back or its cluster ID changed; re-claiming the lease and re-listing every lease",
+					"revision", resp.Header.Revision, "cluster", fmt.Sprintf("%x", resp.Header.ClusterId))
+			}
 			// The keepalive outlives this call's ctx, which may be one
 			// attempt's: release ends it.
 			kctx, stop := context.WithCancel(context.WithoutCancel(ctx))

@@ -82,6 +82,9 @@ type Manager struct {
 	host Host
 	opts ManagerOptions
 	log  *slog.Logger
+	// epoch is the re-creations of etcd's store known (storeHead), read
+	// and written by the lease keeper only.
+	epoch uint64
 
 	mu    sync.Mutex
 	lease subnet.Lease
@@ -121,7 +124,9 @@ func NewManager(reg *Registry, cfg *subnet.Config, host Host, opts ManagerOption
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = DefaultStallTimeout
 	}
-	return &Manager{reg: reg, cfg: cfg, host: host, opts: opts, log: opts.Logger}
+	m := &Manager{reg: reg, cfg: cfg, host: host, opts: opts, log: opts.Logger}
+	m.epoch, _ = reg.head.rebaseSignal()
+	return m
 }
 
 // Lease returns the lease currently held.
@@ -407,6 +412,15 @@ func (m *Manager) setSeen(rev int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.seen = max(m.seen, rev)
+}
+
+// forgetStore drops what refers to a store that was re-created: the
+// revisions seen (the new store's are lower) and the etcd lease (gone
+// with it).
+func (m *Manager) forgetStore() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seen, m.lease.ModRevision, m.etcdLease = 0, 0, 0
 }
 
 func (m *Manager) seenRev() int64 {

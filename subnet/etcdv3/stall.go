@@ -172,6 +172,12 @@ type storeHead struct {
 	mu    sync.Mutex
 	rev   int64
 	until time.Time
+	// cluster is the etcd cluster ID the replies came from; epoch counts
+	// the times the store was found re-created (rebase), and rebased is
+	// closed at the next one.
+	cluster uint64
+	epoch   uint64
+	rebased chan struct{}
 
 	regained  time.Time     // when keepalive replies came again after a gap
 	answer    time.Duration // smoothed answer time of progress requests and watch creations
@@ -245,8 +251,55 @@ func (h *storeHead) observe(hdr *etcdserverpb.ResponseHeader, ttl time.Duration)
 	if !h.until.IsZero() && now.After(h.until) {
 		h.regained = now
 	}
-	h.rev = max(h.rev, hdr.Revision)
+	if h.cluster != 0 && hdr.ClusterId != h.cluster {
+		h.rebase(hdr)
+	}
+	h.rev, h.cluster = max(h.rev, hdr.Revision), hdr.ClusterId
 	h.until = now.Add(2 * ttl / 3)
+}
+
+// wrote records the header of a write's response: its revision is the
+// store's newest, so one below a revision seen before (or another cluster
+// ID) means the store was re-created — wiped, or restored from a backup —
+// and it reports that. (A read could be answered by a member that lags;
+// a write's revision never goes back in one store.)
+func (h *storeHead) wrote(hdr *etcdserverpb.ResponseHeader) bool {
+	if h == nil || hdr == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	re := hdr.Revision < h.rev || h.cluster != 0 && hdr.ClusterId != h.cluster
+	if re {
+		h.rebase(hdr)
+	}
+	h.rev, h.cluster = max(h.rev, hdr.Revision), hdr.ClusterId
+	return re
+}
+
+// rebase starts over from hdr's store: every watch that follows the old
+// one's revisions is told (rebaseSignal). h.mu is held.
+func (h *storeHead) rebase(hdr *etcdserverpb.ResponseHeader) {
+	h.rev = hdr.Revision
+	h.epoch++
+	if h.rebased != nil {
+		close(h.rebased)
+		h.rebased = nil
+	}
+}
+
+// rebaseSignal returns how many times the store was found re-created and
+// a channel closed at the next time.
+func (h *storeHead) rebaseSignal() (uint64, <-chan struct{}) {
+	if h == nil {
+		return 0, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.rebased == nil {
+		h.rebased = make(chan struct{})
+	}
+	return h.epoch, h.rebased
 }
 
 // outOfReach reports whether keepalive replies came before but have

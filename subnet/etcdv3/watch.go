@@ -32,9 +32,13 @@ type Batch struct {
 	Deleted  []string
 	Revision int64
 	// Resync is true when the batch comes from a re-list (after a
-	// compaction passed the watch, or the periodic check) rather than from
-	// watch events; Periodic too when it was the periodic check.
+	// compaction passed the watch, the store was re-created, or the
+	// periodic check) rather than from watch events; Periodic too when it
+	// was the periodic check. A re-list's Revision is the listing's: below
+	// the batches before it when etcd's store was re-created.
 	Resync, Periodic bool
+	// ClusterID is the etcd cluster a re-list read (Resync only).
+	ClusterID uint64
 }
 
 // Defaults of WatchOptions (and of ManagerOptions' stall detection).
@@ -125,6 +129,7 @@ func (o *WatchOptions) defaults() {
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
 	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
+	w.epoch, _ = r.head.rebaseSignal()
 	for _, l := range snap.Leases {
 		w.known[l.ID()] = subnet.KnownOf(l)
 	}
@@ -156,6 +161,10 @@ type watcher struct {
 	// there are none, as in a healthy cluster), so that their deletion can
 	// be reported.
 	invalid map[string]bool
+	// epoch is the re-creations of etcd's store known (storeHead): after
+	// one, nothing at rev or below means anything, and only a re-list can
+	// tell what the new store holds.
+	epoch uint64
 }
 
 // setInvalid replaces the invalid keys with a listing's.
@@ -245,6 +254,11 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
+	epoch, rebased := w.reg.head.rebaseSignal()
+	if epoch != w.epoch {
+		w.epoch = epoch
+		return rebasedReason, true
+	}
 	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(w.rev)), clientv3.WithProgressNotify())
 	if err != nil {
@@ -281,6 +295,9 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			if reason := stall.check(); reason != "" {
 				return reason, false
 			}
+		case <-rebased:
+			w.epoch, _ = w.reg.head.rebaseSignal()
+			return rebasedReason, true
 		case <-resync.C:
 			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 			if err := w.relist(ctx, out, w.opts.RequestTimeout, true); err != nil {
@@ -335,6 +352,10 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 		}
 	}
 }
+
+// rebasedReason is why a watch of a re-created store ends: as after a
+// compaction, only a re-list can tell what changed.
+const rebasedReason = "etcd's store was re-created (wiped, or restored from a backup)"
 
 // reports says whether reaching rev without a lease changing is delivered
 // as an empty batch: when asked to (Progress), and until the head is
@@ -427,7 +448,7 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Dur
 		return err
 	}
 	events, known := subnet.Diff(w.known, snap.Leases, unchanged)
-	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic}
+	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic, ClusterID: snap.ClusterID}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
 	send(ctx, out, b)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -109,4 +110,38 @@ func TestPeriodicRelistNeverSendsABatchBackwards(t *testing.T) {
 		readUntil(end)
 	}
 	readUntil(put(1000)) // anything stale from the last cycle comes before
+}
+
+// A write's revision below one seen before, or a reply from another
+// cluster, means etcd's store was re-created: every watch is told. A read
+// may lag; only writes and the cluster ID are taken as evidence.
+func TestStoreHeadNoticesARecreatedStore(t *testing.T) {
+	h := &storeHead{}
+	hdr := func(cluster uint64, rev int64) *etcdserverpb.ResponseHeader {
+		return &etcdserverpb.ResponseHeader{ClusterId: cluster, Revision: rev}
+	}
+	h.observe(hdr(1, 300), time.Minute)
+	epoch, rebased := h.rebaseSignal()
+	if h.wrote(hdr(1, 301)) || h.wrote(hdr(1, 301)) {
+		t.Fatal("a write at the store's head taken for a re-created store")
+	}
+	h.observe(hdr(1, 250), time.Minute) // a keepalive answered by a lagging member
+	if e, _ := h.rebaseSignal(); e != epoch {
+		t.Fatal("a lagging reply taken for a re-created store")
+	}
+	if !h.wrote(hdr(1, 5)) {
+		t.Fatal("a write at revision 5 after 301, same cluster ID (wiped and bootstrapped alike): not noticed")
+	}
+	select {
+	case <-rebased:
+	default:
+		t.Fatal("the re-creation was not signalled")
+	}
+	if e, _ := h.rebaseSignal(); e != epoch+1 || !h.notPast(5) {
+		t.Fatalf("after the re-creation: epoch %d, notPast(5) %v; want %d and the new store's revision", e, h.notPast(5), epoch+1)
+	}
+	h.observe(hdr(2, 9), time.Minute) // restored from a backup: a new cluster ID
+	if e, _ := h.rebaseSignal(); e != epoch+2 {
+		t.Fatalf("a reply from another cluster: epoch %d, want %d", e, epoch+2)
+	}
 }

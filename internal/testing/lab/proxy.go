@@ -53,7 +53,7 @@ func (m ProxyMode) String() string {
 // process; a unix socket is reachable from every network namespace.
 type Proxy struct {
 	path   string
-	target string // the server's etcd endpoint URL
+	target string // the server's etcd endpoint URL (guarded by mu)
 	ln     net.Listener
 	wg     sync.WaitGroup
 
@@ -128,6 +128,23 @@ func (p *Proxy) Set(m ProxyMode) {
 			c.freeze()
 		}
 	}
+}
+
+// Retarget closes every open connection and forwards new ones to target:
+// to its clients the server behind the same address was replaced (an etcd
+// wiped and started again, or restored from a backup).
+func (p *Proxy) Retarget(target string) error {
+	if _, _, err := splitEndpoint(target); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		c.close()
+		delete(p.conns, c)
+	}
+	return nil
 }
 
 // SetAnswerDelay delays everything the server sends its clients by d, on
@@ -209,7 +226,10 @@ func (p *Proxy) serve(c *proxyConn) {
 		return
 	default:
 	}
-	network, addr, _ := splitEndpoint(p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	network, addr, _ := splitEndpoint(target)
 	server, err := net.Dial(network, addr)
 	if err != nil {
 		return // the server is down: the client sees its connection close

@@ -254,7 +254,7 @@ func Replay(data []byte) (Replayed, error) {
 			return r, fmt.Errorf("line %d: revision %d after %d", n, rec.Rev, r.Rev)
 		}
 		for _, p := range pending {
-			r.apply(p)
+			r.Apply(p)
 		}
 		sum = Checksum(sum, whole)
 		r.Records += len(pending) + 1
@@ -266,7 +266,8 @@ func Replay(data []byte) (Replayed, error) {
 	return r, nil
 }
 
-func (r *Replayed) apply(rec Record) {
+// Apply applies rec to the keys, as replaying it does.
+func (r *Replayed) Apply(rec Record) {
 	switch rec.Kind {
 	case KindClear:
 		for k, v := range r.Keys {

@@ -204,9 +204,13 @@ func reconcileCondition(sts []backend.Status) Condition {
 	return c
 }
 
-// combined sums up the data planes' statuses as one: counts added, the
-// device present and in sync only if every one is, the latest pass and
-// the first error.
+// combined sums up the data planes' statuses as one: the device present
+// and in sync only if every one is, the latest pass, the first error, and
+// the other counts added. Peers are the exception: every plane is handed
+// the same peers, so Peers is the largest plane's count, and a peer is
+// programmed only once every plane has it, so PeersProgrammed is the
+// smallest's (exact when the planes lag on the same peers, too high by
+// the peers missing from one plane only while others miss from another).
 func combined(sts []backend.Status) backend.Status {
 	var c backend.Status
 	for i, st := range sts {
@@ -217,8 +221,8 @@ func combined(sts []backend.Status) backend.Status {
 		c.Device += "+" + st.Device
 		c.DevicePresent = c.DevicePresent && st.DevicePresent
 		c.InSync, c.Pending = c.InSync && st.InSync, c.Pending || st.Pending
-		c.Peers += st.Peers
-		c.PeersProgrammed += st.PeersProgrammed
+		c.Peers = max(c.Peers, st.Peers)
+		c.PeersProgrammed = min(c.PeersProgrammed, st.PeersProgrammed)
 		c.InvalidPeers += st.InvalidPeers
 		c.Conflicts += st.Conflicts
 		c.Passes += st.Passes

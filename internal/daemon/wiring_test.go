@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -70,7 +71,11 @@ func (k *fakeKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Un
 	if err != nil {
 		return Underlay{}, err
 	}
-	return Underlay{Iface: l.Name, Index: l.Index, PublicIP: netip.MustParseAddr("198.18.0.1"), MTU: l.MTU}, nil
+	ul := Underlay{Iface: l.Name, Index: l.Index, PublicIP: netip.MustParseAddr("198.18.0.1"), MTU: l.MTU}
+	if addrs, _ := k.nl.AddrListFamily(l.Index, vxlan.IPv6); len(addrs) > 0 {
+		ul.PublicIPv6 = addrs[0].Addr() // a dual-stack test gave eth0 one
+	}
+	return ul, nil
 }
 
 func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
@@ -352,4 +357,66 @@ func leftoverGoroutines() error {
 		return errors.New(strings.Join(left, "\n"))
 	}
 	return nil
+}
+
+// On a dual-stack host every peer is in both data planes, and counts once:
+// /status and the metrics say 2 of 2 for two peers, not 4 (each plane's
+// count added up).
+func TestWiringDualStackCountsEachPeerOnce(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(ctx,
+		[]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{9, 10} { // before start: the daemon leases neither
+		v := fmt.Sprintf(`{"PublicIP":"198.18.0.%d","PublicIPv6":"fd18::%d","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:04:%02x"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:%02x"}}`, n, n, n, n)
+		if _, err := srv.Client(t).Put(ctx, fmt.Sprintf("%s/subnets/10.244.%d.0-24&fd00:10:244:%x::-64", etcdv3.DefaultPrefix, n, n), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := startWiring(t, srv, func(c *Config) {
+		nl := c.Kernel.(*fakeKernel).nl
+		eth0, _ := nl.LinkByName("eth0")
+		if err := nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	testenv.Eventually(t, testenv.Slack, "both peers programmed and counted once", func() error {
+		var st Status
+		if err := getJSON(w.health+"/status", &st); err != nil {
+			return err
+		}
+		if st.DeviceV6 == "" || st.PeersExpected != 2 || st.PeersProgrammed != 2 {
+			return fmt.Errorf("/status: IPv6 device %q, %d peers programmed of %d expected; want both planes and 2 of 2", st.DeviceV6, st.PeersProgrammed, st.PeersExpected)
+		}
+		body, err := getBody(w.health + "/metrics")
+		if err != nil {
+			return err
+		}
+		if peers, prog := metricValue(body, "overlay_peers"), metricValue(body, "overlay_peers_programmed"); peers != 2 || prog != 2 {
+			return fmt.Errorf("overlay_peers %d, overlay_peers_programmed %d; want 2 and 2", peers, prog)
+		}
+		return nil
+	})
+}
+
+func getBody(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func getJSON(url string, v any) error {
+	body, err := getBody(url)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(body), v)
 }

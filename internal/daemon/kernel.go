@@ -32,6 +32,9 @@ type Kernel interface {
 	// network (one per address family) to outside it and returns what
 	// keeps it in place.
 	Masquerade(networks []masq.Network, log *slog.Logger) (Masquerader, error)
+	// RemoveMasquerade deletes overlayd's masquerade table (and the
+	// table of older versions), and reports whether there was one.
+	RemoveMasquerade() (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
 }
@@ -104,6 +107,8 @@ func (k hostKernel) Masquerade(networks []masq.Network, log *slog.Logger) (Masqu
 	}
 	return keptMasq{mq}, nil
 }
+
+func (k hostKernel) RemoveMasquerade() (bool, error) { return removeMasq(k.ns) }
 
 type keptMasq struct{ *masq.Masq }
 

@@ -143,6 +143,8 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		d.closers = append(d.closers, func() { _ = mq.Close() })
 		d.removeFlannelMasq(mq)
 		d.wg.Go(func() { _ = mq.Run(ctx) })
+	} else {
+		d.removeOldMasq()
 	}
 	env := subnet.Env{MTU: d.podMTU(), IPMasq: d.cfg.IPMasq}
 	if nc.EnableIPv4 {
@@ -161,6 +163,21 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// removeOldMasq deletes the masquerade table a run with --ip-masq left
+// (Shutdown keeps it, so that a restart opens no window without NAT):
+// without it a host switched to --ip-masq=false would go on masquerading
+// while subnet.env tells the bridge plugin to. It cannot stop the start:
+// a kernel without nftables, one reason for --ip-masq=false, has no table.
+func (d *daemon) removeOldMasq() {
+	removed, err := d.cfg.Kernel.RemoveMasquerade()
+	switch {
+	case err != nil:
+		d.log.Warn("--ip-masq=false: cannot check for the masquerade table of an earlier run with --ip-masq; if there is one, delete it with `nft delete table inet overlay`", "table", "inet "+masq.TableName, "err", err)
+	case removed:
+		d.log.Info("--ip-masq=false: removed the masquerade table of an earlier run with --ip-masq", "table", "inet "+masq.TableName)
+	}
 }
 
 // dataPlane opens a netlink connection for one family's VXLAN backend,

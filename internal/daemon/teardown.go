@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend/masq"
@@ -102,7 +103,7 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	if err := teardownDevices(ctx, cfg, h, ul, nodeID, vni, &res); err != nil {
 		return res, err
 	}
-	if res.MasqRemoved, err = removeMasq(cfg); err != nil {
+	if res.MasqRemoved, err = removeMasq(cfg.NetNS); err != nil {
 		return res, err
 	}
 	switch err := os.Remove(cfg.SubnetFile); {
@@ -235,12 +236,13 @@ func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul U
 	return nil
 }
 
-// removeMasq deletes overlayd's nftables table, and reports whether there
+// removeMasq deletes overlayd's nftables table in ns (closed: the
+// process's), and the table of older versions, and reports whether there
 // was one.
-func removeMasq(cfg Config) (bool, error) {
+func removeMasq(ns netns.NsHandle) (bool, error) {
 	var opts []masq.Option
-	if cfg.NetNS.IsOpen() {
-		opts = append(opts, masq.WithNetNS(cfg.NetNS))
+	if ns.IsOpen() {
+		opts = append(opts, masq.WithNetNS(ns))
 	}
 	// The network is irrelevant to removal; any valid prefix will do.
 	mq, err := masq.New(netip.MustParsePrefix("10.0.0.0/8"), opts...)

@@ -96,6 +96,11 @@ func (k *fakeKernel) Masquerade(networks []masq.Network, _ *slog.Logger) (Masque
 	return fakeMasq{k}, nil
 }
 
+func (k *fakeKernel) RemoveMasquerade() (bool, error) {
+	k.note("masq removed")
+	return false, nil
+}
+
 type fakeMasq struct{ k *fakeKernel }
 
 func (m fakeMasq) Run(ctx context.Context) error {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,8 @@ type TeardownResult struct {
 	LeaseRemoved   string // the subnet whose lease key was deleted, if any
 	LeaseKept      string // why no lease was deleted, if none was
 	SubnetFile     string // subnet.env, if it existed and was removed
+	// Warnings name what was left in place, and why (also logged).
+	Warnings []string
 }
 
 // ErrLeaseNotReleased means teardown removed what it could on this host but
@@ -52,7 +55,9 @@ type TeardownOptions struct {
 
 // Teardown removes this host's data path (routes, neighbours, FDB entries,
 // the VXLAN device), its lease in etcd (a reservation is kept: an operator
-// made it) and subnet.env. It refuses (ErrRunning) while `overlayd run`
+// made it) and subnet.env. The underlay it needs only for the routes of
+// DirectRouting through it: if it cannot be found, those stay, named in
+// the result's Warnings. It refuses (ErrRunning) while `overlayd run`
 // holds this host's lock, unless opts.Force. The data path and subnet.env
 // are removed even when etcd cannot be reached (the device is found by
 // opts.VNI then); the error then wraps ErrLeaseNotReleased.
@@ -78,20 +83,27 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, err
 	}
 	defer h.Close()
-	ul, err := DetectUnderlay(h, cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
-	if err != nil {
-		return res, fmt.Errorf("%w (teardown needs the underlay to find direct routes)", err)
+	ul, ulErr := teardownUnderlay(h, cfg)
+	if ulErr != nil {
+		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, vxlan.RouteProtocol)
+		cfg.Logger.Warn(w)
+		res.Warnings = append(res.Warnings, w)
 	}
 
 	var reg *etcdv3.Registry
 	var netCfg *subnet.Config
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
+	// Each request may take --dial-timeout, as in the daemon and the CLI:
+	// a fixed, shorter bound gave up on an etcd they reach.
+	dial := dialTimeout(cfg.Etcd)
+	cctx, cancel := context.WithTimeout(ctx, dial)
 	cli, etcdErr := etcdclient.Connect(cctx, cfg.Etcd)
+	cancel()
 	if etcdErr == nil {
 		defer cli.Close()
 		reg = etcdv3.NewRegistry(cli, cfg.Prefix)
+		cctx, cancel := context.WithTimeout(ctx, dial)
 		netCfg, _, etcdErr = reg.GetConfig(cctx)
+		cancel()
 	}
 	vni := opts.VNI
 	if etcdErr != nil {
@@ -119,10 +131,54 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	if etcdErr != nil {
 		return res, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr)
 	}
-	if err := releaseLease(ctx, reg.For(netCfg), nodeID, ul, &res); err != nil {
+	if err := releaseLease(ctx, reg.For(netCfg), nodeID, ul, max(releaseTimeout, dial), &res); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
 	}
 	return res, nil
+}
+
+// dialTimeout is how long one etcd request may take (--dial-timeout).
+func dialTimeout(c etcdclient.Config) time.Duration {
+	if c.DialTimeout > 0 {
+		return c.DialTimeout
+	}
+	return etcdclient.DefaultDialTimeout
+}
+
+// teardownUnderlay finds the underlay as far as teardown needs it: the
+// link, whose DirectRouting routes are overlayd's, and the public address,
+// by which a lease without a node ID (flanneld's) is found. Unlike a start
+// it does not need the link up, an address on it or a default route: a
+// host being taken apart may have lost them. The error says why no link
+// was found; what else was found is returned all the same.
+func teardownUnderlay(h *netlink.Handle, cfg Config) (Underlay, error) {
+	ul, err := DetectUnderlay(h, cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
+	if err == nil {
+		return ul, nil
+	}
+	ul = Underlay{PublicIP: cfg.PublicIP, PublicIPv6: cfg.PublicIPv6}
+	var link netlink.Link
+	switch {
+	case cfg.Iface != "":
+		link, err = h.LinkByName(cfg.Iface)
+	case cfg.PublicIP.IsValid():
+		link, err = linkWithAddr(h, cfg.PublicIP)
+	default:
+		link, err = defaultRouteLink(h)
+	}
+	if err != nil {
+		return ul, err
+	}
+	ul.Iface, ul.Index = link.Attrs().Name, link.Attrs().Index
+	if !ul.PublicIP.IsValid() {
+		for _, a := range addrsOf(h, link, unix.AF_INET) {
+			if a.IsGlobalUnicast() {
+				ul.PublicIP = a
+				break
+			}
+		}
+	}
+	return ul, nil
 }
 
 // teardownDevices removes the data path of each family: overlayd's
@@ -132,9 +188,12 @@ func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Unde
 	res.Device = vxlan.DeviceName(vni)
 	_, err := h.LinkByName(res.Device)
 	res.DeviceRemoved = err == nil
+	// Without an underlay each backend is given its own device as one: it
+	// then finds no routes but those on the device.
+	underlay := func(dev string) string { return cmp.Or(ul.Iface, dev) }
 	// The IPv4 data path is torn down in any case (its routes may outlive
 	// the device), the IPv6 one if its device exists.
-	v4 := vxlan.Config{VNI: vni, Underlay: ul.Iface, LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
+	v4 := vxlan.Config{VNI: vni, Underlay: underlay(res.Device), LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
 	if err := teardownDataPath(ctx, cfg, v4); err != nil {
 		res.DeviceRemoved = false
 		return err
@@ -142,6 +201,7 @@ func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Unde
 	v6 := v4
 	// Either address selects the family: the underlay's, else any IPv6 prefix.
 	v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
+	v6.Underlay = underlay(vxlan.DeviceNameV6(vni))
 	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
 		if err := teardownDataPath(ctx, cfg, v6); err != nil {
 			return err
@@ -159,7 +219,7 @@ func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Unde
 			continue
 		}
 		c := fl.base
-		c.DeviceName = fl.name
+		c.DeviceName, c.Underlay = fl.name, underlay(fl.name)
 		if err := teardownDataPath(ctx, cfg, c); err != nil {
 			return err
 		}
@@ -198,11 +258,15 @@ func teardownDataPath(ctx context.Context, cfg Config, vc vxlan.Config) error {
 	return nil
 }
 
+// releaseTimeout bounds releasing the lease (a listing, a delete, a
+// revoke) unless the dial timeout is longer.
+const releaseTimeout = 10 * time.Second
+
 // releaseLease deletes the lease key that names this host, unless it is a
 // reservation, and revokes its etcd lease. A lease outside the network (one
 // a config change stranded) is released too: it is this host's all the same.
-func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul Underlay, res *TeardownResult) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul Underlay, timeout time.Duration, res *TeardownResult) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	snap, err := reg.List(ctx)
 	if err != nil {

@@ -138,8 +138,13 @@ func run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	lock, err := lockHost(cfg.SubnetFile)
-	if err != nil {
-		return fmt.Errorf("%w: stop it first, or give this one its own --subnet-file and --health-addr", err)
+	switch {
+	case errors.Is(err, ErrRunning):
+		// Not "run this one beside it": one host has one overlay (its
+		// devices and the nftables table are the same for both).
+		return fmt.Errorf("%w: stop it first (systemctl stop overlayd)", err)
+	case err != nil:
+		return fmt.Errorf("--subnet-file %s: %w", cfg.SubnetFile, err)
 	}
 	defer lock.release()
 	d.log = d.log.With("node", d.nodeID)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -136,4 +137,35 @@ func TestHostLockIsExclusive(t *testing.T) {
 		t.Fatalf("after release: %v", err)
 	}
 	l.release()
+}
+
+// Only "another overlayd holds the lock" gets the advice to stop it, and
+// never the advice to run a second daemon beside it (the two would share
+// the nftables table); a lock that cannot be taken for another reason is
+// reported as it is, naming the flag.
+func TestLockFailureAdvice(t *testing.T) {
+	dir := t.TempDir()
+	run := func(subnetFile string) error {
+		// Run fails at the lock, before it reaches for etcd.
+		return Run(context.Background(), Config{NodeName: "h1", SubnetFile: subnetFile, Kernel: newFakeKernel()})
+	}
+	held := filepath.Join(dir, "run", "subnet.env")
+	l, err := lockHost(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.release()
+	err = run(held)
+	if !errors.Is(err, ErrRunning) || !strings.Contains(err.Error(), "stop it first") || strings.Contains(err.Error(), "--subnet-file") {
+		t.Errorf("with the lock held: %v; want ErrRunning, advice to stop it, and none to run another", err)
+	}
+
+	notADir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notADir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = run(filepath.Join(notADir, "subnet.env"))
+	if err == nil || errors.Is(err, ErrRunning) || strings.Contains(err.Error(), "stop it") || !strings.Contains(err.Error(), "--subnet-file") {
+		t.Errorf("with the lock's directory under a file: %v; want the cause, naming --subnet-file, without advice to stop anything", err)
+	}
 }

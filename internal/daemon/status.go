@@ -8,6 +8,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -161,12 +162,20 @@ func etcdCondition(mgr *etcdv3.Manager) Condition {
 	return c
 }
 
-func leaseCondition(mgr *etcdv3.Manager, now time.Time) Condition {
+// leaseState is what the lease condition is judged on: the lease manager.
+type leaseState interface {
+	Lease() subnet.Lease
+	Expires() time.Time
+	KeyProblem() error
+}
+
+func leaseCondition(mgr leaseState, now time.Time) Condition {
 	c := Condition{Name: "lease"}
 	l := mgr.Lease()
 	switch exp := mgr.Expires(); {
 	case mgr.KeyProblem() != nil:
-		c.Reason = mgr.KeyProblem().Error() + "; re-claiming " + l.Subnet.String()
+		// Each subnet of the lease: the IPv6 one alone on an IPv6-only host.
+		c.Reason = mgr.KeyProblem().Error() + "; re-claiming " + l.Subnets().String()
 	case l.Reserved:
 	case !exp.After(now):
 		c.Reason = "lease expired or not renewed"

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
@@ -398,6 +399,20 @@ func TestStatusDualStack(t *testing.T) {
 		"  device      ok\n"
 	if r.code != exitOK || r.out != want {
 		t.Errorf("status of an IPv4-only host:\n%s\nwant\n%s", r.out, want)
+	}
+
+	// An IPv6-only host shows its IPv6 rows alone, the lease's expiry on
+	// its IPv6 subnet: no "subnet -", no IPv4 device of MTU 0.
+	exp := time.Now().Add(24 * time.Hour)
+	st = daemon.Status{
+		Node: "h1", Iface: "eth0", PublicIPv6: "2001:db8::1", IPv6Subnet: "fd00:10:244:7::/64", LeaseExpires: &exp,
+		DeviceV6: "overlay-v6.1", MTUv6: 1430, VtepMACv6: "0e:00:00:00:06:01",
+		PeersExpected: 2, PeersProgrammed: 2, Ready: true, Conditions: []daemon.Condition{{Name: "device", OK: true}},
+	}
+	r = run(t, "", "", "status", "--health-addr", statusServer(t, st))
+	if r.code != exitOK || !strings.HasPrefix(r.out, "node          h1\npublic IPv6   2001:db8::1 (eth0)\nIPv6 subnet   fd00:10:244:7::/64 (expires in ") ||
+		!strings.Contains(r.out, "\nIPv6 device   overlay-v6.1 mtu 1430 mac 0e:00:00:00:06:01\npeers") {
+		t.Errorf("status of an IPv6-only host:\n%s", r.out)
 	}
 }
 

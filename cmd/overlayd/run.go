@@ -228,5 +228,8 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 	if res.LeaseKept != "" {
 		lines = append(lines, "lease kept: "+res.LeaseKept)
 	}
+	for _, w := range res.Warnings {
+		lines = append(lines, "left in place: "+w)
+	}
 	fmt.Fprintln(out, strings.Join(lines, "\n"))
 }

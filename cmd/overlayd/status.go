@@ -73,17 +73,29 @@ func fetchStatus(ctx context.Context, addr string) (daemon.Status, error) {
 }
 
 func statusOutput(st daemon.Status) printer.Output {
-	rows := [][]string{{"node", st.Node}, {"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"}}
 	// The IPv6 data plane's rows, each beside its IPv4 one, only when the
-	// daemon reports it: an IPv4-only host's output stays as it was.
+	// daemon reports it: an IPv4-only host's output stays as it was. An
+	// IPv6-only host (no IPv4 subnet) shows only its IPv6 rows, the
+	// lease's expiry on its IPv6 subnet.
+	v6only := st.Subnet == "" && st.IPv6Subnet != ""
+	rows := [][]string{{"node", st.Node}}
+	if !v6only {
+		rows = append(rows, []string{"public IP", orDash(st.PublicIP) + " (" + orDash(st.Iface) + ")"})
+	}
 	if st.PublicIPv6 != "" {
 		rows = append(rows, []string{"public IPv6", st.PublicIPv6 + " (" + orDash(st.Iface) + ")"})
 	}
-	rows = append(rows, []string{"subnet", orDash(st.Subnet) + leaseNote(st)})
-	if st.IPv6Subnet != "" {
-		rows = append(rows, []string{"IPv6 subnet", st.IPv6Subnet})
+	switch {
+	case v6only:
+		rows = append(rows, []string{"IPv6 subnet", st.IPv6Subnet + leaseNote(st)})
+	case st.IPv6Subnet != "":
+		rows = append(rows, []string{"subnet", orDash(st.Subnet) + leaseNote(st)}, []string{"IPv6 subnet", st.IPv6Subnet})
+	default:
+		rows = append(rows, []string{"subnet", orDash(st.Subnet) + leaseNote(st)})
 	}
-	rows = append(rows, []string{"device", deviceLine(st.Device, st.MTU, st.VtepMAC)})
+	if !v6only || st.Device != "" {
+		rows = append(rows, []string{"device", deviceLine(st.Device, st.MTU, st.VtepMAC)})
+	}
 	if st.DeviceV6 != "" {
 		rows = append(rows, []string{"IPv6 device", deviceLine(st.DeviceV6, st.MTUv6, st.VtepMACv6)})
 	}

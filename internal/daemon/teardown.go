@@ -274,7 +274,7 @@ func releaseLease(ctx context.Context, reg *etcdv3.Registry, nodeID string, ul U
 	}
 	var removed, kept []string
 	for _, l := range snap.Leases {
-		if !l.Attrs.OwnedBy(nodeID, ul.PublicIP) {
+		if !l.Attrs.OwnedBy(nodeID, ul.PublicIP, ul.PublicIPv6) {
 			continue
 		}
 		if l.Reserved {

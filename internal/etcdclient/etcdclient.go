@@ -28,6 +28,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -372,9 +373,27 @@ func (c Config) tlsConfig(now time.Time) (*tls.Config, error) {
 				return nil, fmt.Errorf("%w: client certificate --cert %s is not valid before %s: check this host's clock", ErrConfig, c.Cert, leaf.NotBefore.UTC().Format(time.RFC3339))
 			}
 		}
-		conf.Certificates = []tls.Certificate{pair}
+		conf.GetClientCertificate = reloading(c.Cert, c.Key, pair)
 	}
 	return conf, nil
+}
+
+// reloading returns a GetClientCertificate that reads the key pair from
+// its files at each handshake (a new connection: rare), so a certificate
+// rotated on disk (cert-manager, a renewal cron) is presented from the
+// next connection on without a restart. A pair that cannot be read at
+// that moment — a rotation half written — leaves the last good one in use.
+func reloading(certFile, keyFile string, pair tls.Certificate) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	var mu sync.Mutex
+	last := &pair
+	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p, err := loadKeyPair(certFile, keyFile); err == nil {
+			last = &p
+		}
+		return last, nil
+	}
 }
 
 // loadKeyPair is tls.LoadX509KeyPair with errors that name the bad file.

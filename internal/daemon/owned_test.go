@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -238,6 +239,30 @@ func TestRestartWithStrandedLeaseRefusesUntilReleased(t *testing.T) {
 	h1.start(t)
 	if now := h1.env(t).Lease(); !netip.MustParsePrefix("10.50.0.0/16").Contains(now.Addr()) {
 		t.Fatalf("after teardown h1 leased %s, want a subnet of 10.50.0.0/16", now)
+	}
+}
+
+// A teardown that cannot remove one thing (here subnet.env, which is a
+// directory by now) removes the rest all the same — the device, the table,
+// the lease — and reports what failed.
+func TestTeardownRemovesTheRestPastAFailure(t *testing.T) {
+	c := newCluster(t)
+	h1 := c.addHost("h1", 1)
+	h1.start(t)
+	own := h1.env(t).Lease()
+	h1.stop()
+	if err := os.Remove(h1.cfg.SubnetFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(h1.cfg.SubnetFile, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
+	if err == nil || !strings.Contains(err.Error(), "remove "+h1.cfg.SubnetFile) {
+		t.Fatalf("teardown = %v; want the failure to remove %s reported", err, h1.cfg.SubnetFile)
+	}
+	if !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own.String() {
+		t.Fatalf("teardown past the failure = %+v; want device, table and lease %s removed", res, own)
 	}
 }
 

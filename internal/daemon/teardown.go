@@ -115,26 +115,28 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	if err := teardownDevices(ctx, cfg, h, ul, nodeID, vni, &res); err != nil {
 		return res, err
 	}
+	// From here on a failure leaves the rest to do all the same: a
+	// teardown removes what it can and reports every failure.
+	var errs []error
 	if res.MasqRemoved, err = removeMasq(cfg.NetNS); err != nil {
-		return res, err
+		errs = append(errs, err)
 	}
 	switch err := os.Remove(cfg.SubnetFile); {
 	case err == nil:
 		res.SubnetFile = cfg.SubnetFile
 	case !errors.Is(err, fs.ErrNotExist):
-		return res, fmt.Errorf("remove %s: %w", cfg.SubnetFile, err)
+		errs = append(errs, fmt.Errorf("remove %s: %w", cfg.SubnetFile, err))
 	}
 	// The lease journal beside it describes a lease about to be released.
 	if err := os.Remove(etcdv3.JournalFile(cfg.SubnetFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return res, fmt.Errorf("remove the lease journal: %w", err)
+		errs = append(errs, fmt.Errorf("remove the lease journal: %w", err))
 	}
 	if etcdErr != nil {
-		return res, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr)
+		errs = append(errs, fmt.Errorf("%w: etcd unusable: %w: it expires after its TTL (--lease-ttl), or run `overlayd lease revoke SUBNET` once etcd answers", ErrLeaseNotReleased, etcdErr))
+	} else if err := releaseLease(ctx, reg.For(netCfg), nodeID, ul, max(releaseTimeout, dial), &res); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err))
 	}
-	if err := releaseLease(ctx, reg.For(netCfg), nodeID, ul, max(releaseTimeout, dial), &res); err != nil {
-		return res, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err)
-	}
-	return res, nil
+	return res, errors.Join(errs...)
 }
 
 // dialTimeout is how long one etcd request may take (--dial-timeout).

@@ -80,6 +80,17 @@ func (c *cluster) addHost(name string, n int) *node {
 	}}
 }
 
+// leasedOnce adds a host that runs until it holds a lease and stops:
+// what a restart or a teardown then finds. It returns the lease.
+func (c *cluster) leasedOnce(t *testing.T, name string, n int) (*node, netip.Prefix) {
+	t.Helper()
+	h := c.addHost(name, n)
+	h.start(t)
+	own := h.env(t).Lease()
+	h.stop()
+	return h, own
+}
+
 func testLogger(t *testing.T, name string) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("host", name)

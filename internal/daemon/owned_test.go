@@ -212,10 +212,7 @@ func TestConfigChangeIsNoticedByRunningDaemons(t *testing.T) {
 // network.
 func TestRestartWithStrandedLeaseRefusesUntilReleased(t *testing.T) {
 	c := newCluster(t)
-	h1 := c.addHost("h1", 1)
-	h1.start(t)
-	old := h1.env(t).Lease()
-	h1.stop()
+	h1, old := c.leasedOnce(t, "h1", 1)
 	if _, err := c.reg.PutConfig(tctx(t), []byte(`{"Network":"10.50.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -247,10 +244,7 @@ func TestRestartWithStrandedLeaseRefusesUntilReleased(t *testing.T) {
 // the lease — and reports what failed.
 func TestTeardownRemovesTheRestPastAFailure(t *testing.T) {
 	c := newCluster(t)
-	h1 := c.addHost("h1", 1)
-	h1.start(t)
-	own := h1.env(t).Lease()
-	h1.stop()
+	h1, own := c.leasedOnce(t, "h1", 1)
 	if err := os.Remove(h1.cfg.SubnetFile); err != nil {
 		t.Fatal(err)
 	}

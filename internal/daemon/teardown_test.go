@@ -81,10 +81,7 @@ func TestTeardownWithoutAUsableUnderlay(t *testing.T) {
 // and --dial-timeout 20s, it releases the lease.
 func TestTeardownWaitsTheDialTimeoutForASlowEtcd(t *testing.T) {
 	c := newCluster(t)
-	h1 := c.addHost("h1", 1)
-	h1.start(t)
-	own := h1.env(t).Lease()
-	h1.stop()
+	h1, own := c.leasedOnce(t, "h1", 1)
 
 	proxy, err := lab.NewProxy(filepath.Join(t.TempDir(), "etcd.sock"), c.srv.Endpoint)
 	if err != nil {

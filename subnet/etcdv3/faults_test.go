@@ -121,6 +121,17 @@ func me() etcdv3.Host {
 		Previous: subnet.Subnets{IPv4: peerSubnet(50)}}
 }
 
+// runManager runs m until the test ends and returns the context it runs
+// in.
+func runManager(t *testing.T, m *etcdv3.Manager) context.Context {
+	t.Helper()
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return runCtx
+}
+
 // collector gathers a watch's batches into the lease set it describes.
 type collector struct {
 	mu      sync.Mutex
@@ -283,10 +294,7 @@ func TestManagerNoticesRevokeThroughStalledWatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			proxy.StallNewWatches(atCreation) // before Run opens its watch
-			runCtx, stop := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- m.Run(runCtx) }()
-			t.Cleanup(func() { stop(); <-done })
+			runManager(t, m)
 			if !atCreation {
 				testenv.WaitFor(t, testenv.Slack, "the lease watch to reach the proxy", func() bool { return proxy.Watches() > 0 })
 				proxy.StallWatches()
@@ -373,10 +381,7 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runManager(t, m)
 
 	proxy.Set(lab.ProxyDown)
 	for i := range 50 {
@@ -496,10 +501,7 @@ func TestStallsWhileEtcdIsOutOfReachEndInAResumeNotARelist(t *testing.T) {
 	if _, _, err := m.Acquire(tctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runManager(t, m)
 	var stalls atomic.Int32
 	wctx, cancel := context.WithCancel(tctx(t))
 	defer cancel()
@@ -633,10 +635,7 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runCtx := runManager(t, m)
 	seen := collect(reg.Watch(runCtx, snap, etcdv3.WatchOptions{RetryInterval: 100 * time.Millisecond, RelistSpread: 100 * time.Millisecond}))
 	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
 	for i := range 300 { // the old store runs far ahead of the new one

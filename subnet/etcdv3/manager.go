@@ -353,6 +353,7 @@ func (m *Manager) adopt(ctx context.Context, l subnet.Lease, taken *takenSubnets
 		case left > 0:
 			m.log.Info("the lease's etcd lease was granted another TTL; moving the key onto one of the TTL asked for", "granted", time.Duration(granted)*time.Second, "lease_ttl", m.opts.LeaseTTL)
 			replaced = clientv3.LeaseID(l.EtcdLease)
+			m.forgetEtcdLease(replaced) // a new one is granted below, never this one again
 		}
 		if id == 0 {
 			if id, err = m.ensureEtcdLease(ctx); err != nil {
@@ -378,7 +379,7 @@ func (m *Manager) adopt(ctx context.Context, l subnet.Lease, taken *takenSubnets
 	if err != nil {
 		return subnet.Lease{}, err
 	}
-	if replaced != 0 {
+	if replaced != 0 && replaced != id {
 		revoke(ctx, m.reg.cli, replaced) // it carries nothing now; else it would linger for its whole TTL
 	}
 	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, Reserved: l.Reserved, EtcdLease: int64(id), ModRevision: rev}, nil
@@ -412,6 +413,15 @@ func (m *Manager) setSeen(rev int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.seen = max(m.seen, rev)
+}
+
+// forgetEtcdLease drops id if it is the etcd lease kept for reuse.
+func (m *Manager) forgetEtcdLease(id clientv3.LeaseID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.etcdLease == id {
+		m.etcdLease = 0
+	}
 }
 
 // forgetStore drops what refers to a store that was re-created: the

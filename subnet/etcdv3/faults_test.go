@@ -638,12 +638,22 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 	runCtx := runManager(t, m)
 	seen := collect(reg.Watch(runCtx, snap, etcdv3.WatchOptions{RetryInterval: 100 * time.Millisecond, RelistSpread: 100 * time.Millisecond}))
 	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
-	for i := range 300 { // the old store runs far ahead of the new one
-		if _, err := dreg.Client().Put(tctx(t), "/elsewhere/k", fmt.Sprint(i)); err != nil {
+	// The old store runs far ahead of the new one, and the host's watches
+	// are there: a peer's lease written 300 times.
+	var last string
+	for i := range 300 {
+		a := peerAttrs(1000 + i)
+		val, err := a.Marshal()
+		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := dreg.Client().Put(tctx(t), dreg.LeaseKey(subnet.Subnets{IPv4: peerSubnet(3)}), string(val)); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := a.VXLAN()
+		last = d.VtepMAC
 	}
-	testenv.WaitFor(t, testenv.Slack, "the old store's revision seen", func() bool { return seen.has(l.Subnet, "") })
+	testenv.WaitFor(t, testenv.Slack, "the old store's last write seen", func() bool { return seen.has(peerSubnet(3), last) })
 
 	srv2, _, dreg2, _ := startServer(t)
 	if _, err := dreg2.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(7)}, peerAttrs(7), 0); err != nil {

@@ -153,6 +153,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 			// revision, or a progress notification's.
 			if n := len(resp.Events); n > 0 {
 				m.setSeen(resp.Events[n-1].Kv.ModRevision)
+				m.reg.head.delivered(resp.Events[n-1].Kv.ModRevision)
 			} else if resp.IsProgressNotify() {
 				m.setSeen(resp.Header.Revision)
 			}

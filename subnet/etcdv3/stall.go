@@ -258,6 +258,18 @@ func (h *storeHead) observe(hdr *etcdserverpb.ResponseHeader, ttl time.Duration)
 	h.until = now.Add(2 * ttl / 3)
 }
 
+// delivered records a revision a watch delivered an event of: committed
+// in this store, so a later write below it means a re-created store
+// (wrote). The keepalive replies alone may not have reported it yet.
+func (h *storeHead) delivered(rev int64) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rev = max(h.rev, rev)
+}
+
 // wrote records the header of a write's response: its revision is the
 // store's newest, so one below a revision seen before (or another cluster
 // ID) means the store was re-created — wiped, or restored from a backup —

@@ -256,14 +256,19 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
 	epoch, rebased := w.reg.head.rebaseSignal()
 	if epoch != w.epoch {
-		w.epoch = epoch
-		return rebasedReason, true
+		return w.rebased(epoch), true
 	}
 	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(w.rev)), clientv3.WithProgressNotify())
 	if err != nil {
 		return err.Error(), false
 	}
+	// Events at or below floor are not news: the watch starts at w.rev
+	// (answerableFrom: its events come again), and a periodic re-list
+	// moves it to the listing's revision while older responses may still
+	// wait in wch. A progress notification does not move it: etcd before
+	// 3.4.25 and 3.5.8 could send one ahead of events still to come.
+	floor := w.rev
 	stall := newStallCheck(w.reg.cli, wctx, wch, w.reg.head, func() int64 { return w.rev }, w.opts.ProgressInterval, w.opts.StallTimeout)
 	defer stall.stop()
 	// A watch that starts behind a known head asks etcd whether it has
@@ -296,13 +301,14 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				return reason, false
 			}
 		case <-rebased:
-			w.epoch, _ = w.reg.head.rebaseSignal()
-			return rebasedReason, true
+			epoch, _ := w.reg.head.rebaseSignal()
+			return w.rebased(epoch), true
 		case <-resync.C:
 			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 			if err := w.relist(ctx, out, w.opts.RequestTimeout, true); err != nil {
 				return "periodic re-list failed: " + err.Error(), false
 			}
+			floor = w.rev
 		case resp, ok := <-wch:
 			stall.heard()
 			switch {
@@ -336,10 +342,8 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			if n := len(resp.Events); n > 0 {
 				rev = resp.Events[n-1].Kv.ModRevision
 			}
-			// Only what is past w.rev is news: a periodic re-list may have
-			// moved it beyond responses still waiting in wch (and a resumed
-			// watch delivers w.rev's own events again).
-			batches := w.apply(after(resp.Events, w.rev), rev)
+			batches := w.apply(after(resp.Events, floor), rev)
+			w.reg.head.delivered(rev)
 			if len(batches) == 0 && w.reports(rev) {
 				batches = []Batch{{Revision: rev}}
 			}
@@ -353,9 +357,19 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 	}
 }
 
-// rebasedReason is why a watch of a re-created store ends: as after a
-// compaction, only a re-list can tell what changed.
-const rebasedReason = "etcd's store was re-created (wiped, or restored from a backup)"
+// rebased forgets what refers to the old store's revisions — the head a
+// resumed watch was to catch up with, the revision each known lease was
+// written at (a re-list compares them with the new store's) — and says why
+// the watch ends: as after a compaction, only a re-list can tell what
+// changed.
+func (w *watcher) rebased(epoch uint64) string {
+	w.epoch, w.head = epoch, 0
+	for id, k := range w.known {
+		k.ModRevision = 0
+		w.known[id] = k
+	}
+	return "etcd's store was re-created (wiped, or restored from a backup)"
+}
 
 // reports says whether reaching rev without a lease changing is delivered
 // as an empty batch: when asked to (Progress), and until the head is

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 
 	"github.com/overlaynet/overlay/backend"
 )
@@ -450,6 +451,27 @@ func CheckNodeID(id string) error {
 		}
 	}
 	return nil
+}
+
+// ShownName is a name read from etcd (a node ID, a hostname) as messages
+// show it: as it is if it is a plain name (CheckNodeID's characters), else
+// quoted — anyone with write access to etcd chose it, and it must not
+// reach a terminal or a log line raw.
+func ShownName(s string) string {
+	if CheckNodeID(s) != nil {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// ShownAddr is an address read from etcd as messages show it: in its
+// canonical form if it is one (without a zone, which is free text), else
+// quoted.
+func ShownAddr(s string) string {
+	if ip, err := netip.ParseAddr(s); err == nil && ip.Zone() == "" {
+		return ip.String()
+	}
+	return strconv.Quote(s)
 }
 
 // ParseVtepMAC accepts only a 6-byte unicast MAC that is not all zeros.

@@ -253,16 +253,11 @@ func heldElsewhere(s, other subnet.Subnets, key string) error {
 // anyone's with write access to etcd: a node ID or address that is not
 // one is shown quoted, so it can neither drive the terminal nor fake lines.
 func describeOwner(a subnet.LeaseAttrs) string {
-	node := a.NodeID
-	if subnet.CheckNodeID(node) != nil {
-		node = strconv.Quote(node)
-	}
+	node := subnet.ShownName(a.NodeID)
 	var shown []string
 	for _, s := range []string{a.PublicIP, a.PublicIPv6} {
-		if ip, err := netip.ParseAddr(s); err == nil && ip.Zone() == "" { // a zone is free text
-			shown = append(shown, ip.String())
-		} else if s != "" {
-			shown = append(shown, strconv.Quote(s))
+		if s != "" {
+			shown = append(shown, subnet.ShownAddr(s))
 		}
 	}
 	addrs := strings.Join(shown, ", ")

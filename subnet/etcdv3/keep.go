@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -250,14 +249,14 @@ func (m *Manager) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, 
 	return l, resp.Header.Revision, err
 }
 
-// publicAddrs names a lease's public addresses for a message, quoted: they
-// are as anyone wrote them to etcd.
+// publicAddrs names a lease's public addresses for a message (as anyone
+// wrote them to etcd: subnet.ShownAddr).
 func publicAddrs(a subnet.LeaseAttrs) string {
 	switch {
 	case a.PublicIPv6 == "":
-		return "public IP " + strconv.Quote(a.PublicIP)
+		return "public IP " + subnet.ShownAddr(a.PublicIP)
 	case a.PublicIP == "":
-		return "public IPv6 " + strconv.Quote(a.PublicIPv6)
+		return "public IPv6 " + subnet.ShownAddr(a.PublicIPv6)
 	}
-	return fmt.Sprintf("public IPs %q and %q", a.PublicIP, a.PublicIPv6)
+	return "public IPs " + subnet.ShownAddr(a.PublicIP) + " and " + subnet.ShownAddr(a.PublicIPv6)
 }

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // livenessValue is the JSON of <prefix>/nodes/<node-id>. An address the
@@ -47,21 +47,11 @@ func (v livenessValue) writtenBy(h Host) bool {
 // host by its IPv6 address). The value is anyone's to write: what is not
 // an address or a plain host name is quoted.
 func (v livenessValue) String() string {
-	raw := v.PublicIP
-	if raw == "" {
-		raw = v.PublicIPv6
+	ip := v.PublicIP
+	if ip == "" {
+		ip = v.PublicIPv6
 	}
-	ip := strconv.Quote(raw)
-	if a, err := netip.ParseAddr(raw); err == nil {
-		ip = a.String()
-	}
-	host := v.Hostname
-	if host == "" || strings.ContainsFunc(host, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_')
-	}) {
-		host = strconv.Quote(host)
-	}
-	return ip + " (" + host + ")"
+	return subnet.ShownAddr(ip) + " (" + subnet.ShownName(v.Hostname) + ")"
 }
 
 // livenessSlack is how long after its TTL etcd may take to revoke an

@@ -115,7 +115,7 @@ func overlayCNIBinary(t testing.TB) string {
 // newExec is libcni's default exec, made up front: libcni creates its own
 // lazily, which races when one CNIConfig serves concurrent requests.
 func newExec() invoke.Exec {
-	return &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}}
+	return testenv.CNIExec(os.Stderr)
 }
 
 func (l *lab) writeEnv() { l.writeLease(testLease) }

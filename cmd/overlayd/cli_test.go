@@ -25,14 +25,15 @@ type cliResult struct {
 	code     int
 }
 
-// run executes the CLI in-process against endpoint.
+// run executes the CLI in-process against endpoint, in an environment
+// without the caller's settings (testenv.ProgramEnv).
 func run(t *testing.T, endpoint string, stdin string, args ...string) cliResult {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	if endpoint != "" {
 		args = append([]string{"--endpoints", endpoint, "--dial-timeout", "5s"}, args...)
 	}
-	code := execute(args, strings.NewReader(stdin), &out, &errOut)
+	code := executeEnv(args, testenv.ProgramEnv(), strings.NewReader(stdin), &out, &errOut)
 	return cliResult{out.String(), errOut.String(), code}
 }
 
@@ -288,18 +289,16 @@ func TestEnvironmentMirrorsFlags(t *testing.T) {
 	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16"}`)); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("OVERLAY_ENDPOINTS", srv.Endpoint)
-	t.Setenv("OVERLAY_WRITE_OUT", "json")
-	r := run(t, "", "", "config", "get")
+	env := testenv.ProgramEnv("OVERLAY_ENDPOINTS="+srv.Endpoint, "OVERLAY_WRITE_OUT=json")
+	r := runEnv(t, env, "config", "get")
 	if r.code != exitOK || !strings.Contains(r.out, `"Network": "10.244.0.0/16"`) {
 		t.Fatalf("config get from env: %+v", r)
 	}
 	// A flag beats the environment.
-	if r := run(t, "", "", "config", "get", "-w", "simple"); strings.Contains(r.out, "{") {
+	if r := runEnv(t, env, "config", "get", "-w", "simple"); strings.Contains(r.out, "{") {
 		t.Errorf("-w simple did not override OVERLAY_WRITE_OUT: %q", r.out)
 	}
-	t.Setenv("OVERLAY_DIAL_TIMEOUT", "soon")
-	if r := run(t, "", "", "config", "get"); r.code != exitUsage || !strings.Contains(r.err, "OVERLAY_DIAL_TIMEOUT") {
+	if r := runEnv(t, append(env, "OVERLAY_DIAL_TIMEOUT=soon"), "config", "get"); r.code != exitUsage || !strings.Contains(r.err, "OVERLAY_DIAL_TIMEOUT") {
 		t.Errorf("bad env value: %+v", r)
 	}
 }

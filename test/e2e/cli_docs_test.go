@@ -97,7 +97,7 @@ func overlayd(t *testing.T, l *lab.Lab, host *lab.Node, env []string, stdin stri
 	runIt := func() error {
 		var stdout, stderr bytes.Buffer
 		cmd := exec.CommandContext(ctx, l.Binary("overlayd"), args...)
-		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") }), env...)
+		cmd.Env = testenv.ProgramEnv(env...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &stdout, &stderr
 		err := cmd.Run()
 		r = cliRun{stdout.String(), stderr.String(), 0}

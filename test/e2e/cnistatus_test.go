@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
@@ -49,7 +48,7 @@ func TestCNIStatusFollowsOverlayd(t *testing.T) {
 		t.Fatal(err)
 	}
 	cni := libcni.NewCNIConfigWithCacheDir([]string{filepath.Join(root, "bin"), filepath.Join(root, "bin", "cni")},
-		filepath.Join(h1.Dir, "libcni"), &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}})
+		filepath.Join(h1.Dir, "libcni"), testenv.CNIExec(os.Stderr))
 	status := func() error {
 		return lab.Do(h1.NS, func() error { return cni.GetStatusNetworkList(context.Background(), conf) })
 	}

@@ -90,7 +90,7 @@ func startContainerd(t *testing.T, h *host, cniBin, ociArchive string) *containe
 	}
 	defer logFile.Close()
 	c.cmd = exec.Command("containerd", "--config", confFile)
-	c.cmd.Env = cleanEnv()
+	c.cmd.Env = testenv.ProgramEnv()
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := lab.Do(h.NS, c.cmd.Start); err != nil {
@@ -126,7 +126,7 @@ func startContainerd(t *testing.T, h *host, cniBin, ociArchive string) *containe
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(time.Minute))
 	defer cancel()
-	if out, err := h.command(ctx, cleanEnv(), "ctr", "--address", c.sock, "--namespace", "k8s.io",
+	if out, err := h.command(ctx, testenv.ProgramEnv(), "ctr", "--address", c.sock, "--namespace", "k8s.io",
 		"images", "import", "--snapshotter", "native", ociArchive); err != nil {
 		t.Fatalf("import the test image into containerd: %v\n%s", err, out)
 	}

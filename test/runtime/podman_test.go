@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // podman runs Debian's podman on one host: rootful, CNI backend, runc,
@@ -61,7 +63,7 @@ default_network = "overlay"
 			t.Fatal(err)
 		}
 	}
-	env := append(cleanEnv(),
+	env := append(testenv.ProgramEnv(),
 		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
 		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"),
 		"CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"),

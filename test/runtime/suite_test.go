@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
@@ -102,12 +101,4 @@ func checkStatic(bin string) error {
 		}
 	}
 	return nil
-}
-
-// cleanEnv is this process's environment without what would redirect the
-// runtimes or the plugins (OVERLAY_*, CNI_*, CONTAINERS_*).
-func cleanEnv() []string {
-	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "OVERLAY_") || strings.HasPrefix(kv, "CNI_") || strings.HasPrefix(kv, "CONTAINERS_")
-	})
 }

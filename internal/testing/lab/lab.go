@@ -16,7 +16,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // DefaultNetworkConfig is the network config a lab puts into etcd.
@@ -143,7 +144,7 @@ func New(ctx context.Context, cfg Config) (_ *Lab, err error) {
 		filepath.Join(l.Dir, "libcni"),
 		// Made up front: libcni creates its own lazily, which races when
 		// one CNIConfig serves concurrent requests.
-		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}})
+		testenv.CNIExec(os.Stderr))
 	l.Etcd = newEtcd(l.Dir)
 	if err := l.Etcd.Start(ctx); err != nil {
 		return nil, err
@@ -237,6 +238,7 @@ func (l *Lab) CLI(ctx context.Context, args ...string) (string, error) {
 func runCLI(ctx context.Context, bin string, args []string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = testenv.ProgramEnv()
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), fmt.Errorf("overlayd %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -170,7 +171,7 @@ func (n *Node) Start() error {
 	args := n.RunArgs()
 	cmd := exec.Command(n.lab.Binary("overlayd"), args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = cleanEnv()
+	cmd.Env = testenv.ProgramEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Its own process group: a Ctrl-C on the terminal reaches the lab,
 		// which stops its daemons in order.
@@ -192,12 +193,6 @@ func (n *Node) Start() error {
 	n.proc = p
 	fmt.Fprintf(log, "==== lab: overlayd on %s has pid %d\n", n.Name, cmd.Process.Pid)
 	return nil
-}
-
-// cleanEnv is the lab's environment without OVERLAY_* variables, which
-// would override the flags the lab passes.
-func cleanEnv() []string {
-	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") })
 }
 
 func (p *process) exited() bool {

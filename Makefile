@@ -16,7 +16,7 @@ FUZZ_EXECS := FuzzPluginMain=3000 FuzzParseConf=80000 FuzzVerbs=6000 FuzzCorrupt
               FuzzReplay=200000
 FUZZTIME  ?=
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e fuzz layering lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube fuzz layering lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -58,6 +58,15 @@ runtime-deps:
 
 runtime-e2e: build plugins runtime-deps
 	$(GO) test -race -count=1 -timeout 6m ./test/runtime/...
+
+# The Kubernetes components of the lab (test/kube): kube-apiserver,
+# kube-controller-manager, kube-scheduler, kube-proxy, kubelet, kubectl and
+# the API server's etcd, from the release pinned in test/kube/components
+# (a module of its own: the product's go.mod has no Kubernetes dependency),
+# cached by version (KUBE_CACHE) and linked into bin/kube. A cold build
+# takes ~20-30 minutes on 2 cores; a second run builds nothing.
+kube:
+	@test/kube/build.sh
 
 # Not part of `make test`: run the suites RUNS times with HOGS busy-loop
 # processes beside them and print how often each test failed (a deadline

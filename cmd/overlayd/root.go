@@ -138,6 +138,7 @@ are taken only from the command line.`,
 		newStatusCommand(g),
 		newLeaseCommand(g),
 		newConfigCommand(g),
+		newInstallCNICommand(g),
 		newMasqueradeCommand(g),
 		newVersionCommand(),
 	)

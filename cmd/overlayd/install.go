@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/spf13/cobra"
+
+	"github.com/overlaynet/overlay/internal/lib/atomicfile"
+	"github.com/overlaynet/overlay/internal/printer"
+)
+
+// maxConflistSize bounds the conflist read: a CNI config is a few hundred
+// bytes, and the file may come from anywhere a volume can.
+const maxConflistSize = 1 << 20
+
+// installFlags are the flags of `overlayd install-cni`.
+type installFlags struct {
+	binDir, confDir, plugin, conflist string
+}
+
+// newInstallCNICommand is the DaemonSet's install step as a subcommand, so
+// the image needs no shell: it puts overlay-cni into the node's CNI binary
+// directory and the conflist into its CNI config directory, each written
+// whole and renamed into place so a runtime never reads half a file.
+func newInstallCNICommand(g *GlobalFlags) *cobra.Command {
+	f := &installFlags{}
+	c := &cobra.Command{
+		Use:   "install-cni",
+		Short: "Install overlay-cni and its conflist on this host (the DaemonSet's init step)",
+		Long: `install-cni copies the overlay-cni plugin into --cni-bin-dir and, with
+--conflist, the network config list into --cni-conf-dir, each through a
+temporary file renamed into place. The conflist is checked first: it must
+parse as a CNI network config list with an overlay-cni plugin in it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
+			installed, err := f.install()
+			if err != nil {
+				return err
+			}
+			rows := make([][]string, len(installed))
+			for i, p := range installed {
+				rows[i] = []string{"installed", p}
+			}
+			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Rows: rows, JSON: map[string][]string{"installed": installed}})
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.binDir, "cni-bin-dir", "/opt/cni/bin", "the CNI binary directory to install overlay-cni into")
+	fs.StringVar(&f.confDir, "cni-conf-dir", "/etc/cni/net.d", "the CNI config directory to install --conflist into")
+	fs.StringVar(&f.plugin, "plugin", "", "the overlay-cni binary to install (default: overlay-cni beside this overlayd)")
+	fs.StringVar(&f.conflist, "conflist", "", "a CNI network config list to install under its own file name (none: the plugin only)")
+	return c
+}
+
+// install checks the inputs, then writes the plugin and the conflist, and
+// returns the paths written.
+func (f *installFlags) install() ([]string, error) {
+	plugin := f.plugin
+	if plugin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find overlay-cni beside overlayd: %w: give --plugin", err)
+		}
+		plugin = filepath.Join(filepath.Dir(self), "overlay-cni")
+	}
+	bin, err := readPlugin(plugin)
+	if err != nil {
+		return nil, err
+	}
+	var conf []byte
+	if f.conflist != "" {
+		if conf, err = readConflist(f.conflist); err != nil {
+			return nil, err
+		}
+	}
+	var installed []string
+	for _, w := range []struct {
+		dir, name string
+		data      []byte
+		perm      os.FileMode
+	}{
+		{f.binDir, "overlay-cni", bin, 0o755},
+		{f.confDir, filepath.Base(f.conflist), conf, 0o644},
+	} {
+		if w.data == nil {
+			continue
+		}
+		if err := os.MkdirAll(w.dir, 0o755); err != nil {
+			return installed, fmt.Errorf("create %s: %w", w.dir, err)
+		}
+		path := filepath.Join(w.dir, w.name)
+		if err := atomicfile.Write(path, w.data, w.perm); err != nil {
+			return installed, fmt.Errorf("install %s: %w", path, err)
+		}
+		installed = append(installed, path)
+	}
+	return installed, nil
+}
+
+// readPlugin reads the plugin binary, which must be a regular executable file.
+func readPlugin(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, usagef("--plugin: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return nil, usagef("--plugin: %s is not an executable file", path)
+	}
+	return os.ReadFile(path)
+}
+
+// readConflist reads a conflist and refuses one a runtime would refuse, or
+// one that would not run overlay-cni.
+func readConflist(path string) ([]byte, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("--conflist: %w", err)
+	}
+	defer file.Close()
+	data, err := io.ReadAll(io.LimitReader(file, maxConflistSize+1))
+	if err != nil {
+		return nil, usagef("--conflist: read %s: %w", path, err)
+	}
+	if len(data) > maxConflistSize {
+		return nil, usagef("--conflist: %s is larger than %d bytes", path, maxConflistSize)
+	}
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		return nil, usagef("--conflist: %s is not a CNI network config list: %w", path, err)
+	}
+	if !slices.ContainsFunc(list.Plugins, func(p *libcni.PluginConfig) bool { return p.Network.Type == "overlay-cni" }) {
+		return nil, usagef("--conflist: %s has no plugin of type overlay-cni", path)
+	}
+	return data, nil
+}

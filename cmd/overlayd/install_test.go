@@ -1,0 +1,118 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// installFixture is a plugin binary and the shipped conflist, and the two
+// directories of a host they go to.
+type installFixture struct {
+	plugin, conflist, binDir, confDir string
+}
+
+func newInstallFixture(t *testing.T) installFixture {
+	t.Helper()
+	dir := t.TempDir()
+	fx := installFixture{
+		plugin:   filepath.Join(dir, "src", "overlay-cni"),
+		conflist: filepath.Join("..", "..", "deploy", "cni", "10-overlay.conflist"),
+		binDir:   filepath.Join(dir, "host", "opt", "cni", "bin"),
+		confDir:  filepath.Join(dir, "host", "etc", "cni", "net.d"),
+	}
+	if err := os.MkdirAll(filepath.Dir(fx.plugin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fx.plugin, []byte("\x7fELF the plugin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return fx
+}
+
+func (fx installFixture) args(extra ...string) []string {
+	return append([]string{"install-cni", "--plugin", fx.plugin, "--cni-bin-dir", fx.binDir, "--cni-conf-dir", fx.confDir}, extra...)
+}
+
+func TestInstallCNIPutsThePluginAndTheConflistInPlace(t *testing.T) {
+	fx := newInstallFixture(t)
+	r := run(t, "", "", fx.args("--conflist", fx.conflist, "-w", "json")...)
+	if r.code != exitOK {
+		t.Fatalf("install-cni: %+v", r)
+	}
+	var out struct{ Installed []string }
+	if err := json.Unmarshal([]byte(r.out), &out); err != nil {
+		t.Fatalf("-w json output %q: %v", r.out, err)
+	}
+	bin, conf := filepath.Join(fx.binDir, "overlay-cni"), filepath.Join(fx.confDir, "10-overlay.conflist")
+	if strings.Join(out.Installed, " ") != bin+" "+conf {
+		t.Errorf("installed %q, want %s and %s", out.Installed, bin, conf)
+	}
+	for path, want := range map[string]struct {
+		from string
+		perm os.FileMode
+	}{bin: {fx.plugin, 0o755}, conf: {fx.conflist, 0o644}} {
+		got, err := os.ReadFile(path)
+		src, _ := os.ReadFile(want.from)
+		if err != nil || string(got) != string(src) {
+			t.Errorf("%s = %q, %v; want the content of %s", path, got, err, want.from)
+		}
+		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != want.perm {
+			t.Errorf("%s mode = %v, %v; want %v", path, st.Mode().Perm(), err, want.perm)
+		}
+	}
+	// Written through temporary files renamed into place: none are left.
+	for _, dir := range []string{fx.binDir, fx.confDir} {
+		if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+			t.Errorf("%s holds %d entries, want the installed file alone", dir, len(entries))
+		}
+	}
+
+	// Again over the installed files (a DaemonSet pod restarted): the same.
+	if r := run(t, "", "", fx.args("--conflist", fx.conflist)...); r.code != exitOK || !strings.Contains(r.out, "installed  "+bin) {
+		t.Errorf("second install-cni: %+v", r)
+	}
+}
+
+func TestInstallCNIRefusesWhatARuntimeCouldNotUse(t *testing.T) {
+	fx := newInstallFixture(t)
+	dir := t.TempDir()
+	write := func(name, data string, perm os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), perm); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	notOurs := write("bridge.conflist", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}`, 0o644)
+	broken := write("broken.conflist", `{"cniVersion":"1.0.0","name":"n","plugins":[`, 0o644)
+	noPlugins := write("empty.conflist", `{"cniVersion":"1.0.0","name":"n"}`, 0o644)
+	plain := write("overlay-cni", "not executable", 0o644)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a conflist without overlay-cni", fx.args("--conflist", notOurs), "has no plugin of type overlay-cni"},
+		{"a conflist that does not parse", fx.args("--conflist", broken), "is not a CNI network config list"},
+		{"a conflist without plugins", fx.args("--conflist", noPlugins), "has no plugin of type overlay-cni"},
+		{"a missing conflist", fx.args("--conflist", filepath.Join(dir, "nope")), "--conflist:"},
+		{"a plugin that is not executable", append(fx.args(), "--plugin", plain), "is not an executable file"},
+		{"a missing plugin", append(fx.args(), "--plugin", filepath.Join(dir, "nope")), "--plugin:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, "", "", tc.args...)
+			if r.code != exitUsage || !strings.Contains(r.err, tc.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d saying %q", r.code, r.err, exitUsage, tc.want)
+			}
+			// Nothing is installed when anything is wrong.
+			for _, d := range []string{fx.binDir, fx.confDir} {
+				if _, err := os.Stat(d); !os.IsNotExist(err) {
+					t.Errorf("%s exists after a refused install-cni", d)
+				}
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -535,6 +536,23 @@ func TestConfigPutIPv6Toggle(t *testing.T) {
 		if l.State == stateOrphaned {
 			t.Errorf("lease %s orphaned by turning IPv6 on: %s", l.Subnet, l.Problem)
 		}
+	}
+	// The table's note, as configuration.md quotes it (for 10.244.3.0/24).
+	r = run(t, srv.Endpoint, "", "lease", "list")
+	note := "note: " + live[0].String() + " is ipv4-only: its key names no IPv6 subnet (its host has not restarted since the network started carrying IPv6): its IPv4 half is used; it gains an IPv6 subnet when its host restarts: nothing to revoke"
+	if !strings.Contains(r.err, note+"\n") {
+		t.Errorf("lease list stderr %q lacks %q", r.err, note)
+	}
+	confDoc, err := os.ReadFile("../../Documentation/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if quote := strings.Replace(note, live[0].String(), "10.244.3.0/24", 1); !strings.Contains(string(confDoc), "\n"+quote+"\n") {
+		t.Errorf("configuration.md does not quote %q", quote)
+	}
+	flat := strings.Join(strings.Fields(string(confDoc)), " ")
+	if !strings.Contains(flat, strings.TrimSuffix(on, "\n")) || !strings.Contains(flat, strings.TrimSuffix(strings.TrimPrefix(off, "note: "), "\n")) {
+		t.Errorf("configuration.md does not quote the notes of config put")
 	}
 	// Another IPv6 network would re-address the IPv6 pods of a dual-stack
 	// lease: refused.

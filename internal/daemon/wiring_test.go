@@ -554,6 +554,18 @@ func TestWiringIPv6RollOnAndOff(t *testing.T) {
 		t.Errorf("after the restart without IPv6: subnet.env %+v (%v), want the IPv4 lease %s alone", env, err, before.Lease())
 	}
 	w.stop(t)
+	// operations.md quotes both log messages of the roll.
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(string(doc)), " ")
+	for _, msg := range []string{"network config changed while running; restart overlayd on this host to apply it",
+		"the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries"} {
+		if !strings.Contains(flat, msg) {
+			t.Errorf("operations.md does not quote the log message %q", msg)
+		}
+	}
 }
 
 // routedFamily reports whether the fake kernel holds a route of ours to

@@ -133,7 +133,6 @@ func TestDualStackPeerValidation(t *testing.T) {
 		want   string
 		orphan bool
 	}{
-		{"no IPv6 subnet", func(l *Lease) { l.IPv6Subnet = netip.Prefix{} }, "names no IPv6 subnet, but the network carries IPv6", true},
 		{"IPv6 subnet outside IPv6Network", func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:245:7::/64") }, "outside IPv6Network fd00:10:244::/48", true},
 		{"IPv6 subnet of another length", func(l *Lease) { l.IPv6Subnet = mustPrefix("fd00:10:244:7::/80") }, "is not a /64 (IPv6SubnetLen 64)", true},
 		{"IPv4 subnet in the IPv6 half", func(l *Lease) { l.IPv6Subnet = mustPrefix("10.244.8.0/24") }, "is not an IPv6 subnet", true},
@@ -168,19 +167,67 @@ func TestDualStackPeerValidation(t *testing.T) {
 	}
 }
 
-// A key's families must be the network's: a dual-stack key in an
-// IPv4-only network is left over from a config change, like a subnet
-// outside Network, and so is an IPv4-only key in a dual-stack network.
+// Turning EnableIPv6 on or off is rolled host by host: until a host
+// restarts, its key names the families of the old config. A dual-stack key
+// in an IPv4-only network, and an IPv4-only key in a dual-stack one, are
+// not orphaned: their IPv4 half is a peer (checked like any other), their
+// IPv6 half is ignored, and IPv4Only says so. Anything else wrong in the
+// IPv6 half of a key the network carries IPv6 for still orphans it.
+func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
+	v4net, dual := mustConfig(t, `{"Network":"10.244.0.0/16"}`), dualStackConfig(t)
+	want4 := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 0, 7}}
+	dualKey := goodDualStackLease()
+	dualKey.Attrs.BackendV6Data = []byte(`{"VNI":9,"VtepMAC":"0e:00:00:00:06:07"}`) // ignored with the IPv6 half
+	v4Key := goodDualStackLease()
+	v4Key.IPv6Subnet, v4Key.Attrs.PublicIPv6, v4Key.Attrs.BackendV6Data = netip.Prefix{}, "", nil
+	for _, tc := range []struct {
+		name string
+		cfg  *Config
+		l    Lease
+		why  string
+	}{
+		{"dual-stack key, IPv4-only network", v4net, dualKey, "its key names the IPv6 subnet fd00:10:244:7::/64, but the network carries no IPv6"},
+		{"IPv4-only key, dual-stack network", dual, v4Key, "its key names no IPv6 subnet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for what, err := range map[string]error{"Orphaned": tc.cfg.Orphaned(tc.l), "CheckClaim": tc.cfg.CheckClaim(tc.l)} {
+				if err != nil {
+					t.Errorf("%s = %v, want nil", what, err)
+				}
+			}
+			v4, v6, err := tc.cfg.Peer(tc.l)
+			if err != nil || v4 != want4 || v6 != (backend.Peer{}) {
+				t.Errorf("Peer = %+v, %+v, %v; want the IPv4 half %+v alone", v4, v6, err, want4)
+			}
+			if why := tc.cfg.IPv4Only(tc.l); !strings.HasPrefix(why, tc.why) || !strings.Contains(why, "its IPv4 half is used") {
+				t.Errorf("IPv4Only = %q, want it to start with %q", why, tc.why)
+			}
+			// The IPv4 half is checked as ever.
+			bad := tc.l
+			bad.Attrs.PublicIP = "127.0.0.1"
+			if _, _, err := tc.cfg.Peer(bad); !errors.Is(err, ErrInvalidLease) {
+				t.Errorf("Peer with a loopback PublicIP = %v, want invalid", err)
+			}
+		})
+	}
+	for name, l := range map[string]Lease{"dual-stack key": goodDualStackLease(), "IPv4-only key": v4Key} {
+		cfg := dual
+		if name == "IPv4-only key" {
+			cfg = v4net
+		}
+		if why := cfg.IPv4Only(l); why != "" {
+			t.Errorf("%s in its own network: IPv4Only = %q, want \"\"", name, why)
+		}
+	}
+	// An IPv6-only network has no IPv4 half to use.
+	v6only := mustConfig(t, `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`)
+	if err := v6only.Orphaned(v4Key); !errors.Is(err, ErrOrphaned) {
+		t.Errorf("IPv4-only key in an IPv6-only network: %v, want orphaned", err)
+	}
+}
+
 func TestLeaseFamiliesMustBeTheNetworks(t *testing.T) {
 	l := goodDualStackLease()
-	err := mustConfig(t, `{"Network":"10.244.0.0/16"}`).CheckClaim(l)
-	if !errors.Is(err, ErrOrphaned) || !strings.Contains(err.Error(), "names the IPv6 subnet fd00:10:244:7::/64, but the network carries no IPv6") {
-		t.Errorf("dual-stack lease in an IPv4 network: %v", err)
-	}
-	l.IPv6Subnet, l.Attrs.PublicIPv6, l.Attrs.BackendV6Data = netip.Prefix{}, "", nil
-	if err := dualStackConfig(t).CheckClaim(l); !errors.Is(err, ErrOrphaned) {
-		t.Errorf("IPv4 lease in a dual-stack network: %v, want orphaned", err)
-	}
 	// A reservation that names only its node needs neither address.
 	r := Lease{Subnet: l.Subnet, IPv6Subnet: mustPrefix("fd00:10:244:7::/64"), Reserved: true, Attrs: LeaseAttrs{NodeID: "n7"}}
 	if err := dualStackConfig(t).CheckClaim(r); err != nil {

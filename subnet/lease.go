@@ -239,7 +239,9 @@ func (e *orphanError) Unwrap() error { return ErrInvalidLease }
 // its subnet is outside Network or of another length, its key names an
 // address family the network does not carry (or lacks one it does), or its
 // VNI is not the network's (the config changed after it was written). No
-// host can use it; `overlayd lease revoke` removes it.
+// host can use it; `overlayd lease revoke` removes it. A key that differs
+// from the network only in naming an IPv6 subnet or not, while both carry
+// IPv4, is not orphaned: its IPv4 half is used (see IPv4Only).
 // errors.Is(err, ErrInvalidLease) holds too.
 var ErrOrphaned error = &orphanError{"lease does not fit the network config"}
 
@@ -255,16 +257,44 @@ func (c *Config) orphaned(l Lease, d vxlanData) error {
 	if err := c.fits(ipv4, c.EnableIPv4, &c.Pool, l.Subnet); err != nil {
 		return err
 	}
-	if err := c.fits(ipv6, c.EnableIPv6, &c.IPv6, l.IPv6Subnet); err != nil {
+	half := c.IPv4Half(l)
+	if err := c.fits(ipv6, c.EnableIPv6, &c.IPv6, l.IPv6Subnet); err != nil && !half {
 		return err
 	}
 	if d.err4 == nil && d.v4.VNI != 0 && d.v4.VNI != c.Backend.VNI {
 		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.v4.VNI, c.Backend.VNI)
 	}
-	if d.err6 == nil && d.v6.VNI != 0 && d.v6.VNI != c.Backend.VNI {
+	if d.err6 == nil && d.v6.VNI != 0 && d.v6.VNI != c.Backend.VNI && !half {
 		return orphaned("its IPv6 VNI %d is not the network's Backend.VNI %d", d.v6.VNI, c.Backend.VNI)
 	}
 	return nil
+}
+
+// IPv4Half reports whether l's key names an IPv6 subnet where the network
+// carries no IPv6, or none where it does, while both carry IPv4: the
+// network config turned IPv6 on or off after l's host wrote it. Such a key
+// is not orphaned: its IPv4 half, which its host's pods hold addresses
+// of, is used, and its IPv6 half (if any) ignored, until its host
+// restarts and rekeys it for the network's families
+// (etcdv3.Registry.Rekey). This is what keeps a roll of the change, host
+// by host, free of IPv4 loss: hosts restarted and hosts not yet restarted
+// program each other's IPv4 half.
+func (c *Config) IPv4Half(l Lease) bool {
+	return c.EnableIPv4 && l.Subnet.IsValid() && c.EnableIPv6 != l.IPv6Subnet.IsValid()
+}
+
+// IPv4Only says why only the IPv4 half of l is used ("" if l is used as
+// its key names it, or not at all): its key names an IPv6 subnet the
+// network no longer carries, or lacks the one it now carries. The half is
+// still checked as every lease is (Peer, CheckClaim).
+func (c *Config) IPv4Only(l Lease) string {
+	switch {
+	case !c.IPv4Half(l):
+		return ""
+	case c.EnableIPv6:
+		return "its key names no IPv6 subnet (its host has not restarted since the network started carrying IPv6): its IPv4 half is used; it gains an IPv6 subnet when its host restarts"
+	}
+	return fmt.Sprintf("its key names the IPv6 subnet %s, but the network carries no IPv6 (its host has not restarted since): its IPv4 half is used; it drops the IPv6 subnet when its host restarts", l.IPv6Subnet)
 }
 
 // vxlanData is a lease value's backend data of each family, decoded once
@@ -321,7 +351,7 @@ func (c *Config) checkClaim(l Lease, d vxlanData) error {
 		if err := c.checkVTEP(ipv4, c.EnableIPv4, &c.Pool, l.Attrs.PublicIP); err != nil {
 			return err
 		}
-		if err := c.checkVTEP(ipv6, c.EnableIPv6, &c.IPv6, l.Attrs.PublicIPv6); err != nil {
+		if err := c.checkVTEP(ipv6, c.EnableIPv6 && !c.IPv4Half(l), &c.IPv6, l.Attrs.PublicIPv6); err != nil {
 			return err
 		}
 	}
@@ -353,7 +383,7 @@ func (c *Config) checkVTEP(f family, enabled bool, pool *Pool, raw string) error
 // an error naming the field. This is the one place peers are validated: the
 // backends take the result as it is. It returns the peer as the IPv4 and as
 // the IPv6 data plane take it (the zero Peer for a family the network does
-// not carry).
+// not carry, and for the IPv6 half IPv4Only explains).
 func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
 	d := l.Attrs.vxlanData()
 	if err := c.checkClaim(l, d); err != nil {
@@ -367,7 +397,7 @@ func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
 			return v4, v6, err
 		}
 	}
-	if c.EnableIPv6 {
+	if c.EnableIPv6 && !c.IPv4Half(l) {
 		if v6, err = peerOf(l.IPv6Subnet, l.Attrs.PublicAddrV6(), d.v6, d.err6); err != nil {
 			return v4, v6, err
 		}

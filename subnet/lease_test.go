@@ -319,12 +319,18 @@ func FuzzLeaseKeyAndValue(f *testing.F) {
 				continue
 			}
 			// Anything accepted for programming is safe to program, and
-			// only in the families the network carries.
+			// only in the families the network carries — and the IPv6 half
+			// not at all of a key IPv4Only explains (a roll of EnableIPv6).
+			l := Lease{Subnet: sn.IPv4, IPv6Subnet: sn.IPv6, Attrs: attrs}
+			half := cfg.IPv4Only(l) != ""
+			if half && v6 != (backend.Peer{}) {
+				t.Fatalf("IPv6 peer %+v of a key whose IPv6 half is not used (%s)", v6, cfg.IPv4Only(l))
+			}
 			for _, fam := range []struct {
 				on   bool
 				pool *Pool
 				peer backend.Peer
-			}{{cfg.EnableIPv4, &cfg.Pool, v4}, {cfg.EnableIPv6, &cfg.IPv6, v6}} {
+			}{{cfg.EnableIPv4, &cfg.Pool, v4}, {cfg.EnableIPv6 && !half, &cfg.IPv6, v6}} {
 				if fam.on {
 					checkPeerSafe(t, fam.pool, fam.peer)
 				} else if fam.peer != (backend.Peer{}) {

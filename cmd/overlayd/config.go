@@ -150,7 +150,12 @@ func newConfigPutCommand(g *GlobalFlags) *cobra.Command {
 
 A change of Network, SubnetLen, Backend.VNI or Backend.Port strands the
 leases that no longer fit: their hosts lose their subnet or can no longer
-reach the others. It is refused, naming those leases, unless --force.`,
+reach the others. It is refused, naming those leases, unless --force.
+
+Turning EnableIPv6 on or off (the IPv4 network unchanged) strands no
+lease: store it, then restart overlayd host by host; each host's lease
+gains or drops its IPv6 subnet at its restart, and IPv4 keeps flowing
+between restarted hosts and the others meanwhile.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format, err := g.format()
@@ -195,6 +200,9 @@ reach the others. It is refused, naming those leases, unless --force.`,
 			if format == printer.Table {
 				fmt.Fprintf(cmd.OutOrStdout(), "stored %s\n", reg.ConfigKey())
 			}
+			if advice := ipv6ToggleAdvice(prev, next); advice != "" && len(stranded) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), advice)
+			}
 			if len(stranded) > 0 {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warning: stored with --force: %d %s stranded; revoke them with `overlayd lease revoke SUBNET` once their hosts run with the new config\n",
 					len(stranded), plural(len(stranded), "lease", "leases"))
@@ -207,6 +215,21 @@ reach the others. It is refused, naming those leases, unless --force.`,
 	checkFlag(c.Flags(), "file", inputFile)
 	checkFlag(c.Flags(), "force", boolean)
 	return usesEtcd(c)
+}
+
+// ipv6ToggleAdvice is what to do after storing next over prev when the
+// change turns IPv6 on or off in a network that carries IPv4 (no lease
+// is stranded by that alone: hosts program the IPv4 half of each other's
+// keys until every host has restarted, see subnet.Config.IPv4Only); ""
+// for any other change.
+func ipv6ToggleAdvice(prev, next *subnet.Config) string {
+	if prev == nil || !prev.EnableIPv4 || !next.EnableIPv4 || prev.EnableIPv6 == next.EnableIPv6 {
+		return ""
+	}
+	if next.EnableIPv6 {
+		return fmt.Sprintf("note: EnableIPv6 false -> true: restart overlayd host by host (each host needs a global IPv6 address on its underlay, or --public-ipv6); each host's lease gains an IPv6 subnet of %s when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke", next.IPv6.Network)
+	}
+	return "note: EnableIPv6 true -> false: restart overlayd host by host; each host drops its lease's IPv6 subnet and removes its IPv6 device when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke"
 }
 
 // strandedLease is a lease that fits the stored config but not the new one.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -101,12 +102,13 @@ func TestLeaseListDualStack(t *testing.T) {
 	if dead := row(t, r.out, seed.dead.IPv4.String()); !slices.Equal(dead[5:], []string{"no", "leased", seed.dead.IPv6.String(), "2001:db8::2"}) {
 		t.Errorf("dead host's row %q", dead)
 	}
-	// The IPv4-only key is orphaned: it lacks the IPv6 half daemons need.
-	if old := row(t, r.out, "10.244.3.0/24"); !slices.Equal(old[4:], []string{"reserved", "no", "orphaned", "-", "-"}) {
-		t.Errorf("IPv4-only key's row %q, want it orphaned with no IPv6 subnet", old)
+	// An IPv4-only reservation no host adopted yet: its host gains an
+	// IPv6 subnet when it adopts it. Nothing is orphaned.
+	if old := row(t, r.out, "10.244.3.0/24"); !slices.Equal(old[4:], []string{"reserved", "no", "reserved", "-", "-"}) {
+		t.Errorf("IPv4-only reservation's row %q, want it reserved with no IPv6 subnet", old)
 	}
-	if want := "warning: 10.244.3.0/24 is orphaned: lease does not fit the network config: its key names no IPv6 subnet, but the network carries IPv6: daemons skip it; remove it with `overlayd lease revoke 10.244.3.0/24`"; !strings.Contains(r.err, want) {
-		t.Errorf("stderr %q lacks %q", r.err, want)
+	if strings.Contains(r.err, "orphaned") || strings.Contains(r.err, "10.244.3.0/24") {
+		t.Errorf("stderr %q, want nothing said of the reservation", r.err)
 	}
 
 	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
@@ -152,22 +154,29 @@ func TestLeaseListIPv4NetworkWithDualKey(t *testing.T) {
 		t.Errorf("IPv4-only network: JSON names IPv6:\n%s", r.out)
 	}
 
+	// A host not restarted since IPv6 was turned off: daemons use the
+	// IPv4 half of its key, which its host drops the IPv6 half of at its
+	// restart.
 	dual := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.70.0/24"), IPv6: netip.MustParsePrefix("fd00:10:244:70::/64")}
-	if _, err := reg.Create(ctx(t), dual, subnet.LeaseAttrs{PublicIP: "198.18.0.70", PublicIPv6: "2001:db8::70", NodeID: "h70"}, 0); err != nil {
+	if _, err := reg.Create(ctx(t), dual, subnet.LeaseAttrs{PublicIP: "198.18.0.70", PublicIPv6: "2001:db8::70", NodeID: "h70",
+		BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:70"}`), BackendV6Data: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:70"}`)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	r = run(t, srv.Endpoint, "", "lease", "list")
 	if !strings.HasPrefix(r.out, "SUBNET") || !slices.Equal(strings.Fields(strings.SplitN(r.out, "\n", 2)[0]), dualHeader) {
 		t.Fatalf("header with a dual-stack key: %q, want %q", strings.SplitN(r.out, "\n", 2)[0], dualHeader)
 	}
-	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"orphaned", "fd00:10:244:70::/64", "2001:db8::70"}) {
-		t.Errorf("dual-stack key's row %q, want it orphaned, with its IPv6 subnet and address", f)
+	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"ipv4-only", "fd00:10:244:70::/64", "2001:db8::70"}) {
+		t.Errorf("dual-stack key's row %q, want it ipv4-only, with its IPv6 subnet and address", f)
 	}
 	if f := row(t, r.out, live[0].String()); !slices.Equal(f[6:], []string{"leased", "-", "-"}) {
 		t.Errorf("IPv4-only lease's row %q", f)
 	}
-	if want := "warning: 10.244.70.0/24&fd00:10:244:70::/64 is orphaned: lease does not fit the network config: its key names the IPv6 subnet fd00:10:244:70::/64, but the network carries no IPv6: daemons skip it; remove it with `overlayd lease revoke 10.244.70.0/24`"; !strings.Contains(r.err, want) {
+	if want := "note: 10.244.70.0/24&fd00:10:244:70::/64 is ipv4-only: its key names the IPv6 subnet fd00:10:244:70::/64, but the network carries no IPv6 (its host has not restarted since): its IPv4 half is used; it drops the IPv6 subnet when its host restarts: nothing to revoke"; !strings.Contains(r.err, want) {
 		t.Errorf("stderr %q lacks %q", r.err, want)
+	}
+	if strings.Contains(r.err, "warning: 10.244.70.0/24") {
+		t.Errorf("stderr %q warns of a key in a roll of EnableIPv6", r.err)
 	}
 	// ... and revoke removes it without --force: h70 is not alive.
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", "fd00:10:244:70::/64"); r.code != exitOK || r.out != "revoked 10.244.70.0/24&fd00:10:244:70::/64 (owner node h70 (198.18.0.70, 2001:db8::70))\n" {
@@ -203,7 +212,7 @@ func TestLeaseGetDualStack(t *testing.T) {
 func TestReserveDualStack(t *testing.T) {
 	srv, reg := cluster(t)
 	seed := seedDual(t, reg)
-	const noV6 = "the network carries IPv6 (EnableIPv6 in /coreos.com/network/config), so a reservation names the host's IPv6 subnet too (other hosts skip a key without one as orphaned): add --ipv6-subnet (a /64 inside fd00:10:244::/56) and the host's --public-ipv6"
+	const noV6 = "the network carries IPv6 (EnableIPv6 in /coreos.com/network/config), so a reservation names the host's IPv6 subnet too (a reservation pins each subnet its host gets): add --ipv6-subnet (a /64 inside fd00:10:244::/56) and the host's --public-ipv6"
 	const both = "give both --public-ip and --public-ipv6, or (if they are not known yet) --node-name alone"
 	v6 := []string{"--ipv6-subnet", "fd00:10:244:61::/64", "--public-ipv6", "2001:db8::61"}
 	tests := []struct {
@@ -496,5 +505,72 @@ func TestConfigTableByFamily(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Turning IPv6 on or off (the IPv4 network unchanged) strands no lease:
+// config put stores it without --force and says what to do (restart host
+// by host; nothing to revoke); lease list shows the keys of hosts not yet
+// restarted as ipv4-only. A change that re-addresses pods is refused as
+// before, the IPv6 network's included.
+func TestConfigPutIPv6Toggle(t *testing.T) {
+	srv, reg := cluster(t)
+	live, _ := seed(t, reg) // IPv4-only leases in {"Network":"10.244.0.0/16"}
+	const (
+		on  = "note: EnableIPv6 false -> true: restart overlayd host by host (each host needs a global IPv6 address on its underlay, or --public-ipv6); each host's lease gains an IPv6 subnet of fd00:10:244::/56 when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke\n"
+		off = "note: EnableIPv6 true -> false: restart overlayd host by host; each host drops its lease's IPv6 subnet and removes its IPv6 device when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke\n"
+	)
+	r := putConfig(t, srv.Endpoint, dualConfig)
+	if r.code != exitOK || r.err != on || !strings.Contains(r.out, "stored /coreos.com/network/config") {
+		t.Fatalf("config put turning IPv6 on: %+v, want it stored with the note %q", r, on)
+	}
+	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "json")
+	var doc struct{ Leases []leaseRow }
+	if err := json.Unmarshal([]byte(r.out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range doc.Leases {
+		if l.Subnet == live[0].String() && (l.State != stateIPv4Only || !strings.Contains(l.Problem, "its key names no IPv6 subnet")) {
+			t.Errorf("lease %s after IPv6 was turned on: state %q (%s), want ipv4-only", l.Subnet, l.State, l.Problem)
+		}
+		if l.State == stateOrphaned {
+			t.Errorf("lease %s orphaned by turning IPv6 on: %s", l.Subnet, l.Problem)
+		}
+	}
+	// The table's note, as configuration.md quotes it (for 10.244.3.0/24).
+	r = run(t, srv.Endpoint, "", "lease", "list")
+	note := "note: " + live[0].String() + " is ipv4-only: its key names no IPv6 subnet (its host has not restarted since the network started carrying IPv6): its IPv4 half is used; it gains an IPv6 subnet when its host restarts: nothing to revoke"
+	if !strings.Contains(r.err, note+"\n") {
+		t.Errorf("lease list stderr %q lacks %q", r.err, note)
+	}
+	confDoc, err := os.ReadFile("../../Documentation/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if quote := strings.Replace(note, live[0].String(), "10.244.3.0/24", 1); !strings.Contains(string(confDoc), "\n"+quote+"\n") {
+		t.Errorf("configuration.md does not quote %q", quote)
+	}
+	flat := strings.Join(strings.Fields(string(confDoc)), " ")
+	if !strings.Contains(flat, strings.TrimSuffix(on, "\n")) || !strings.Contains(flat, strings.TrimSuffix(strings.TrimPrefix(off, "note: "), "\n")) {
+		t.Errorf("configuration.md does not quote the notes of config put")
+	}
+	// Another IPv6 network would re-address the IPv6 pods of a dual-stack
+	// lease: refused.
+	dual := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.70.0/24"), IPv6: netip.MustParsePrefix("fd00:10:244:70::/64")}
+	if _, err := reg.Create(ctx(t), dual, subnet.LeaseAttrs{PublicIP: "198.18.0.70", PublicIPv6: "2001:db8::70", NodeID: "h70",
+		BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:70"}`), BackendV6Data: []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:70"}`)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := putConfig(t, srv.Endpoint, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:99::/56"}`); r.code != exitError ||
+		!strings.Contains(r.err, "stranded: 10.244.70.0/24&fd00:10:244:70::/64 of node h70") || strings.Contains(r.err, "note:") {
+		t.Errorf("config put of another IPv6 network: %+v, want it refused", r)
+	}
+	// Off again, and IPv6 on with another IPv4 network: the latter strands.
+	if r := putConfig(t, srv.Endpoint, `{"Network":"10.244.0.0/16"}`); r.code != exitOK || r.err != off {
+		t.Errorf("config put turning IPv6 off: %+v, want it stored with the note %q", r, off)
+	}
+	if r := putConfig(t, srv.Endpoint, `{"Network":"10.50.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}`); r.code != exitError ||
+		!strings.Contains(r.err, "refusing to store the config: it would strand") || strings.Contains(r.err, "note:") {
+		t.Errorf("config put of IPv6 on and another Network: %+v, want it refused", r)
 	}
 }

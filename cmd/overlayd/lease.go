@@ -48,7 +48,7 @@ type leaseRow struct {
 	Revision   int64  `json:"modRevision"`
 	// State is what the daemons make of the key (see leaseState).
 	State   string `json:"state"`
-	Problem string `json:"problem,omitempty"` // why it is orphaned or invalid
+	Problem string `json:"problem,omitempty"` // why it is orphaned or invalid, or why only its IPv4 half is used
 }
 
 // Lease states, as `lease list` shows them.
@@ -58,6 +58,11 @@ const (
 	stateOrphaned = "orphaned" // does not fit the network config: no host can use it
 	stateInvalid  = "invalid"  // daemons skip it (bad address, MAC, ...)
 	stateUnknown  = "unknown"  // no valid network config to judge it by
+	// ipv4-only: a host's lease whose key predates a change of EnableIPv6
+	// (it names an IPv6 subnet the network no longer carries, or lacks the
+	// one it now carries): daemons program its IPv4 half; its host rekeys
+	// it when it restarts (subnet.Config.IPv4Only).
+	stateIPv4Only = "ipv4-only"
 )
 
 // leaseState judges l as every daemon does (Config.Peer, or CheckClaim for
@@ -77,6 +82,10 @@ func leaseState(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
 		return stateOrphaned, err.Error()
 	case err != nil:
 		return stateInvalid, err.Error()
+	case l.Unclaimed():
+		return stateReserved, "" // its host rekeys it for the network's families when it adopts it
+	case cfg.IPv4Only(l) != "":
+		return stateIPv4Only, cfg.IPv4Only(l)
 	case l.Reserved:
 		return stateReserved, ""
 	}
@@ -261,7 +270,10 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			}
 			if format != printer.JSON {
 				for _, r := range rows {
-					if r.Problem != "" {
+					switch {
+					case r.State == stateIPv4Only:
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is %s: %s: nothing to revoke\n", r.subnets(), r.State, r.Problem)
+					case r.Problem != "":
 						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s is %s: %s: daemons skip it; remove it with `overlayd lease revoke %s`\n", r.subnets(), r.State, r.Problem, cmp.Or(r.Subnet, r.IPv6Subnet))
 					}
 				}

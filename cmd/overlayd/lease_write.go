@@ -147,9 +147,9 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs 
 }
 
 // checkFamilies refuses a reservation whose key would not name the address
-// families the network carries (other hosts skip such a key as orphaned), or
-// that names the host by one public address where it has two, saying which
-// flag to add or drop.
+// families the network carries (a reservation pins each subnet its host
+// gets), or that names the host by one public address where it has two,
+// saying which flag to add or drop.
 func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a subnet.LeaseAttrs) error {
 	switch {
 	case !cfg.EnableIPv4 && (s.IPv4.IsValid() || a.PublicIP != ""):
@@ -159,7 +159,7 @@ func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a sub
 	case !s.IPv4.IsValid():
 		return refusef("cannot reserve %s: the network carries IPv4: name the IPv4 subnet as SUBNET (and the IPv6 one with --ipv6-subnet)", s)
 	case cfg.EnableIPv6 && !s.IPv6.IsValid():
-		return refusef("cannot reserve %s: the network carries IPv6 (EnableIPv6 in %s), so a reservation names the host's IPv6 subnet too (other hosts skip a key without one as orphaned): add --ipv6-subnet (a /%d inside %s) and the host's --public-ipv6",
+		return refusef("cannot reserve %s: the network carries IPv6 (EnableIPv6 in %s), so a reservation names the host's IPv6 subnet too (a reservation pins each subnet its host gets): add --ipv6-subnet (a /%d inside %s) and the host's --public-ipv6",
 			s, configKey, cfg.IPv6.SubnetLen, cfg.IPv6.Network)
 	case !cfg.EnableIPv6 && (s.IPv6.IsValid() || a.PublicIPv6 != ""):
 		return refusef("cannot reserve %s: the network carries no IPv6 (EnableIPv6 is false in %s): drop --ipv6-subnet and --public-ipv6", s, configKey)

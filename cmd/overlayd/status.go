@@ -100,10 +100,13 @@ func statusOutput(st daemon.Status) printer.Output {
 		rows = append(rows, []string{"IPv6 device", deviceLine(st.DeviceV6, st.MTUv6, st.VtepMACv6)})
 	}
 	rows = append(rows,
-		[]string{"peers", fmt.Sprintf("%d programmed / %d expected", st.PeersProgrammed, st.PeersExpected)},
+		[]string{"peers", fmt.Sprintf("%d programmed / %d expected", st.PeersProgrammed, st.PeersExpected) + ipv4OnlyNote(st.PeersIPv4Only)},
 		[]string{"other leases", fmt.Sprintf("%d reserved, %d orphaned, %d invalid", st.LeasesReserved, st.LeasesOrphaned, st.LeasesRejected)})
 	if st.LastReconcile != nil {
 		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})
+	}
+	if st.ConfigPending != "" {
+		rows = append(rows, []string{"config", "pending restart: " + st.ConfigPending})
 	}
 	rows = append(rows, []string{"ready", yesNo(st.Ready)})
 	for _, c := range st.Conditions {
@@ -128,6 +131,15 @@ func leaseNote(st daemon.Status) string {
 		return " (expires in " + time.Until(*st.LeaseExpires).Round(time.Second).String() + " unless renewed)"
 	}
 	return ""
+}
+
+// ipv4OnlyNote says how many peers are programmed in their IPv4 half only
+// (their lease key predates a change of EnableIPv6), if any.
+func ipv4OnlyNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d IPv4 only until %s restarted: `overlayd lease list` shows %s as ipv4-only)", n, plural(n, "its host has", "their hosts have"), plural(n, "its lease", "their leases"))
 }
 
 func errNote(e string) string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -61,5 +62,46 @@ func TestStatusWithoutDaemonSaysSo(t *testing.T) {
 	r := run(t, "", "", "status", "--health-addr", "127.0.0.1:1")
 	if r.code != exitError || !strings.Contains(r.err, "is `overlayd run` running here") {
 		t.Errorf("no daemon: %+v", r)
+	}
+}
+
+// During a roll of EnableIPv6 status says how many peers are programmed in
+// their IPv4 half only, and the change pending on this host; it stays
+// ready (configuration.md quotes both).
+func TestStatusDuringAnIPv6Roll(t *testing.T) {
+	const pending = "EnableIPv6 false -> true in /coreos.com/network/config: this host carries IPv4 only until overlayd restarts here (its lease then gains an IPv6 subnet of fd00:10:244::/56); restart overlayd host by host"
+	addr := statusServer(t, daemon.Status{
+		Node: "h1", Iface: "eth0", PublicIP: "198.18.0.1", Subnet: "10.244.7.0/24",
+		PeersExpected: 2, PeersProgrammed: 2, PeersIPv4Only: 1, ConfigPending: pending, Ready: true,
+		Conditions: []daemon.Condition{{Name: "config", OK: true}},
+	})
+	r := run(t, "", "", "status", "--health-addr", addr)
+	lines := strings.Split(r.out, "\n")
+	want := map[string]string{
+		"peers":  "2 programmed / 2 expected (1 IPv4 only until its host has restarted: `overlayd lease list` shows its lease as ipv4-only)",
+		"config": "pending restart: " + pending,
+	}
+	for _, l := range lines {
+		key, value, _ := strings.Cut(l, "  ")
+		if w, ok := want[key]; ok {
+			if strings.TrimSpace(value) != w {
+				t.Errorf("status row %q = %q, want %q", key, strings.TrimSpace(value), w)
+			}
+			delete(want, key)
+		}
+	}
+	if r.code != exitOK || len(want) != 0 {
+		t.Errorf("status during a roll: %+v; rows %v missing", r, want)
+	}
+	// The doc quotes the start of both rows.
+	doc, err := os.ReadFile("../../Documentation/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(string(doc)), " ")
+	for _, quote := range []string{"(1 IPv4 only until its host has restarted: …)", "pending restart: " + pending[:strings.Index(pending, " (its lease")] + " …"} {
+		if !strings.Contains(flat, quote) {
+			t.Errorf("configuration.md does not quote %q", quote)
+		}
 	}
 }

@@ -13,7 +13,9 @@ import (
 // daemon runs with: the device, subnet.env and the peers' validation all
 // follow the config read at start, so a stored config that differs in
 // what they use needs a restart, and one whose network no longer holds
-// this host's lease strands it.
+// this host's lease strands it. Turning IPv6 on or off alone is the
+// exception: it is rolled host by host while every host keeps carrying
+// IPv4, so it is reported as pending, not as a readiness failure.
 type configWatch struct {
 	running *subnet.Config
 	lease   subnet.Subnets
@@ -23,26 +25,48 @@ type configWatch struct {
 }
 
 // update returns the readiness reason for the stored config u ("" if it
-// fits) and logs a change of that reason once.
-func (w *configWatch) update(u etcdv3.ConfigUpdate) string {
+// fits) and, for a change this host applies at its next start while it
+// keeps carrying traffic (EnableIPv6 turned on or off), what is pending;
+// it logs a change of either once.
+func (w *configWatch) update(u etcdv3.ConfigUpdate) (reason, pending string) {
 	problem := ""
 	if u.Err != nil {
 		problem = u.Err.Error()
 	} else if d := configDrift(w.running, u.Config, w.lease); d != "" {
 		problem = w.key + ": " + d
+	} else {
+		pending = ipv6Toggled(w.running, u.Config, w.key)
 	}
-	switch {
-	case problem == w.last:
+	switch now := problem + pending; {
+	case now == w.last:
+	case pending != "":
+		w.log.Warn("network config changed while running; restart overlayd on this host to apply it", "pending", pending)
 	case problem == "":
 		w.log.Info("network config matches the running one again")
 	default:
 		w.log.Warn("network config changed while running", "problem", problem)
 	}
-	w.last = problem
+	w.last = problem + pending
 	if problem == "" {
-		return ""
+		return "", pending
 	}
-	return "network config changed while running: " + problem
+	return "network config changed while running: " + problem, ""
+}
+
+// ipv6Toggled says what this host does until it restarts, when the stored
+// config now differs from the running one run only in carrying IPv6 or not
+// (both carrying IPv4; configDrift found nothing else): "" otherwise. That
+// change is rolled host by host (Documentation/configuration.md), and
+// meanwhile this host's IPv4 data path is whole — hosts program the IPv4
+// half of each other's keys (subnet.Config.IPv4Only) — so it stays ready.
+func ipv6Toggled(run, now *subnet.Config, key string) string {
+	switch {
+	case run.EnableIPv6 == now.EnableIPv6:
+		return ""
+	case now.EnableIPv6:
+		return fmt.Sprintf("EnableIPv6 false -> true in %s: this host carries IPv4 only until overlayd restarts here (its lease then gains an IPv6 subnet of %s); restart overlayd host by host", key, now.IPv6.Network)
+	}
+	return fmt.Sprintf("EnableIPv6 true -> false in %s: this host keeps its IPv6 device until overlayd restarts here (which removes it and drops its lease's IPv6 subnet); restart overlayd host by host", key)
 }
 
 // configDrift says how now differs from run in what a running daemon uses,
@@ -76,8 +100,8 @@ func configDrift(run, now *subnet.Config, lease subnet.Subnets) string {
 	diff("Backend.Port", run.Backend.Port, now.Backend.Port)
 	diff("Backend.MTU", run.Backend.MTU, now.Backend.MTU)
 	diff("Backend.DirectRouting", run.Backend.DirectRouting, now.Backend.DirectRouting)
-	if len(diffs) == 0 {
-		return ""
+	if len(diffs) == 0 || len(diffs) == 1 && run.EnableIPv6 != now.EnableIPv6 {
+		return "" // nothing, or an IPv6 toggle: see ipv6Toggled
 	}
 	return strings.Join(diffs, ", ") + ": the running device and subnet.env use the old values; restart overlayd on every host to apply the change, or restore the previous config"
 }

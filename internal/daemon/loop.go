@@ -42,8 +42,8 @@ func (d *daemon) loop(ctx context.Context) error {
 			}
 		case u, ok := <-configs:
 			if ok {
-				reason := drift.update(u)
-				d.st.set(func(p *probe) { p.config = reason })
+				reason, pending := drift.update(u)
+				d.st.set(func(p *probe) { p.config, p.pending = reason, pending })
 			}
 		case <-envCheck.C:
 			// The devices' MTU follows the underlay's; pods must learn it.
@@ -131,6 +131,7 @@ func (d *daemon) publishPeers() {
 	m.leasesRejected.Set(float64(c.invalid))
 	m.leasesOrphaned.Set(float64(c.orphaned))
 	m.leasesReserved.Set(float64(c.reserved))
+	m.peersIPv4Only.Set(float64(c.ipv4Only))
 }
 
 // logEvents logs each peer's arrival, change and departure. It runs before
@@ -157,6 +158,9 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, last *peerS
 			}
 			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
 				attrs = append(attrs, "vtep_mac", d.VtepMAC)
+			}
+			if why := last.cfg.IPv4Only(ev.Lease); why != "" {
+				attrs = append(attrs, "ipv4_only", why)
 			}
 		}
 		log.Info("peer "+ev.Type.String(), attrs...)

@@ -19,6 +19,7 @@ type metrics struct {
 	leasesRejected  prometheus.Gauge
 	leasesOrphaned  prometheus.Gauge
 	leasesReserved  prometheus.Gauge
+	peersIPv4Only   prometheus.Gauge
 	rejectionsTotal prometheus.Counter
 	watchRestarts   prometheus.Counter
 	eventLatency    prometheus.Histogram
@@ -40,6 +41,8 @@ func newMetrics(p *probe) *metrics {
 			Help: "Leases outside the network config (left by a change of the config), not programmed."}),
 		leasesReserved: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_leases_reserved",
 			Help: "Reservations no host has claimed yet."}),
+		peersIPv4Only: prometheus.NewGauge(prometheus.GaugeOpts{Name: "overlay_peers_ipv4_only",
+			Help: "Peers programmed in their IPv4 half only: their lease key predates a change of EnableIPv6 (0 once every host has restarted)."}),
 		rejectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_leases_invalid_total",
 			Help: "Invalid lease values seen: each invalid value a key takes, once (rewriting the same value is no change)."}),
 		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "overlay_watch_restarts_total",
@@ -52,7 +55,7 @@ func newMetrics(p *probe) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.leasesSeen, m.leasesRejected, m.leasesOrphaned, m.leasesReserved, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
+		m.leasesSeen, m.leasesRejected, m.leasesOrphaned, m.leasesReserved, m.peersIPv4Only, m.rejectionsTotal, m.watchRestarts, m.eventLatency,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_lease_expiry_seconds",
 			Help: "Seconds until this host's lease expires unless renewed; +Inf for a reservation, 0 before a lease is held."},
 			func() float64 {

@@ -37,7 +37,10 @@ func TestConfigDrift(t *testing.T) {
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":4789}}`, "Backend.Port 8472 -> 4789: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}`, "Backend.MTU 0 -> 1400: "},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`, "Backend.DirectRouting false -> true: "},
-		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv6 false -> true: the running device"},
+		// Turning IPv6 on alone is rolled host by host: pending, not drift
+		// (TestConfigWatchIPv6ToggleIsPending); with another change it is.
+		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`, ""},
+		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48","Backend":{"Type":"vxlan","VNI":7}}`, "EnableIPv6 false -> true, Backend.VNI 1 -> 7: the running device"},
 		{`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/48"}`, "EnableIPv4 true -> false: this host's lease 10.244.7.0/24 does not fit the new network"},
 	} {
 		got := configDrift(run, mustConfig(t, tc.now), lease)
@@ -55,7 +58,7 @@ func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
 	same := etcdv3.ConfigUpdate{Config: w.running}
 	gone := etcdv3.ConfigUpdate{Err: errors.New("no network config at /p/config")}
 	for i, u := range []etcdv3.ConfigUpdate{same, moved, moved, gone, gone, same, same} {
-		reason := w.update(u)
+		reason, _ := w.update(u)
 		if (u.Config == w.running) != (reason == "") {
 			t.Errorf("update %d: reason %q", i, reason)
 		}
@@ -65,6 +68,37 @@ func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
 	}
 	if n := logs.count(t, "network config matches the running one again"); n != 1 {
 		t.Errorf("%d recoveries logged, want 1", n)
+	}
+}
+
+// A running host that sees EnableIPv6 turned on or off alone stays ready
+// (hosts program the IPv4 half of each other's keys during the roll) and
+// reports the change as pending until it restarts; logged once each way.
+func TestConfigWatchIPv6ToggleIsPending(t *testing.T) {
+	lease := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")}
+	v4 := `{"Network":"10.244.0.0/16"}`
+	dual := `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`
+	for _, tc := range []struct{ run, now, want string }{
+		{v4, dual, "EnableIPv6 false -> true in /p/config: this host carries IPv4 only until overlayd restarts here (its lease then gains an IPv6 subnet of fd00:10:244::/48); restart overlayd host by host"},
+		{dual, v4, "EnableIPv6 true -> false in /p/config: this host keeps its IPv6 device until overlayd restarts here (which removes it and drops its lease's IPv6 subnet); restart overlayd host by host"},
+	} {
+		logs := &logBuffer{}
+		w := configWatch{running: mustConfig(t, tc.run), lease: lease, key: "/p/config", log: slog.New(slog.NewJSONHandler(logs, nil))}
+		toggled := etcdv3.ConfigUpdate{Config: mustConfig(t, tc.now)}
+		for range 2 {
+			if reason, pending := w.update(toggled); reason != "" || pending != tc.want {
+				t.Errorf("%s -> %s: reason %q, pending %q; want ready, pending %q", tc.run, tc.now, reason, pending, tc.want)
+			}
+		}
+		if reason, pending := w.update(etcdv3.ConfigUpdate{Config: w.running}); reason != "" || pending != "" {
+			t.Errorf("back to the running config: reason %q, pending %q", reason, pending)
+		}
+		if n := logs.count(t, "network config changed while running; restart overlayd on this host to apply it"); n != 1 {
+			t.Errorf("%d pending changes logged, want 1:\n%s", n, strings.Join(logs.lines(t), "\n"))
+		}
+		if n := logs.count(t, "network config matches the running one again"); n != 1 {
+			t.Errorf("%d recoveries logged, want 1", n)
+		}
 	}
 }
 

@@ -29,6 +29,10 @@ type peerSet struct {
 	bad map[string]skip
 	// reserved holds the unclaimed reservations.
 	reserved map[subnet.ID]bool
+	// half holds the peers programmed in their IPv4 half only: their key
+	// names an IPv6 subnet the network does not carry, or lacks the one
+	// it does (a roll of EnableIPv6, see subnet.Config.IPv4Only).
+	half map[subnet.ID]bool
 
 	out4, out6 []backend.Peer // peers' results, reused
 }
@@ -56,7 +60,7 @@ type rejection struct {
 }
 
 func newPeerSet(cfg *subnet.Config, own subnet.Subnets, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}}
+	return &peerSet{cfg: cfg, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
 }
 
 // reset replaces everything with a full listing.
@@ -69,6 +73,7 @@ func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	}
 	s.bad = map[string]skip{}
 	s.reserved = map[subnet.ID]bool{}
+	s.half = map[subnet.ID]bool{}
 	var out []rejection
 	for _, l := range snap.Leases {
 		out = s.put(l, old, out)
@@ -134,8 +139,11 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 	if s.cfg.EnableIPv4 {
 		s.valid[id] = v4
 	}
-	if s.cfg.EnableIPv6 {
+	if v6.Subnet.IsValid() {
 		s.valid6[id] = v6
+	}
+	if s.cfg.IPv4Half(l) {
+		s.half[id] = true
 	}
 	return out
 }
@@ -144,6 +152,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 func (s *peerSet) drop(id subnet.ID) {
 	delete(s.valid, id)
 	delete(s.valid6, id)
+	delete(s.half, id)
 }
 
 // size is the number of valid peers.
@@ -209,11 +218,12 @@ func values(buf []backend.Peer, m map[subnet.ID]backend.Peer) []backend.Peer {
 	return buf
 }
 
-// counts are the numbers of keys currently in each state that is not a peer.
-type counts struct{ invalid, orphaned, reserved int }
+// counts are the numbers of keys currently in each state that is not a
+// peer, and of the peers programmed in their IPv4 half only.
+type counts struct{ invalid, orphaned, reserved, ipv4Only int }
 
 func (s *peerSet) counts() counts {
-	c := counts{reserved: len(s.reserved)}
+	c := counts{reserved: len(s.reserved), ipv4Only: len(s.half)}
 	for _, k := range s.bad {
 		if k.kind == orphanedLease {
 			c.orphaned++

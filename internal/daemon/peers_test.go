@@ -150,3 +150,57 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 		t.Errorf("peers after the claim = %+v, want 2", v4)
 	}
 }
+
+// During a roll of EnableIPv6 the keys of hosts restarted and of hosts not
+// yet restarted name different families. Each is a peer in its IPv4 half
+// (none is orphaned), counted as IPv4 only; a rekey (the old key removed,
+// the new one added, in one batch) leaves the IPv4 peer as it was.
+func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
+	dualKey := func(sub, sub6, ip, mac string, rev int64) subnet.Lease {
+		l := lease(sub, ip, mac, rev)
+		l.IPv6Subnet = netip.MustParsePrefix(sub6)
+		l.Attrs.PublicIPv6, l.Attrs.BackendV6Data = "fd18::9", []byte(`{"VNI":1,"VtepMAC":"0e:00:00:00:06:09"}`)
+		return l
+	}
+	v4Key, dual := lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2), dualKey("10.244.3.0/24", "fd00:10:244:3::/64", "198.18.0.3", "0e:00:00:00:00:03", 3)
+	for _, tc := range []struct {
+		config   string
+		half     subnet.Lease // the key of the other config
+		want6    int
+		rekeyed  subnet.Lease // v4Key's host restarted
+		wantHalf int          // after the rekey
+	}{
+		{`{"Network":"10.244.0.0/16"}`, dual, 0, dualKey("10.244.2.0/24", "fd00:10:244:2::/64", "198.18.0.2", "0e:00:00:00:00:02", 4), 2},
+		{`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}`, v4Key, 1, dualKey("10.244.2.0/24", "fd00:10:244:2::/64", "198.18.0.2", "0e:00:00:00:00:02", 4), 0},
+	} {
+		cfg, err := subnet.ParseConfig([]byte(tc.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newPeerSet(cfg, subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefix)
+		if rej := s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
+			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
+		}
+		v4, v6 := s.peers()
+		if len(v4) != 2 || len(v6) != tc.want6 {
+			t.Errorf("%s: %d IPv4 and %d IPv6 peers, want 2 and %d", tc.config, len(v4), len(v6), tc.want6)
+		}
+		if got := s.counts(); got != (counts{ipv4Only: 1}) {
+			t.Errorf("%s: counts %+v, want one IPv4-only peer and nothing skipped", tc.config, got)
+		}
+		// v4Key's host restarts with the dual-stack config: its key is
+		// replaced in one transaction.
+		s.apply(etcdv3.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: v4Key}, {Type: subnet.Added, Lease: tc.rekeyed}}})
+		v4, _ = s.peers()
+		found := false
+		for _, p := range v4 {
+			found = found || p.Subnet == v4Key.Subnet && p.PublicIP == netip.MustParseAddr("198.18.0.2")
+		}
+		if len(v4) != 2 || !found {
+			t.Errorf("%s: after the rekey IPv4 peers %+v, want 10.244.2.0/24 still there", tc.config, v4)
+		}
+		if got := s.counts(); got != (counts{ipv4Only: tc.wantHalf}) {
+			t.Errorf("%s: after the rekey counts %+v, want %d IPv4-only", tc.config, got, tc.wantHalf)
+		}
+	}
+}

@@ -102,6 +102,9 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 			return err
 		}
 	}
+	if nc.EnableIPv4 && !nc.EnableIPv6 {
+		d.removeOldIPv6(ctx)
+	}
 	if nc.EnableIPv6 {
 		onProgrammed := d.m.programmed
 		if nc.EnableIPv4 {
@@ -127,7 +130,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	}
 	d.publishPeers()
 	c := d.peers.counts()
-	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "revision", d.snap.Revision, "saved", d.snap.Saved)
+	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "ipv4_only", c.ipv4Only, "revision", d.snap.Revision, "saved", d.snap.Saved)
 	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	for _, be := range []*vxlan.Backend{d.be, d.be6} {
 		if be != nil {
@@ -163,6 +166,45 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// removeOldIPv6 removes the IPv6 data path a run in a network that carried
+// IPv6 left (Shutdown keeps the data path): the device overlay-v6.<VNI>
+// with its routes, neighbours and FDB entries. Once the network stops
+// carrying IPv6 nothing manages them: left in place, they would go on
+// sending IPv6 pod traffic to peers that dropped theirs. A failure cannot
+// stop the start (the IPv4 data path does not depend on it); it says what
+// to remove by hand.
+func (d *daemon) removeOldIPv6(ctx context.Context) {
+	name := vxlan.DeviceNameV6(d.netCfg.Backend.VNI)
+	warn := func(err error) {
+		d.log.Warn("the network no longer carries IPv6, but the IPv6 device of an earlier run could not be removed: delete it with `ip link delete "+name+"` (its routes, neighbours and FDB entries go with it)",
+			"device", name, "err", err)
+	}
+	switch _, found, err := d.cfg.Kernel.LinkMAC(name); {
+	case err != nil:
+		warn(err)
+		return
+	case !found:
+		return
+	}
+	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
+	if err != nil {
+		warn(err)
+		return
+	}
+	defer closeNL()
+	// The IPv6 family is chosen by the own subnet: any IPv6 prefix.
+	be, err := vxlan.New(vxlan.Config{VNI: d.netCfg.Backend.VNI, Underlay: d.ul.Iface, LocalIP: d.ul.PublicIPv6,
+		OwnSubnet: netip.PrefixFrom(netip.IPv6Unspecified(), 128), NodeID: d.nodeID, Logger: d.log}, nl)
+	if err == nil {
+		err = be.Teardown(ctx)
+	}
+	if err != nil {
+		warn(err)
+		return
+	}
+	d.log.Info("the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries", "device", name, "config", d.reg.ConfigKey())
 }
 
 // removeOldMasq deletes the masquerade table a run with --ip-masq left

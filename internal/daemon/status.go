@@ -35,11 +35,20 @@ type Status struct {
 
 	PeersExpected   int `json:"peersExpected"`
 	PeersProgrammed int `json:"peersProgrammed"`
+	// PeersIPv4Only counts the peers programmed in their IPv4 half only:
+	// their lease key predates a change of EnableIPv6 and is rekeyed
+	// when their host restarts.
+	PeersIPv4Only int `json:"peersIPv4Only,omitempty"`
 	// LeasesRejected counts invalid lease keys; unclaimed reservations and
 	// orphaned leases (outside the network config) are counted apart.
 	LeasesRejected int `json:"leasesRejected"`
 	LeasesReserved int `json:"leasesReserved"`
 	LeasesOrphaned int `json:"leasesOrphaned"`
+
+	// ConfigPending is a change of the stored network config this host
+	// applies when overlayd restarts here (EnableIPv6 turned on or off),
+	// meanwhile carrying IPv4 as before; it does not make it unready.
+	ConfigPending string `json:"configPending,omitempty"`
 
 	LastReconcile *time.Time `json:"lastReconcile,omitempty"`
 	LastError     string     `json:"lastError,omitempty"`
@@ -71,6 +80,10 @@ type probe struct {
 	config string // why the stored network config no longer fits, if it does not
 	counts counts
 	peers  int
+
+	// pending is a change of the stored network config this host applies
+	// when it restarts, while it keeps carrying traffic (see ipv6Toggled).
+	pending string
 }
 
 func (p *probe) set(f func(p *probe)) {
@@ -89,7 +102,7 @@ func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
 	mgr, planes, env, phase, config := p.mgr, p.planes, p.env, p.phase, p.config
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
-		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned}
+		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
 	if p.publicIP.IsValid() {
 		s.PublicIP = p.publicIP.String()
 	}

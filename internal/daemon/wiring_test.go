@@ -425,3 +425,161 @@ func getJSON(url string, v any) error {
 	}
 	return json.Unmarshal([]byte(body), v)
 }
+
+// Turning IPv6 on and then off again, as configuration.md says: store the
+// config, restart host by host. A running host sees the change as pending
+// and stays ready; hosts program the IPv4 half of keys written under the
+// other config (and count them); a restart rekeys this host's lease with
+// its IPv4 subnet kept; and the restart after IPv6 is turned off removes
+// the IPv6 device with its routes, and logs it.
+func TestWiringIPv6RollOnAndOff(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(3*testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	const (
+		v4Config   = `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`
+		dualConfig = `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`
+	)
+	putConfig := func(c string) {
+		t.Helper()
+		if _, err := reg.PutConfig(ctx, []byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	putConfig(v4Config)
+	// A host not yet restarted (IPv4-only key) and one restarted
+	// (dual-stack key): each is a peer in both networks.
+	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09")
+	if _, err := srv.Client(t).Put(ctx, etcdv3.DefaultPrefix+"/subnets/10.244.10.0-24&fd00:10:244:a::-64",
+		`{"PublicIP":"198.18.0.10","PublicIPv6":"fd18::10","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:0a"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:0a"}}`); err != nil {
+		t.Fatal(err)
+	}
+
+	k := newFakeKernel()
+	eth0, _ := k.nl.LinkByName("eth0")
+	if err := k.nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64")); err != nil {
+		t.Fatal(err)
+	}
+	subnetFile := filepath.Join(t.TempDir(), "subnet.env")
+	run := func() (*wiring, *logBuffer) {
+		t.Helper()
+		var logs logBuffer
+		w := startWiring(t, srv, func(c *Config) {
+			c.Kernel, c.SubnetFile, c.Logger = k, subnetFile, slog.New(slog.NewJSONHandler(&logs, nil))
+		})
+		w.k = k
+		testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+		return w, &logs
+	}
+	status := func(w *wiring) Status {
+		t.Helper()
+		var st Status
+		if err := getJSON(w.health+"/status", &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	programmed := func(w *wiring, want ...string) {
+		t.Helper()
+		testenv.Eventually(t, testenv.Slack, "peers "+strings.Join(want, ", ")+" programmed", func() error {
+			for _, p := range want {
+				if !w.routedFamily(p) {
+					return fmt.Errorf("no route to %s", p)
+				}
+			}
+			return nil
+		})
+	}
+
+	// IPv4-only: the dual-stack key's IPv4 half is a peer.
+	w, _ := run()
+	programmed(w, "10.244.9.0/24", "10.244.10.0/24")
+	if st := status(w); st.PeersExpected != 2 || st.PeersIPv4Only != 1 || st.LeasesOrphaned != 0 {
+		t.Errorf("IPv4-only host: %d peers expected, %d IPv4 only, %d orphaned; want 2, 1, 0", st.PeersExpected, st.PeersIPv4Only, st.LeasesOrphaned)
+	}
+	before, err := subnet.ReadEnv(subnetFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// IPv6 turned on: the running host stays ready, the change pending.
+	putConfig(dualConfig)
+	testenv.Eventually(t, testenv.Slack, "the change to be reported as pending", func() error {
+		if st := status(w); !st.Ready || !strings.Contains(st.ConfigPending, "EnableIPv6 false -> true") {
+			return fmt.Errorf("ready %v, pending %q; want ready with the change pending", st.Ready, st.ConfigPending)
+		}
+		return nil
+	})
+	w.stop(t)
+
+	// Restarted with IPv6: the lease gains an IPv6 subnet, keeps its IPv4
+	// one; the IPv4-only key's IPv4 half is a peer.
+	w, _ = run()
+	programmed(w, "10.244.9.0/24", "10.244.10.0/24", "fd00:10:244:a::/64")
+	env, err := subnet.ReadEnv(subnetFile)
+	if err != nil || env.Lease() != before.Lease() || !env.IPv6Lease().IsValid() {
+		t.Fatalf("after the restart with IPv6: subnet.env %+v (%v), want the IPv4 lease %s kept and an IPv6 lease", env, err, before.Lease())
+	}
+	if st := status(w); st.PeersExpected != 2 || st.PeersIPv4Only != 1 || st.LeasesOrphaned != 0 || st.DeviceV6 == "" {
+		t.Errorf("dual-stack host: %d peers expected, %d IPv4 only, %d orphaned, IPv6 device %q; want 2, 1, 0 and one", st.PeersExpected, st.PeersIPv4Only, st.LeasesOrphaned, st.DeviceV6)
+	}
+	body, err := getBody(w.health + "/metrics")
+	if err != nil || metricValue(body, "overlay_peers_ipv4_only") != 1 {
+		t.Errorf("overlay_peers_ipv4_only %d (err %v), want 1", metricValue(body, "overlay_peers_ipv4_only"), err)
+	}
+
+	// IPv6 turned off again, and the host restarted: the IPv6 device goes
+	// with its routes.
+	putConfig(v4Config)
+	testenv.Eventually(t, testenv.Slack, "the change to be reported as pending", func() error {
+		if st := status(w); !st.Ready || !strings.Contains(st.ConfigPending, "EnableIPv6 true -> false") {
+			return fmt.Errorf("ready %v, pending %q; want ready with the change pending", st.Ready, st.ConfigPending)
+		}
+		return nil
+	})
+	w.stop(t)
+	w, logs := run()
+	programmed(w, "10.244.9.0/24", "10.244.10.0/24")
+	if _, err := k.nl.LinkByName(vxlan.DeviceNameV6(1)); !errors.Is(err, vxlan.ErrLinkNotFound) {
+		t.Errorf("%s after IPv6 was turned off: %v, want it removed", vxlan.DeviceNameV6(1), err)
+	}
+	if w.routedFamily("fd00:10:244:a::/64") {
+		t.Errorf("the IPv6 route to the peer is left behind")
+	}
+	if n := logs.count(t, "the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries", `"device":"overlay-v6.1"`); n != 1 {
+		t.Errorf("the removal logged %d times, want once:\n%s", n, strings.Join(logs.lines(t), "\n"))
+	}
+	if env, err := subnet.ReadEnv(subnetFile); err != nil || env.Lease() != before.Lease() || env.IPv6Lease().IsValid() {
+		t.Errorf("after the restart without IPv6: subnet.env %+v (%v), want the IPv4 lease %s alone", env, err, before.Lease())
+	}
+	w.stop(t)
+	// operations.md quotes both log messages of the roll.
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(string(doc)), " ")
+	for _, msg := range []string{"network config changed while running; restart overlayd on this host to apply it",
+		"the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries"} {
+		if !strings.Contains(flat, msg) {
+			t.Errorf("operations.md does not quote the log message %q", msg)
+		}
+	}
+}
+
+// routedFamily reports whether the fake kernel holds a route of ours to
+// subnet, of either family.
+func (w *wiring) routedFamily(subnet string) bool {
+	fam := vxlan.IPv4
+	if strings.Contains(subnet, ":") {
+		fam = vxlan.IPv6
+	}
+	routes, _ := w.k.nl.RouteListFamily(fam)
+	for _, r := range routes {
+		if r.Dst.String() == subnet && r.Protocol == vxlan.RouteProtocol {
+			return true
+		}
+	}
+	return false
+}

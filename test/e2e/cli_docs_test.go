@@ -321,4 +321,12 @@ func TestDocumentedCLIExamples(t *testing.T) {
 	if r := overlayd(t, l, nil, nil, "", "config", "get", "--raw"); strings.TrimSpace(r.out) != `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}` {
 		t.Errorf("the refused config was stored: %q", r.out)
 	}
+
+	// configuration.md: turning IPv6 on is stored without --force, with
+	// the note the procedure quotes (the last line of the example).
+	ex = example(t, confDoc, "overlayd config put -f net-dual.json")
+	r = overlayd(t, l, nil, nil, "", "config", "put", "-f", write("net-dual.json", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`))
+	if r.code != 0 || lines(r.out)[0] != ex.out[0] || !slices.Equal(lines(r.err), ex.out[len(ex.out)-1:]) {
+		t.Errorf("config put turning IPv6 on: %+v; want %q, then on stderr %q", r, ex.out[0], ex.out[len(ex.out)-1])
+	}
 }

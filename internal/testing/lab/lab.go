@@ -268,6 +268,7 @@ type LeaseRow struct {
 	Alive       string `json:"alive"` // yes, no or unknown
 	EtcdLease   string `json:"etcdLease"`
 	ModRevision int64  `json:"modRevision"`
+	State       string `json:"state"` // leased, reserved, ipv4-only, orphaned, invalid or unknown
 }
 
 // Leases runs `overlayd lease list -w json`.

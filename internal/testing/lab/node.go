@@ -343,6 +343,9 @@ type Status struct {
 	PeersProgrammed int    `json:"peersProgrammed"`
 	LastError       string `json:"lastError"`
 	Ready           bool   `json:"ready"`
+	// PeersIPv4Only and ConfigPending follow a roll of EnableIPv6.
+	PeersIPv4Only int    `json:"peersIPv4Only"`
+	ConfigPending string `json:"configPending"`
 }
 
 // Status fetches the host's /status.

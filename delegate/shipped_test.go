@@ -63,3 +63,23 @@ func TestShippedConflistCopiesAgree(t *testing.T) {
 		t.Errorf("Documentation/cni.md shows another conflist than deploy/cni/10-overlay.conflist (-want +got):\n%s", diff)
 	}
 }
+
+// troubleshooting.md's section on pods failing while subnet.env is missing
+// is titled with the start of the error ADD returns then (issue 28: it
+// quoted a "… not ready" that ADD never says).
+func TestTroubleshootingQuotesTheSubnetFileError(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "troubleshooting.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const title = `## Pods fail to start: "`
+	_, quoted, ok := strings.Cut(string(data), title)
+	if !ok {
+		t.Fatalf("troubleshooting.md has no section %q any more: update this test", title)
+	}
+	quoted, _, _ = strings.Cut(quoted, `"`)
+	msg := envNotReady(11, "/run/overlay/subnet.env", os.ErrNotExist).Msg
+	if !strings.HasPrefix(msg, quoted) {
+		t.Errorf("troubleshooting.md quotes %q; ADD says %q", quoted, msg)
+	}
+}

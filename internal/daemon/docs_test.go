@@ -157,3 +157,24 @@ func TestMetricsAreDocumented(t *testing.T) {
 		}
 	}
 }
+
+// The --adopt-flannel log messages migrating-from-flannel.md quotes are
+// logged word for word (issue 28: two were quoted without their prefix,
+// one with the attribute of another in its place).
+func TestAdoptFlannelLogMessagesAreDocumented(t *testing.T) {
+	doc := readDoc(t, "migrating-from-flannel.md")
+	src, err := os.ReadFile("flannel.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile("`(--adopt-flannel: [^`]+)`").FindAllStringSubmatch(strings.Join(strings.Fields(doc), " "), -1) {
+		n++
+		if !strings.Contains(string(src), `d.log.Info("`+m[1]+`"`) {
+			t.Errorf("migrating-from-flannel.md quotes the log message %q, which flannel.go does not log", m[1])
+		}
+	}
+	if n < 3 {
+		t.Errorf("migrating-from-flannel.md quotes %d --adopt-flannel log messages, want the 3 of a take-over", n)
+	}
+}

@@ -1,9 +1,12 @@
 package subnet
 
 import (
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -84,6 +87,38 @@ func TestSecurityValidationTableMatchesTheCode(t *testing.T) {
 	for _, f := range []string{"PublicIP", "PublicIPv6", "BackendData", "BackendV6Data", "NodeID", "IPv6Network", "IPv6SubnetLen"} {
 		if !strings.Contains(table, "`"+f+"`") {
 			t.Errorf("security.md's table does not say how %s is checked", f)
+		}
+	}
+}
+
+// The out-of-subnets error names the config fields to change, of the
+// pool's family, as etcd-schema.md quotes it (issue 28: it said "widen the
+// network", and "SubnetMin/SubnetMax" for an IPv6 pool too).
+func TestOutOfSubnetsNamesTheFieldsAsDocumented(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "etcd-schema.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct{ config, want string }{
+		{`{"Network":"10.244.0.0/16"}`, "widen Network or the SubnetMin/SubnetMax range, or revoke stale leases"},
+		{`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::100/120"}`, "widen IPv6Network or the IPv6SubnetMin/IPv6SubnetMax range, or revoke stale leases"},
+	} {
+		cfg := mustConfig(t, tc.config)
+		p := cfg.Pool
+		if !cfg.EnableIPv4 {
+			p = cfg.IPv6
+		}
+		taken := map[netip.Prefix]bool{}
+		for i := range p.Count() {
+			taken[p.SubnetAt(i)] = true
+		}
+		_, err := p.PickFree(taken, rng)
+		if !errors.Is(err, ErrOutOfSubnets) || !strings.HasSuffix(err.Error(), tc.want) {
+			t.Errorf("%s, every subnet taken: %v; want it to end with %q", tc.config, err, tc.want)
+		}
+		if cfg.EnableIPv4 && !strings.Contains(string(data), "`"+err.Error()+"`") {
+			t.Errorf("etcd-schema.md does not quote the error `%s`", err)
 		}
 	}
 }

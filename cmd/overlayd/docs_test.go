@@ -217,3 +217,23 @@ func TestEnvironmentSectionNamesTeardownAndStatusVariables(t *testing.T) {
 		t.Errorf("configuration.md names %q as read from the environment by teardown and status; they read %q", documented, want)
 	}
 }
+
+// --endpoints' help names every scheme the endpoint parser accepts, as
+// configuration.md does (issue 28: it left out unixs://).
+func TestEndpointsHelpNamesEveryScheme(t *testing.T) {
+	usage := newRootCommand(streams{}, nil).PersistentFlags().Lookup("endpoints").Usage
+	doc := repoFile(t, "Documentation/configuration.md")
+	for scheme, example := range map[string]string{
+		"http://": "http://127.0.0.1:2379", "https://": "https://127.0.0.1:2379", "unix://": "unix:///run/etcd.sock", "unixs://": "unixs:///run/etcd.sock",
+	} {
+		if err := (&endpointsValue{eps: new([]string)}).Set(example); err != nil {
+			t.Errorf("--endpoints %s: %v", example, err)
+		}
+		if !strings.Contains(usage, scheme) {
+			t.Errorf("--endpoints' help %q does not name %s", usage, scheme)
+		}
+		if !strings.Contains(doc, "`"+scheme) {
+			t.Errorf("configuration.md does not name the endpoint scheme %s", scheme)
+		}
+	}
+}

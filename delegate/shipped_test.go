@@ -2,6 +2,7 @@ package delegate
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,5 +82,26 @@ func TestTroubleshootingQuotesTheSubnetFileError(t *testing.T) {
 	msg := envNotReady(11, "/run/overlay/subnet.env", os.ErrNotExist).Msg
 	if !strings.HasPrefix(msg, quoted) {
 		t.Errorf("troubleshooting.md quotes %q; ADD says %q", quoted, msg)
+	}
+}
+
+// security.md and cni.md state the cache file name's bound as the code
+// applies it (issue 28: security.md said 255 bytes; names of 240–255 bytes
+// are refused, so that the temporary file's name fits too).
+func TestDocumentedCacheNameBound(t *testing.T) {
+	read := func(name string) string {
+		data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(strings.Fields(string(data)), " ")
+	}
+	for doc, want := range map[string]string{
+		"security.md": fmt.Sprintf("cache file name ≤ %d bytes", maxFileName),
+		"cni.md":      fmt.Sprintf("cache file name over %d bytes", maxFileName),
+	} {
+		if !strings.Contains(read(doc), want) {
+			t.Errorf("%s does not say %q", doc, want)
+		}
 	}
 }

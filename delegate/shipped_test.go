@@ -2,6 +2,7 @@ package delegate
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,5 +62,46 @@ func TestShippedConflistCopiesAgree(t *testing.T) {
 	block = block[:strings.Index(block, "```")]
 	if diff := cmp.Diff(want, decode("the conflist in cni.md", block)); diff != "" {
 		t.Errorf("Documentation/cni.md shows another conflist than deploy/cni/10-overlay.conflist (-want +got):\n%s", diff)
+	}
+}
+
+// troubleshooting.md's section on pods failing while subnet.env is missing
+// is titled with the start of the error ADD returns then (issue 28: it
+// quoted a "… not ready" that ADD never says).
+func TestTroubleshootingQuotesTheSubnetFileError(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "troubleshooting.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const title = `## Pods fail to start: "`
+	_, quoted, ok := strings.Cut(string(data), title)
+	if !ok {
+		t.Fatalf("troubleshooting.md has no section %q any more: update this test", title)
+	}
+	quoted, _, _ = strings.Cut(quoted, `"`)
+	msg := envNotReady(11, "/run/overlay/subnet.env", os.ErrNotExist).Msg
+	if !strings.HasPrefix(msg, quoted) {
+		t.Errorf("troubleshooting.md quotes %q; ADD says %q", quoted, msg)
+	}
+}
+
+// security.md and cni.md state the cache file name's bound as the code
+// applies it (issue 28: security.md said 255 bytes; names of 240–255 bytes
+// are refused, so that the temporary file's name fits too).
+func TestDocumentedCacheNameBound(t *testing.T) {
+	read := func(name string) string {
+		data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(strings.Fields(string(data)), " ")
+	}
+	for doc, want := range map[string]string{
+		"security.md": fmt.Sprintf("cache file name ≤ %d bytes", maxFileName),
+		"cni.md":      fmt.Sprintf("cache file name over %d bytes", maxFileName),
+	} {
+		if !strings.Contains(read(doc), want) {
+			t.Errorf("%s does not say %q", doc, want)
+		}
 	}
 }

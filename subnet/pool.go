@@ -188,7 +188,12 @@ func (p *Pool) PickFree(taken map[netip.Prefix]bool, rng *rand.Rand) (netip.Pref
 		}
 	}
 	if used >= n {
-		return netip.Prefix{}, fmt.Errorf("%w: all %d subnets /%d between %s and %s are leased; widen the network or the SubnetMin/SubnetMax range, or revoke stale leases", ErrOutOfSubnets, n, p.SubnetLen, p.SubnetMin, p.SubnetMax)
+		f := ipv4
+		if p.Network.Addr().Is6() {
+			f = ipv6
+		}
+		return netip.Prefix{}, fmt.Errorf("%w: all %d subnets /%d between %s and %s are leased; widen %s or the %s/%s range, or revoke stale leases",
+			ErrOutOfSubnets, n, p.SubnetLen, p.SubnetMin, p.SubnetMax, f.network, f.subnetMin, f.subnetMax)
 	}
 	// A few random probes find a free subnet quickly unless the pool is
 	// nearly full; then a scan from a random start is certain to (a pool

@@ -117,7 +117,7 @@ are taken only from the command line.`,
 
 	pf := root.PersistentFlags()
 	g.Endpoints = []string{"http://127.0.0.1:2379"}
-	pf.Var(&endpointsValue{eps: &g.Endpoints}, "endpoints", "etcd endpoints, comma-separated (http://, https://, unix://)")
+	pf.Var(&endpointsValue{eps: &g.Endpoints}, "endpoints", "etcd endpoints, comma-separated (http://, https://, unix:// or unixs://)")
 	pf.StringVar(&g.Prefix, "prefix", etcdv3.DefaultPrefix, "etcd key prefix of the network (flannel's default)")
 	pf.StringVar(&g.CACert, "cacert", "", "verify etcd's server certificate with this CA bundle (PEM)")
 	pf.StringVar(&g.Cert, "cert", "", "client certificate for etcd mutual TLS (PEM)")

@@ -78,7 +78,7 @@ func (d *daemon) catchUp(ctx context.Context) error {
 	if head <= d.snap.Revision {
 		return nil
 	}
-	d.st.setPhase(fmt.Sprintf("catching up with etcd: the saved lease set is at revision %d, etcd was at %d", d.snap.Revision, head))
+	d.st.setPhase(fmt.Sprintf(phaseCatchUp, d.snap.Revision, head))
 	for {
 		select {
 		case <-ctx.Done():

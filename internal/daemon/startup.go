@@ -27,7 +27,7 @@ import (
 // lease, retrying what waiting can fix.
 func (d *daemon) join(ctx context.Context) error {
 	var cli *clientv3.Client
-	if err := d.steps.retry(ctx, "reach etcd at "+strings.Join(d.cfg.Etcd.Endpoints, ","), func(ctx context.Context) (err error) {
+	if err := d.steps.retry(ctx, stepReachEtcd+strings.Join(d.cfg.Etcd.Endpoints, ","), func(ctx context.Context) (err error) {
 		cli, err = etcdclient.Connect(ctx, d.cfg.Etcd)
 		return err
 	}); err != nil {
@@ -36,7 +36,7 @@ func (d *daemon) join(ctx context.Context) error {
 	d.closers = append(d.closers, func() { _ = cli.Close() })
 	d.reg = etcdv3.NewRegistry(cli, d.cfg.Prefix)
 
-	if err := d.steps.retry(ctx, "read the network config", func(ctx context.Context) (err error) {
+	if err := d.steps.retry(ctx, stepReadConfig, func(ctx context.Context) (err error) {
 		d.netCfg, _, err = d.reg.GetConfig(ctx)
 		return err
 	}); err != nil {
@@ -66,13 +66,13 @@ func (d *daemon) join(ctx context.Context) error {
 	d.closers = append(d.closers, func() { d.mgr.ReleaseClaim(context.Background()) })
 	// The wait for another host's liveness key is bounded by that key's
 	// TTL, not by a per-attempt timeout: it must be allowed to end.
-	if err := d.steps.retryUnbounded(ctx, "claim node ID "+strconv.Quote(d.nodeID), d.mgr.ClaimNodeID); err != nil {
+	if err := d.steps.retryUnbounded(ctx, stepClaimNodeID+strconv.Quote(d.nodeID), d.mgr.ClaimNodeID); err != nil {
 		return err
 	}
 	// The lease set saved by the last run, if etcd still holds it, or else
 	// a listing of every lease, seeds the peers and the watch.
 	saved := d.savedLeases()
-	if err := d.steps.retry(ctx, "acquire a lease", func(ctx context.Context) (err error) {
+	if err := d.steps.retry(ctx, stepAcquire, func(ctx context.Context) (err error) {
 		d.lease, d.snap, err = d.mgr.AcquireFrom(ctx, saved)
 		return err
 	}); err != nil {
@@ -92,7 +92,7 @@ func (d *daemon) join(ctx context.Context) error {
 // network carries), starts programming the peers of the lease snapshot,
 // installs the masquerade and writes subnet.env.
 func (d *daemon) startDataPlane(ctx context.Context) error {
-	d.st.setPhase("setting up the VXLAN devices")
+	d.st.setPhase(phaseDevices)
 	nc := d.netCfg
 	var err error
 	// Event latency is measured on the first plane: a peer's subnets
@@ -328,7 +328,7 @@ func (s stepper) retryUnbounded(ctx context.Context, what string, fn func(contex
 
 func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn func(context.Context) error) error {
 	var lastLog time.Time
-	s.st.setPhase("trying to " + what)
+	s.st.setPhase(phaseTrying + what)
 	for attempt := 1; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if timeout := b.Timeout(); timeout > 0 {
@@ -347,7 +347,7 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 		case fatalAtStart(err):
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		s.st.setPhase("waiting to " + what + ": " + err.Error())
+		s.st.setPhase(phaseWaiting + what + ": " + err.Error())
 		if time.Since(lastLog) >= etcdv3.WarnEvery {
 			s.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
 			lastLog = time.Now()

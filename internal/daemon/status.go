@@ -92,6 +92,19 @@ func (p *probe) set(f func(p *probe)) {
 	f(p)
 }
 
+// What the startup condition says, as operations.md quotes it: a step is
+// "trying to <step>", or "waiting to <step>: <why>" while it is retried.
+const (
+	phaseTrying     = "trying to "
+	phaseWaiting    = "waiting to "
+	stepReachEtcd   = "reach etcd at " // and the endpoints
+	stepReadConfig  = "read the network config"
+	stepClaimNodeID = "claim node ID " // and the quoted node ID
+	stepAcquire     = "acquire a lease"
+	phaseDevices    = "setting up the VXLAN devices"
+	phaseCatchUp    = "catching up with etcd: the saved lease set is at revision %d, etcd was at %d"
+)
+
 // setPhase records what start-up is doing or waiting for.
 func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reason }) }
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +38,19 @@ func TestAcquireRefusesWithAStrandedLease(t *testing.T) {
 	_, _, err = NewManager(f.reg, moved, host(1), ManagerOptions{}).Acquire(ctx(t))
 	if !errors.Is(err, ErrStranded) || !strings.Contains(err.Error(), old.Subnet.String()) || !strings.Contains(err.Error(), "overlayd teardown") {
 		t.Fatalf("Acquire with a stranded lease = %v, want ErrStranded naming %s and the fix", err, old.Subnet)
+	}
+	// operations.md quotes the error as `overlayd run` prints it, for the
+	// lease 10.244.7.0/24 of node worker-7.
+	doc, derr := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "operations.md"))
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	const quoted = "Error: acquire a lease: this host's lease is outside the network config: "
+	_, line, _ := strings.Cut(string(doc), quoted)
+	line, _, _ = strings.Cut(line, "\n")
+	line = strings.NewReplacer("10.244.7.0/24", old.Subnet.String(), "10.244.7.0-24", subnet.Key(old.Subnet), `"worker-7"`, `"node-1"`).Replace(line)
+	if want := ErrStranded.Error() + ": " + line; err.Error() != want {
+		t.Errorf("operations.md quotes the stranded-lease error as\n%s\nit is\n%s", want, err)
 	}
 	snap, err := f.reg.List(ctx(t))
 	if err != nil || len(snap.Leases) != 1 {

@@ -1,0 +1,180 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
+)
+
+// readDoc returns a file of Documentation/.
+func readDoc(t *testing.T, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// tableAfter returns the rows ("| ... |" lines) of the first Markdown
+// table whose header row starts with header, without the header and the
+// separator.
+func tableAfter(t *testing.T, doc, header string) []string {
+	t.Helper()
+	var rows []string
+	in := false
+	for _, line := range strings.Split(doc, "\n") {
+		switch {
+		case !in && strings.HasPrefix(line, header):
+			in = true
+		case in && strings.HasPrefix(line, "|---"):
+		case in && strings.HasPrefix(line, "|"):
+			rows = append(rows, line)
+		case in:
+			return rows
+		}
+	}
+	if !in {
+		t.Fatalf("no table with the header %q", header)
+	}
+	return rows
+}
+
+var backticked = regexp.MustCompile("`([^`]+)`")
+
+// firstCell returns the backticked strings of a table row's first cell.
+func firstCell(row string) []string {
+	cells := strings.Split(row, "|")
+	if len(cells) < 2 {
+		return nil
+	}
+	var out []string
+	for _, m := range backticked.FindAllStringSubmatch(cells[1], -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// operations.md's table of startup reasons quotes each phase start-up
+// reports as the code words it (placeholders in <>), and nothing else: a
+// renamed or removed step fails here (issue 28: "setting up the VXLAN
+// device" and a "trying to list leases" that no start-up step says).
+func TestStartupReasonsAreDocumented(t *testing.T) {
+	rows := tableAfter(t, readDoc(t, "operations.md"), "| `startup` reason |")
+	var quoted []string
+	for _, row := range rows {
+		quoted = append(quoted, firstCell(row)...)
+	}
+	catchUp := strings.ReplaceAll(phaseCatchUp, "%d", "%s")
+	want := []string{
+		phaseTrying + stepReachEtcd + "<endpoints>",
+		phaseWaiting + stepReachEtcd + "<endpoints>: <why>",
+		phaseTrying + stepClaimNodeID + `"<id>"`,
+		phaseTrying + stepAcquire,
+		phaseDevices,
+		fmt.Sprintf(catchUp, "<R>", "<C>"),
+	}
+	for _, w := range want {
+		if !slices.Contains(quoted, w) {
+			t.Errorf("operations.md's startup table does not quote %q (it quotes %q)", w, quoted)
+		}
+	}
+	// Reasons whose tail is an error of another package: their start.
+	prefixes := []string{
+		phaseWaiting + stepReadConfig + ": ",
+		"duplicate node ID: ",
+	}
+	for _, q := range quoted {
+		if strings.HasPrefix(q, "overlayd ") {
+			continue // a command the reason names
+		}
+		if !slices.Contains(want, q) && !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(q, p) }) {
+			t.Errorf("operations.md's startup table quotes %q, which start-up never reports", q)
+		}
+	}
+}
+
+// Every metric the daemon registers is a row of operations.md's metrics
+// table, with its type, and every overlay_* name any document mentions is
+// a registered metric.
+func TestMetricsAreDocumented(t *testing.T) {
+	fams, err := newMetrics(&probe{}).reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered := map[string]string{}
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "overlay_") {
+			registered[f.GetName()] = strings.ToLower(f.GetType().String())
+		}
+	}
+	if len(registered) == 0 {
+		t.Fatal("no overlay_* metric registered")
+	}
+	documented := map[string]string{}
+	for _, row := range tableAfter(t, readDoc(t, "operations.md"), "| metric | type |") {
+		cells := strings.Split(row, "|")
+		if len(cells) < 3 {
+			t.Fatalf("metrics row %q has no type", row)
+		}
+		for _, name := range firstCell(row) {
+			documented[name] = strings.TrimSpace(cells[2])
+		}
+	}
+	for name, typ := range registered {
+		switch got, ok := documented[name]; {
+		case !ok:
+			t.Errorf("metric %s is registered but not in operations.md's metrics table", name)
+		case got != typ:
+			t.Errorf("operations.md says metric %s is a %s; it is a %s", name, got, typ)
+		}
+	}
+	for name := range documented {
+		if _, ok := registered[name]; !ok {
+			t.Errorf("operations.md's metrics table has %s, which is not registered", name)
+		}
+	}
+
+	root := testenv.RepoRoot(t)
+	docs, _ := filepath.Glob(filepath.Join(root, "Documentation", "*.md"))
+	docs = append(docs, filepath.Join(root, "README.md"))
+	mention := regexp.MustCompile(`\boverlay_[a-z_]+[a-z]\b`)
+	for _, doc := range docs {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range mention.FindAllString(string(data), -1) {
+			if _, ok := registered[name]; !ok {
+				t.Errorf("%s mentions the metric %s, which is not registered", filepath.Base(doc), name)
+			}
+		}
+	}
+}
+
+// The --adopt-flannel log messages migrating-from-flannel.md quotes are
+// logged word for word (issue 28: two were quoted without their prefix,
+// one with the attribute of another in its place).
+func TestAdoptFlannelLogMessagesAreDocumented(t *testing.T) {
+	doc := readDoc(t, "migrating-from-flannel.md")
+	src, err := os.ReadFile("flannel.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile("`(--adopt-flannel: [^`]+)`").FindAllStringSubmatch(strings.Join(strings.Fields(doc), " "), -1) {
+		n++
+		if !strings.Contains(string(src), `d.log.Info("`+m[1]+`"`) {
+			t.Errorf("migrating-from-flannel.md quotes the log message %q, which flannel.go does not log", m[1])
+		}
+	}
+	if n < 3 {
+		t.Errorf("migrating-from-flannel.md quotes %d --adopt-flannel log messages, want the 3 of a take-over", n)
+	}
+}

@@ -124,8 +124,8 @@ func (d *daemon) publishPeers() {
 	if d.be6 != nil {
 		d.be6.SetPeers(v6)
 	}
-	valid, c := d.peers.size(), d.peers.counts()
-	d.st.set(func(p *probe) { p.peers, p.counts = valid, c })
+	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
+	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
 	m := d.m
 	m.leasesSeen.Set(float64(valid + c.invalid + c.orphaned + c.reserved + 1)) // + our own
 	m.leasesRejected.Set(float64(c.invalid))

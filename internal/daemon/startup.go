@@ -106,7 +106,7 @@ func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) err
 		{cfg.EnableIPv6, ul.PublicIPv6, cfg.IPv6.Network, "IPv6Network", "--public-ipv6"},
 	} {
 		if f.on && f.addr.IsValid() && f.network.Contains(f.addr) {
-			return fmt.Errorf("this host's public address %s (interface %s) is inside %s %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a %s that holds no host's underlay address (`overlayd config put`), or give this host another %s",
+			return fmt.Errorf("this host's public address %s (interface %s) is inside %s %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
 				f.addr, ul.Iface, f.field, f.network, configKey, f.field, f.addrFlag)
 		}
 	}

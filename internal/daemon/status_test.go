@@ -126,3 +126,31 @@ func TestOwnLeaseSkippedByEveryHostIsNotReady(t *testing.T) {
 		}
 	}
 }
+
+// operations.md quotes overlayd run's refusal of a public address inside
+// the network as it is worded, for either family.
+func TestPublicAddressInsideTheNetworkRefusalIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"198.51.0.0/16","EnableIPv6":true,"IPv6Network":"2001:db8::/48"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := Underlay{Iface: "eth0", PublicIP: netip.MustParseAddr("198.51.100.7"), PublicIPv6: netip.MustParseAddr("2001:db9::7")}
+	err = checkUnderlayOutside(cfg, ul, "/coreos.com/network/config")
+	if err == nil || !strings.Contains(string(doc), "\nError: "+err.Error()+"\n") {
+		t.Errorf("operations.md does not quote %v", err)
+	}
+	ul.PublicIP = netip.MustParseAddr("203.0.113.7")
+	ul.PublicIPv6 = netip.MustParseAddr("2001:db8::7")
+	want := "this host's public address 2001:db8::7 (interface eth0) is inside IPv6Network 2001:db8::/48 of /coreos.com/network/config: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose IPv6Network holds no host's underlay address (`overlayd config put`), or give this host another --public-ipv6"
+	if err := checkUnderlayOutside(cfg, ul, "/coreos.com/network/config"); err == nil || err.Error() != want {
+		t.Errorf("IPv6 address inside IPv6Network: %v, want %q", err, want)
+	}
+	ul.PublicIPv6 = netip.MustParseAddr("2001:db9::7")
+	if err := checkUnderlayOutside(cfg, ul, "/coreos.com/network/config"); err != nil {
+		t.Errorf("addresses outside both networks: %v", err)
+	}
+}

@@ -441,3 +441,83 @@ func TestConfigUnderlayRefusalIsDocumented(t *testing.T) {
 		t.Errorf("config validate: %+v", r)
 	}
 }
+
+// lease reserve refuses a subnet outside SubnetMin..SubnetMax — the
+// network's first subnet, which no host leases, and any other — unless
+// --force (issue 28 item 11: it reserved the first subnet without a word).
+func TestReserveRefusesSubnetsOutsideTheLeasedRange(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	reserve := func(args ...string) cliResult {
+		return run(t, srv.Endpoint, "", append([]string{"lease", "reserve"}, args...)...)
+	}
+	r := reserve("10.244.0.0/24", "--public-ip", "198.18.0.70")
+	if want := "Error: cannot reserve 10.244.0.0/24: 10.244.0.0/24 is the first subnet of 10.244.0.0/16, which no host leases (its address is the network's own; SubnetMin is 10.244.1.0): pick a /24 between SubnetMin 10.244.1.0 and SubnetMax 10.244.255.0, or pass --force to reserve it all the same\n"; r.code != exitError || r.err != want {
+		t.Errorf("reserve the first subnet: %+v; want exit 1 and %q", r, want)
+	}
+	if doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "configuration.md")); err != nil ||
+		!strings.Contains(string(doc), "$ overlayd lease reserve 10.244.0.0/24 --public-ip 198.18.0.70\n"+r.err) {
+		t.Errorf("configuration.md does not quote the refusal of the first subnet (%v)", err)
+	}
+	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16","SubnetMin":"10.244.10.0","SubnetMax":"10.244.200.0"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for sub, want := range map[string]string{
+		"10.244.5.0/24":   "10.244.5.0/24 is below SubnetMin 10.244.10.0, outside the range hosts lease from: pick a /24 between SubnetMin 10.244.10.0 and SubnetMax 10.244.200.0, or pass --force",
+		"10.244.201.0/24": "10.244.201.0/24 is above SubnetMax 10.244.200.0, outside the range hosts lease from",
+		"10.244.0.0/24":   "10.244.0.0/24 is the first subnet of 10.244.0.0/16",
+	} {
+		if r := reserve(sub, "--public-ip", "198.18.0.70"); r.code != exitError || !strings.Contains(r.err, want) {
+			t.Errorf("reserve %s: %+v; want %q", sub, r, want)
+		}
+	}
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")}); err == nil {
+		t.Fatal("a refused reservation was written")
+	}
+	// In the range: written, quietly.
+	if r := reserve("10.244.10.0/24", "--public-ip", "198.18.0.71"); r.code != exitOK || r.err != "" {
+		t.Errorf("reserve inside the range: %+v", r)
+	}
+	// --force writes it, saying what it is.
+	r = reserve("10.244.0.0/24", "--public-ip", "198.18.0.70", "--force")
+	if r.code != exitOK || r.out != "reserved 10.244.0.0/24 for 198.18.0.70\n" ||
+		r.err != "warning: reserved with --force: 10.244.0.0/24 is the first subnet of 10.244.0.0/16, which no host leases (its address is the network's own; SubnetMin is 10.244.10.0)\n" {
+		t.Errorf("reserve --force of the first subnet: %+v", r)
+	}
+	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")})
+	cfg, _, cerr := reg.GetConfig(ctx(t))
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
+		t.Errorf("the forced reservation read back: %+v, %v, %v", l, err, cerr)
+	}
+	// --force is never taken from the environment.
+	r = runEnv(t, []string{"OVERLAY_ENDPOINTS=" + srv.Endpoint, "OVERLAY_FORCE=true"}, "lease", "reserve", "10.244.201.0/24", "--public-ip", "198.18.0.72")
+	if r.code != exitError || !strings.Contains(r.err, "is above SubnetMax") {
+		t.Errorf("OVERLAY_FORCE=true reserve outside the range: %+v", r)
+	}
+}
+
+// Both halves of a dual-stack reservation are checked against their
+// family's range.
+func TestOutsideRangeNamesEachFamily(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetMax":"fd00:10:244:f0::"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		s    subnet.Subnets
+		want string
+	}{
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:7::/64")}, ""},
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244::/64")}, "fd00:10:244::/64 is the first subnet of fd00:10:244::/56, which no host leases (its address is the network's own; IPv6SubnetMin is fd00:10:244:1::)"},
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:f1::/64")}, "fd00:10:244:f1::/64 is above IPv6SubnetMax fd00:10:244:f0::, outside the range hosts lease from"},
+		{subnet.Subnets{IPv4: p("10.244.0.0/24"), IPv6: p("fd00:10:244:7::/64")}, "10.244.0.0/24 is the first subnet of 10.244.0.0/16"},
+	} {
+		if got := outsideRange(cfg, tc.s); !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
+			t.Errorf("outsideRange(%s) = %q, want %q", tc.s, got, tc.want)
+		}
+	}
+	if got := rangeWanted(cfg); got != "a /24 between SubnetMin 10.244.1.0 and SubnetMax 10.244.255.0 and a /64 between IPv6SubnetMin fd00:10:244:1:: and IPv6SubnetMax fd00:10:244:f0::" {
+		t.Errorf("rangeWanted = %q", got)
+	}
+}

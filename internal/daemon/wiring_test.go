@@ -117,6 +117,11 @@ func (m fakeMasq) RemoveFlannel() ([]string, error) {
 	return nil, nil
 }
 
+func (k *fakeKernel) MarkTakenOver(name string) error {
+	k.note("marked " + name)
+	return nil
+}
+
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 	l, err := k.nl.LinkByName(name)
 	if err != nil {

@@ -50,7 +50,7 @@ func TestANetworkHoldingTheHostsNeverGoesGreen(t *testing.T) {
 		exits   bool   // it exits 1 (else it waits, not ready)
 	}{
 		{`{"Network":"198.18.0.0/16","Backend":{"Type":"vxlan"}}`,
-			"config: network config changed while running",
+			"config: network config changed while running: /coreos.com/network/config: Network 198.18.0.0/16 holds this host's public address " + h2.IP.String(),
 			"Error: this host's public address " + h1.IP.String() + " (interface eth0) is inside Network 198.18.0.0/16 of /coreos.com/network/config", true},
 		{`{"Network":"0.0.0.0/0","Backend":{"Type":"vxlan"}}`,
 			"Network 0.0.0.0/0 is the default route",

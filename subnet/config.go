@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -186,6 +187,21 @@ func (b *rawBackend) resolve() (BackendConfig, error) {
 	out.MTU = b.MTU
 	out.DirectRouting = b.DirectRouting
 	return out, nil
+}
+
+// NetworkHolding names the network of c that holds ip, as the config
+// writes it ("Network 10.244.0.0/16", "IPv6Network fd00:10:244::/48"),
+// or returns "" if none does. A host's underlay address must lie outside
+// the network of its family: every host skips a lease whose public
+// address is inside (VXLAN to it would be routed into the overlay).
+func (c *Config) NetworkHolding(ip netip.Addr) string {
+	switch {
+	case c.EnableIPv4 && c.Network.Contains(ip):
+		return ipv4.network + " " + c.Network.String()
+	case c.EnableIPv6 && c.IPv6.Network.Contains(ip):
+		return ipv6.network + " " + c.IPv6.Network.String()
+	}
+	return ""
 }
 
 // MarshalJSON renders the effective config (defaults filled in) in flannel's

@@ -273,3 +273,49 @@ func mustConfig(t testing.TB, s string) *Config {
 	}
 	return cfg
 }
+
+// A network that can never be a cluster network is refused when the config
+// is parsed, naming the rule (issue 28): the default route (which holds
+// every host's own underlay address), and ranges hosts do not route.
+// Ranges beside them stay valid.
+func TestParseConfigRefusesRangesThatCanNeverBeAClusterNetwork(t *testing.T) {
+	v6 := func(n string) string {
+		return `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"` + n + `"}`
+	}
+	for _, tt := range []struct {
+		json string
+		want []string
+	}{
+		{`{"Network":"0.0.0.0/0"}`, []string{"Network 0.0.0.0/0 is the default route", "can never be a cluster network", "10.244.0.0/16"}},
+		{`{"Network":"0.0.0.0/8"}`, []string{"Network 0.0.0.0/8 is inside the \"this network\" range 0.0.0.0/8"}},
+		{`{"Network":"0.0.0.0/1"}`, []string{"Network 0.0.0.0/1 contains the \"this network\" range"}},
+		{`{"Network":"127.0.0.0/16"}`, []string{"Network 127.0.0.0/16 is inside the loopback range 127.0.0.0/8"}},
+		{`{"Network":"169.254.0.0/16"}`, []string{"link-local range 169.254.0.0/16"}},
+		{`{"Network":"224.0.0.0/8"}`, []string{"Network 224.0.0.0/8 is inside the multicast range 224.0.0.0/4"}},
+		{`{"Network":"192.0.0.0/2"}`, []string{"Network 192.0.0.0/2 contains the multicast range 224.0.0.0/4"}},
+		{`{"Network":"240.0.0.0/16"}`, []string{"reserved range 240.0.0.0/4 (class E"}},
+		{`{"Network":"10.0.0.0/16","EnableIPv6":true,"IPv6Network":"::/0"}`, []string{"IPv6Network ::/0 is the default route", "fd00:10:244::/48"}},
+		{v6("::/0"), []string{"IPv6Network ::/0 is the default route"}},
+		{v6("::/64"), []string{"IPv6Network ::/64 contains the loopback address ::1"}},
+		{v6("fe80::/64"), []string{"IPv6Network fe80::/64 is inside the link-local range fe80::/10"}},
+		{v6("ff00::/16"), []string{"IPv6Network ff00::/16 is inside the multicast range ff00::/8"}},
+		{v6("8000::/1"), []string{"IPv6Network 8000::/1 contains the link-local range fe80::/10"}},
+	} {
+		_, err := ParseConfig([]byte(tt.json))
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseConfig(%s) = %v, want ErrInvalidConfig", tt.json, err)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("ParseConfig(%s): error %q does not say %q", tt.json, err, w)
+			}
+		}
+	}
+	for _, ok := range []string{`{"Network":"1.0.0.0/8"}`, `{"Network":"126.0.0.0/8"}`, `{"Network":"128.0.0.0/3"}`,
+		`{"Network":"169.253.0.0/16"}`, `{"Network":"192.0.0.0/3"}`, v6("2000::/3"), v6("fd00::/8"), v6("fe00::/9"), v6("::100/120")} {
+		if _, err := ParseConfig([]byte(ok)); err != nil {
+			t.Errorf("ParseConfig(%s) = %v, want it accepted", ok, err)
+		}
+	}
+}

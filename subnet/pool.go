@@ -75,6 +75,9 @@ func (f family) resolve(network string, subnetLen int, subnetMin, subnetMax stri
 	if n != n.Masked() {
 		return Pool{}, fmt.Errorf("%w: %s %q has host bits set; did you mean %s?", ErrInvalidConfig, f.network, network, n.Masked())
 	}
+	if err := f.checkRange(n); err != nil {
+		return Pool{}, err
+	}
 	p := Pool{Network: n, SubnetLen: subnetLen}
 	if err := f.resolveSubnetLen(&p); err != nil {
 		return Pool{}, err
@@ -89,6 +92,59 @@ func (f family) resolve(network string, subnetLen int, subnetMin, subnetMax stri
 		return Pool{}, fmt.Errorf("%w: %s %s is above %s %s", ErrInvalidConfig, f.subnetMin, p.SubnetMin, f.subnetMax, p.SubnetMax)
 	}
 	return p, nil
+}
+
+// specialRange is a range of addresses that can never be a cluster
+// network: hosts do not route them (loopback, link-local, multicast,
+// reserved), so the overlay's routes would capture traffic the host needs
+// or carry none.
+type specialRange struct {
+	prefix netip.Prefix
+	what   string
+}
+
+var (
+	special4 = []specialRange{
+		{netip.MustParsePrefix("0.0.0.0/8"), "the \"this network\" range 0.0.0.0/8 (source addresses only)"},
+		{netip.MustParsePrefix("127.0.0.0/8"), "the loopback range 127.0.0.0/8"},
+		{netip.MustParsePrefix("169.254.0.0/16"), "the link-local range 169.254.0.0/16"},
+		{netip.MustParsePrefix("224.0.0.0/4"), "the multicast range 224.0.0.0/4"},
+		{netip.MustParsePrefix("240.0.0.0/4"), "the reserved range 240.0.0.0/4 (class E and the broadcast address)"},
+	}
+	special6 = []specialRange{
+		{netip.MustParsePrefix("::1/128"), "the loopback address ::1"},
+		{netip.MustParsePrefix("::/128"), "the unspecified address ::"},
+		{netip.MustParsePrefix("fe80::/10"), "the link-local range fe80::/10"},
+		{netip.MustParsePrefix("ff00::/8"), "the multicast range ff00::/8"},
+	}
+)
+
+// checkRange refuses a network that can never be a cluster network: the
+// default route (every address, the hosts' own underlay among them), or
+// one that overlaps a range hosts do not route. It is part of parsing, so
+// every reader of a config (the CLI, each daemon, any other lease source)
+// applies it.
+func (f family) checkRange(n netip.Prefix) error {
+	if n.Bits() == 0 {
+		return fmt.Errorf("%w: %s %s is the default route, every address (the hosts' own among them), and can never be a cluster network: choose a range of its own, such as %s",
+			ErrInvalidConfig, f.network, n, f.example)
+	}
+	ranges := special4
+	if f.v6 {
+		ranges = special6
+	}
+	for _, r := range ranges {
+		if !n.Overlaps(r.prefix) {
+			continue
+		}
+		rel := "contains"
+		if n.Bits() >= r.prefix.Bits() {
+			rel = "is inside"
+		}
+		return fmt.Errorf("%w: %s %s %s %s, which hosts do not route, and can never be a cluster network: choose a range of its own, such as %s",
+			ErrInvalidConfig, f.network, n, rel, r.what, f.example)
+	}
+	return nil
 }
 
 // resolveSubnetLen applies flannel's rule: the default length (/24, /64)

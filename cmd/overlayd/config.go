@@ -175,6 +175,9 @@ between restarted hosts and the others meanwhile.`,
 			if err != nil {
 				return g.etcdHint(err)
 			}
+			if err := checkUnderlayOutside(ctx, reg, next, snap.Leases, cmd.ErrOrStderr()); err != nil {
+				return g.refusedOrHint("refusing to store the config: ", err)
+			}
 			prev, _, err := reg.GetConfig(ctx)
 			switch {
 			case errors.Is(err, etcdv3.ErrNoConfig), errors.Is(err, subnet.ErrInvalidConfig):
@@ -287,8 +290,16 @@ func newConfigValidateCommand(g *GlobalFlags) *cobra.Command {
 	var file string
 	c := &cobra.Command{
 		Use:   "validate -f FILE",
-		Short: "Check a network config file without contacting etcd; prints the effective config",
-		Args:  cobra.NoArgs,
+		Short: "Check a network config file and print the effective config; with --endpoints (or OVERLAY_ENDPOINTS), also against the cluster's hosts",
+		Long: `Check a network config file and print the effective config (defaults
+filled in). Without etcd flags it checks the file alone: no etcd is needed.
+
+With --endpoints (or OVERLAY_ENDPOINTS) it also checks the config against
+the cluster there, as config put does before it stores one: a network that
+holds the underlay address of a host with a lease, a reservation or a
+liveness key is refused. If that etcd cannot be used, it says so in a
+warning and checks the file alone.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format, err := g.format()
 			if err != nil {
@@ -298,10 +309,42 @@ func newConfigValidateCommand(g *GlobalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("endpoints") {
+				if err := g.checkAgainstCluster(cmd, cfg); err != nil {
+					return err
+				}
+			}
 			return printer.Write(cmd.OutOrStdout(), format, configOutput(cfg))
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (JSON), - for standard input")
 	checkFlag(c.Flags(), "file", inputFile)
 	return c
+}
+
+// checkAgainstCluster is config validate's check of a valid config
+// against the hosts of the cluster --endpoints names. An etcd it cannot
+// use does not fail the check of the file: it is a warning saying what
+// was not checked, and why.
+func (g *GlobalFlags) checkAgainstCluster(cmd *cobra.Command, cfg *subnet.Config) error {
+	warn := func(err error) error {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: the file is valid, but it was not checked against the cluster: %v\n", err)
+		return nil
+	}
+	if err := g.validateEtcdFlags(cmd.Flags()); err != nil {
+		return err
+	}
+	ctx, reg, done, err := g.connect(cmd)
+	if err != nil {
+		return warn(err)
+	}
+	defer done()
+	if err := checkUnderlayOutside(ctx, reg, cfg, nil, cmd.ErrOrStderr()); err != nil {
+		var refused refusal
+		if errors.As(err, &refused) {
+			return fmt.Errorf("the config does not fit the cluster at %s: %w", strings.Join(g.Endpoints, ","), refused.error)
+		}
+		return warn(g.etcdHint(err))
+	}
+	return nil
 }

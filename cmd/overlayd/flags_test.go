@@ -127,6 +127,7 @@ var badFlags = []badFlag{
 	{[]string{"lease", "reserve", "10.244.9.0/24", "--public-ip", "198.18.0.9"}, "ipv6-subnet", "fd00:10:244:9::", "want an IPv6 subnet"},
 	{[]string{"lease", "reserve", "10.244.9.0/24", "--public-ip", "198.18.0.9"}, "ipv6-subnet", "fd00:10:244:9::1/64", "want a network address such as fd00:10:244:9::/64"},
 	{[]string{"lease", "reserve", "10.244.9.0/24", "--public-ip", "198.18.0.9"}, "ipv6-subnet", "::ffff:10.0.0.0/120", "want an IPv6 subnet"},
+	{[]string{"lease", "reserve", "10.244.0.0/24", "--public-ip", "198.18.0.9"}, "force", "sure", "want true or false"},
 	{[]string{"lease", "revoke", "10.244.9.0/24"}, "force", "maybe", "want true or false"},
 	{[]string{"lease", "revoke", "10.244.9.0/24"}, "dry-run", "2", "want true or false"},
 	{[]string{"config", "get"}, "raw", "yes please", "want true or false"},

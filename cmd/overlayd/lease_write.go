@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -16,8 +17,9 @@ import (
 
 func newLeaseReserveCommand(g *GlobalFlags) *cobra.Command {
 	var publicIP, publicIPv6, ipv6Subnet, node string
+	var force bool
 	c := &cobra.Command{
-		Use:   "reserve SUBNET --public-ip IP [--ipv6-subnet SUBNET6 --public-ipv6 IP6] [--node-name NAME]",
+		Use:   "reserve SUBNET --public-ip IP [--ipv6-subnet SUBNET6 --public-ipv6 IP6] [--node-name NAME] [--force]",
 		Short: "Reserve a subnet for a host: a lease that never expires, adopted by the host with that public IP (or node name)",
 		Long: `Reserve a subnet for a host: a key without TTL that the host with that
 node name (or, without --node-name, that public IP) adopts when it starts.
@@ -34,7 +36,11 @@ subnets must be subnets of the network, of the families it carries, the
 public addresses unicast addresses outside it, the node name one overlayd
 accepts; and a host has one subnet, so a node or public address that
 already holds a lease or reservation is refused, and so is a subnet that
-another key holds.`,
+another key holds.
+
+A subnet outside SubnetMin..SubnetMax (IPv6SubnetMin..IPv6SubnetMax) — the
+network's first subnet among them, which no host leases, as in flannel —
+is refused unless --force.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := reservedSubnets(args[0], ipv6Subnet)
@@ -51,7 +57,7 @@ another key holds.`,
 			defer done()
 			attrs := subnet.LeaseAttrs{PublicIP: publicIP, PublicIPv6: publicIPv6, BackendType: subnet.DefaultBackendType, NodeID: node}
 			for attempt := 0; ; attempt++ {
-				err = reserve(ctx, reg, s, attrs)
+				err = reserve(ctx, reg, s, attrs, force, cmd.ErrOrStderr())
 				if !errors.Is(err, etcdv3.ErrConflict) || attempt == 2 {
 					break
 				}
@@ -71,6 +77,8 @@ another key holds.`,
 	c.Flags().StringVar(&publicIPv6, "public-ipv6", "", "public IPv6 address of the host (in a network that carries IPv6)")
 	c.Flags().StringVar(&ipv6Subnet, "ipv6-subnet", "", "the host's IPv6 subnet, e.g. fd00:10:244:7::/64 (required in a network that carries IPv6)")
 	c.Flags().StringVar(&node, "node-name", "", "node ID of the host (matches before the public IP)")
+	c.Flags().BoolVar(&force, "force", false, "reserve a subnet outside SubnetMin..SubnetMax, the network's first subnet included (never from the environment)")
+	checkFlag(c.Flags(), "force", boolean)
 	checkFlag(c.Flags(), "public-ip", hostIPv4)
 	checkFlag(c.Flags(), "public-ipv6", hostIPv6)
 	checkFlag(c.Flags(), "ipv6-subnet", ipv6SubnetArg)
@@ -110,7 +118,7 @@ func refusef(format string, args ...any) error { return refusal{fmt.Errorf(forma
 // Config.CheckClaim — and that no other key names its host or either of
 // its subnets. The write succeeds only if no lease changed since the
 // check.
-func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs subnet.LeaseAttrs) error {
+func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs subnet.LeaseAttrs, force bool, warn io.Writer) error {
 	snap, err := reg.List(ctx)
 	if err != nil {
 		return err
@@ -136,10 +144,17 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs 
 	case err != nil:
 		return refusef("cannot reserve %s: daemons would skip it: %w: pass the host's underlay %s", s, err, addressFlags(cfg))
 	}
+	outside := outsideRange(cfg, s)
+	if outside != "" && !force {
+		return refusef("cannot reserve %s: %s: pick %s, or pass --force to reserve it all the same", s, outside, rangeWanted(cfg))
+	}
 	if err := checkFree(reg, snap, l); err != nil {
 		return err
 	}
 	_, err = reg.Reserve(ctx, s, attrs, snap.Revision)
+	if err == nil && outside != "" {
+		fmt.Fprintf(warn, "warning: reserved with --force: %s\n", outside)
+	}
 	if errors.Is(err, etcdv3.ErrTaken) {
 		return refusef("cannot reserve %s: it is already leased (see `overlayd lease get %s`; revoke it first)", s, s.Primary())
 	}
@@ -167,6 +182,45 @@ func checkFamilies(cfg *subnet.Config, configKey string, s subnet.Subnets, a sub
 		return refusef("cannot reserve %s: a host of a dual-stack network has two underlay addresses: give both --public-ip and --public-ipv6, or (if they are not known yet) --node-name alone", s)
 	}
 	return nil
+}
+
+// outsideRange says why a subnet of s (which fit the network: CheckClaim)
+// lies outside the range hosts lease from, "" if neither does. The
+// network's first subnet is named as such: its address is the network's
+// own, and neither overlay nor flannel ever leases it.
+func outsideRange(cfg *subnet.Config, s subnet.Subnets) string {
+	for _, f := range []struct {
+		p        netip.Prefix
+		pool     *subnet.Pool
+		min, max string
+		enabled  bool
+	}{
+		{s.IPv4, &cfg.Pool, "SubnetMin", "SubnetMax", cfg.EnableIPv4},
+		{s.IPv6, &cfg.IPv6, "IPv6SubnetMin", "IPv6SubnetMax", cfg.EnableIPv6},
+	} {
+		switch {
+		case !f.enabled || !f.p.IsValid() || f.pool.InRange(f.p):
+		case f.p.Addr() == f.pool.Network.Addr():
+			return fmt.Sprintf("%s is the first subnet of %s, which no host leases (its address is the network's own; %s is %s)", f.p, f.pool.Network, f.min, f.pool.SubnetMin)
+		case f.p.Addr().Less(f.pool.SubnetMin):
+			return fmt.Sprintf("%s is below %s %s, outside the range hosts lease from", f.p, f.min, f.pool.SubnetMin)
+		default:
+			return fmt.Sprintf("%s is above %s %s, outside the range hosts lease from", f.p, f.max, f.pool.SubnetMax)
+		}
+	}
+	return ""
+}
+
+// rangeWanted says what subnets hosts lease, for a refusal.
+func rangeWanted(cfg *subnet.Config) string {
+	var want []string
+	if cfg.EnableIPv4 {
+		want = append(want, fmt.Sprintf("a /%d between SubnetMin %s and SubnetMax %s", cfg.SubnetLen, cfg.SubnetMin, cfg.SubnetMax))
+	}
+	if cfg.EnableIPv6 {
+		want = append(want, fmt.Sprintf("a /%d between IPv6SubnetMin %s and IPv6SubnetMax %s", cfg.IPv6.SubnetLen, cfg.IPv6.SubnetMin, cfg.IPv6.SubnetMax))
+	}
+	return strings.Join(want, " and ")
 }
 
 // subnetsWanted says what subnets the network leases, for a refusal.

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -281,5 +286,238 @@ func TestOwnerFromEtcdIsShownSafely(t *testing.T) {
 	// What is what it claims to be is shown as it is.
 	if r := run(t, srv.Endpoint, "", "lease", "revoke", "--dry-run", "10.244.2.0/24"); !strings.Contains(r.err, "its owner node node-2 (198.18.0.2) is alive") {
 		t.Errorf("revoke of a live lease: %+v", r)
+	}
+}
+
+// config put and config validate (with --endpoints) refuse a network that
+// holds the underlay address of a host with a lease, a reservation or a
+// liveness key — --force does not override it — and a network that can
+// never be a cluster network (issue 28 item 1: every host then skipped its
+// own lease and reported ready).
+func TestConfigRefusesANetworkHoldingTheHostsUnderlay(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg) // node-1, node-2 live at 198.18.0.1-2; a dead lease at .3; a reservation at .100
+	const stored = `{"Network":"10.244.0.0/16"}`
+	cli := reg.Client()
+	// A host running, its lease not written yet; one with an IPv6 address;
+	// an IPv6-only lease.
+	for key, value := range map[string]string{
+		reg.NodeKey("lonely"): `{"PublicIP":"203.0.113.5","Hostname":"lonely","Since":"2026-01-01T00:00:00Z"}`,
+		reg.NodeKey("six"):    `{"PublicIP":"198.19.0.6","PublicIPv6":"2001:db8::6","Hostname":"six","Since":"2026-01-01T00:00:00Z"}`,
+		reg.For(&subnet.Config{EnableIPv6: true}).SubnetsPrefix() + "fd00:10:244:9::-64": `{"PublicIPv6":"2001:db8:9::9","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:09"},"NodeID":"v6only"}`,
+	} {
+		if _, err := cli.Put(ctx(t), key, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, config string
+		lines        []string // the "inside: " lines, in order
+		want         string
+	}{
+		{"the leases' and the reservation's", `{"Network":"198.18.0.0/16"}`, []string{
+			"inside: 198.18.0.1, inside Network 198.18.0.0/16, is the underlay address of node node-1 (198.18.0.1) (lease 10.244.1.0/24)",
+			"inside: 198.18.0.2, inside Network 198.18.0.0/16, is the underlay address of node node-2 (198.18.0.2) (lease 10.244.2.0/24)",
+			"inside: 198.18.0.3, inside Network 198.18.0.0/16, is the underlay address of node node-3 (198.18.0.3) (lease 10.244.3.0/24)",
+			"inside: 198.18.0.100, inside Network 198.18.0.0/16, is the underlay address of node future (198.18.0.100) (lease 10.244.100.0/24)",
+		}, "Network 198.18.0.0/16 holds 4 underlay addresses of hosts (listed above): every host would skip the leases of the hosts it holds"},
+		{"a liveness key's", `{"Network":"203.0.113.0/24"}`, []string{
+			"inside: 203.0.113.5, inside Network 203.0.113.0/24, is the underlay address of node lonely, running (liveness key /coreos.com/network/nodes/lonely)",
+		}, "Network 203.0.113.0/24 holds a host's underlay address (listed above)"},
+		{"a liveness key's IPv6", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"2001:db8::/64"}`, []string{
+			"inside: 2001:db8::6, inside IPv6Network 2001:db8::/64, is the underlay address of node six, running (liveness key /coreos.com/network/nodes/six)",
+		}, "IPv6Network 2001:db8::/64 holds a host's underlay address"},
+		{"an IPv6-only lease's", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"2001:db8:9::/48"}`, []string{
+			"inside: 2001:db8:9::9, inside IPv6Network 2001:db8:9::/48, is the underlay address of node v6only (2001:db8:9::9) (lease fd00:10:244:9::/64)",
+		}, "IPv6Network 2001:db8:9::/48 holds a host's underlay address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, args := range [][]string{nil, {"--force"}} {
+				r := putConfig(t, srv.Endpoint, tc.config, args...)
+				if r.code != exitError || !strings.Contains(r.err, "Error: refusing to store the config: "+tc.want) ||
+					!strings.HasSuffix(strings.TrimSpace(r.err), "(--force does not override this); nothing was stored") {
+					t.Errorf("config put %v %s: %+v; want exit 1 with %q", args, tc.config, r, tc.want)
+				}
+				if got := insideLines(r.err); !slices.Equal(got, tc.lines) {
+					t.Errorf("config put %v %s: lines\n%s\nwant\n%s", args, tc.config, strings.Join(got, "\n"), strings.Join(tc.lines, "\n"))
+				}
+			}
+			if r := run(t, srv.Endpoint, "", "config", "get", "--raw"); strings.TrimSpace(r.out) != stored {
+				t.Errorf("the refused config was stored: %q", r.out)
+			}
+			// validate checks against the cluster when given its endpoints...
+			r := run(t, srv.Endpoint, tc.config, "config", "validate", "-f", "-")
+			if r.code != exitError || !strings.Contains(r.err, "Error: the config does not fit the cluster at "+srv.Endpoint+": "+tc.want) ||
+				!slices.Equal(insideLines(r.err), tc.lines) || r.out != "" {
+				t.Errorf("config validate --endpoints: %+v; want exit 1 with %q", r, tc.want)
+			}
+			// ... and the file alone without them.
+			if r := run(t, "", tc.config, "config", "validate", "-f", "-"); r.code != exitOK || r.err != "" {
+				t.Errorf("config validate without --endpoints: %+v; want the file alone checked", r)
+			}
+		})
+	}
+	// A network holding none of them is checked and stored.
+	if r := run(t, srv.Endpoint, `{"Network":"10.244.0.0/16","Backend":{"MTU":1400}}`, "config", "validate", "-f", "-"); r.code != exitOK || !strings.Contains(r.out, "Backend.MTU") {
+		t.Errorf("config validate --endpoints of a fitting config: %+v", r)
+	}
+	if r := putConfig(t, srv.Endpoint, `{"Network":"10.244.0.0/16","Backend":{"MTU":1400}}`); r.code != exitOK {
+		t.Errorf("config put of a fitting config: %+v", r)
+	}
+	// A range that can never be a cluster network, whatever the cluster.
+	for _, cfg := range []string{`{"Network":"0.0.0.0/0"}`, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"::/0"}`} {
+		r := putConfig(t, srv.Endpoint, cfg, "--force")
+		if r.code != exitError || !strings.Contains(r.err, "is the default route") || !strings.Contains(r.err, "nothing was stored") {
+			t.Errorf("config put --force %s: %+v", cfg, r)
+		}
+		if r := run(t, "", cfg, "config", "validate", "-f", "-"); r.code != exitError || !strings.Contains(r.err, "can never be a cluster network") {
+			t.Errorf("config validate %s: %+v", cfg, r)
+		}
+	}
+	// An etcd that cannot be reached: the file alone is checked, and a
+	// warning says the cluster was not.
+	var out, errOut bytes.Buffer
+	code := execute([]string{"--endpoints", "unix://" + filepath.Join(t.TempDir(), "none.sock"), "--dial-timeout", "500ms", "config", "validate", "-f", "-"},
+		strings.NewReader(`{"Network":"198.18.0.0/16"}`), &out, &errOut)
+	if code != exitOK || !strings.Contains(errOut.String(), "warning: the file is valid, but it was not checked against the cluster: ") ||
+		!strings.Contains(out.String(), "198.18.0.0/16") {
+		t.Errorf("config validate against an unreachable etcd: exit %d, %q, %q", code, out.String(), errOut.String())
+	}
+}
+
+// insideLines are the "inside: " lines of a command's standard error.
+func insideLines(stderr string) []string {
+	var out []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.HasPrefix(l, "inside: ") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// configuration.md quotes config put's refusal of a network holding the
+// hosts' underlay, the range rule's error and validate's warning as the
+// commands print them.
+func TestConfigUnderlayRefusalIsDocumented(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	flat := strings.Join(strings.Fields(doc), " ") // quotes wrap across lines
+	const cmdLine = "$ overlayd config put -f net-198.51.json\n"
+	i := strings.Index(doc, cmdLine)
+	if i < 0 {
+		t.Fatalf("configuration.md no longer has the example %q", cmdLine)
+	}
+	example := doc[i+len(cmdLine):]
+	example = example[:strings.Index(example, "```")]
+
+	srv, reg := cluster(t)
+	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")},
+		subnet.LeaseAttrs{PublicIP: "198.51.100.1", BackendType: "vxlan", BackendData: json.RawMessage(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}`), NodeID: "h1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Client().Put(ctx(t), reg.NodeKey("h9"), `{"PublicIP":"198.51.100.9","Hostname":"h9","Since":"2026-01-01T00:00:00Z"}`); err != nil {
+		t.Fatal(err)
+	}
+	r := putConfig(t, srv.Endpoint, `{"Network":"198.51.0.0/16"}`)
+	if r.code != exitError || r.out != "" || r.err != example {
+		t.Errorf("config put prints\n%s\nconfiguration.md quotes\n%s", r.err, example)
+	}
+	_, perr := subnet.ParseConfig([]byte(`{"Network":"0.0.0.0/0"}`))
+	for _, quote := range []string{perr.Error(), "warning: the file is valid, but it was not checked against the cluster: …",
+		"Error: the config does not fit the cluster at <endpoints>: …"} {
+		if !strings.Contains(flat, "`"+quote+"`") {
+			t.Errorf("configuration.md does not quote %q", quote)
+		}
+	}
+	r = run(t, srv.Endpoint, `{"Network":"198.51.0.0/16"}`, "config", "validate", "-f", "-")
+	if !strings.Contains(r.err, "Error: the config does not fit the cluster at "+srv.Endpoint+": ") {
+		t.Errorf("config validate: %+v", r)
+	}
+}
+
+// lease reserve refuses a subnet outside SubnetMin..SubnetMax — the
+// network's first subnet, which no host leases, and any other — unless
+// --force (issue 28 item 11: it reserved the first subnet without a word).
+func TestReserveRefusesSubnetsOutsideTheLeasedRange(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	reserve := func(args ...string) cliResult {
+		return run(t, srv.Endpoint, "", append([]string{"lease", "reserve"}, args...)...)
+	}
+	r := reserve("10.244.0.0/24", "--public-ip", "198.18.0.70")
+	if want := "Error: cannot reserve 10.244.0.0/24: 10.244.0.0/24 is the first subnet of 10.244.0.0/16, which no host leases (its address is the network's own; SubnetMin is 10.244.1.0): pick a /24 between SubnetMin 10.244.1.0 and SubnetMax 10.244.255.0, or pass --force to reserve it all the same\n"; r.code != exitError || r.err != want {
+		t.Errorf("reserve the first subnet: %+v; want exit 1 and %q", r, want)
+	}
+	if doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", "configuration.md")); err != nil ||
+		!strings.Contains(string(doc), "$ overlayd lease reserve 10.244.0.0/24 --public-ip 198.18.0.70\n"+r.err) {
+		t.Errorf("configuration.md does not quote the refusal of the first subnet (%v)", err)
+	}
+	if _, err := reg.PutConfig(ctx(t), []byte(`{"Network":"10.244.0.0/16","SubnetMin":"10.244.10.0","SubnetMax":"10.244.200.0"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for sub, want := range map[string]string{
+		"10.244.5.0/24":   "10.244.5.0/24 is below SubnetMin 10.244.10.0, outside the range hosts lease from: pick a /24 between SubnetMin 10.244.10.0 and SubnetMax 10.244.200.0, or pass --force",
+		"10.244.201.0/24": "10.244.201.0/24 is above SubnetMax 10.244.200.0, outside the range hosts lease from",
+		"10.244.0.0/24":   "10.244.0.0/24 is the first subnet of 10.244.0.0/16",
+	} {
+		if r := reserve(sub, "--public-ip", "198.18.0.70"); r.code != exitError || !strings.Contains(r.err, want) {
+			t.Errorf("reserve %s: %+v; want %q", sub, r, want)
+		}
+	}
+	if _, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")}); err == nil {
+		t.Fatal("a refused reservation was written")
+	}
+	// In the range: written, quietly.
+	if r := reserve("10.244.10.0/24", "--public-ip", "198.18.0.71"); r.code != exitOK || r.err != "" {
+		t.Errorf("reserve inside the range: %+v", r)
+	}
+	// --force writes it, saying what it is.
+	r = reserve("10.244.0.0/24", "--public-ip", "198.18.0.70", "--force")
+	if r.code != exitOK || r.out != "reserved 10.244.0.0/24 for 198.18.0.70\n" ||
+		r.err != "warning: reserved with --force: 10.244.0.0/24 is the first subnet of 10.244.0.0/16, which no host leases (its address is the network's own; SubnetMin is 10.244.10.0)\n" {
+		t.Errorf("reserve --force of the first subnet: %+v", r)
+	}
+	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")})
+	cfg, _, cerr := reg.GetConfig(ctx(t))
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
+		t.Errorf("the forced reservation read back: %+v, %v, %v", l, err, cerr)
+	}
+	// --force is never taken from the environment.
+	r = runEnv(t, []string{"OVERLAY_ENDPOINTS=" + srv.Endpoint, "OVERLAY_FORCE=true"}, "lease", "reserve", "10.244.201.0/24", "--public-ip", "198.18.0.72")
+	if r.code != exitError || !strings.Contains(r.err, "is above SubnetMax") {
+		t.Errorf("OVERLAY_FORCE=true reserve outside the range: %+v", r)
+	}
+}
+
+// Both halves of a dual-stack reservation are checked against their
+// family's range.
+func TestOutsideRangeNamesEachFamily(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetMax":"fd00:10:244:f0::"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		s    subnet.Subnets
+		want string
+	}{
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:7::/64")}, ""},
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244::/64")}, "fd00:10:244::/64 is the first subnet of fd00:10:244::/56, which no host leases (its address is the network's own; IPv6SubnetMin is fd00:10:244:1::)"},
+		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:f1::/64")}, "fd00:10:244:f1::/64 is above IPv6SubnetMax fd00:10:244:f0::, outside the range hosts lease from"},
+		{subnet.Subnets{IPv4: p("10.244.0.0/24"), IPv6: p("fd00:10:244:7::/64")}, "10.244.0.0/24 is the first subnet of 10.244.0.0/16"},
+	} {
+		if got := outsideRange(cfg, tc.s); !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
+			t.Errorf("outsideRange(%s) = %q, want %q", tc.s, got, tc.want)
+		}
+	}
+	if got := rangeWanted(cfg); got != "a /24 between SubnetMin 10.244.1.0 and SubnetMax 10.244.255.0 and a /64 between IPv6SubnetMin fd00:10:244:1:: and IPv6SubnetMax fd00:10:244:f0::" {
+		t.Errorf("rangeWanted = %q", got)
 	}
 }

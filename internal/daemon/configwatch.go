@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 
 	"github.com/overlaynet/overlay/subnet"
@@ -20,8 +21,11 @@ type configWatch struct {
 	running *subnet.Config
 	lease   subnet.Subnets
 	key     string
-	log     *slog.Logger
-	last    string // the reason last reported, to log each change once
+	// public are this host's underlay addresses (zero if it has none of
+	// a family): a stored network that holds one is named as the problem.
+	public []netip.Addr
+	log    *slog.Logger
+	last   string // the reason last reported, to log each change once
 }
 
 // update returns the readiness reason for the stored config u ("" if it
@@ -32,6 +36,8 @@ func (w *configWatch) update(u etcdv3.ConfigUpdate) (reason, pending string) {
 	problem := ""
 	if u.Err != nil {
 		problem = u.Err.Error()
+	} else if h := holdsUnderlay(u.Config, w.public); h != "" {
+		problem = w.key + ": " + h
 	} else if d := configDrift(w.running, u.Config, w.lease); d != "" {
 		problem = w.key + ": " + d
 	} else {
@@ -67,6 +73,17 @@ func ipv6Toggled(run, now *subnet.Config, key string) string {
 		return fmt.Sprintf("EnableIPv6 false -> true in %s: this host carries IPv4 only until overlayd restarts here (its lease then gains an IPv6 subnet of %s); restart overlayd host by host", key, now.IPv6.Network)
 	}
 	return fmt.Sprintf("EnableIPv6 true -> false in %s: this host keeps its IPv6 device until overlayd restarts here (which removes it and drops its lease's IPv6 subnet); restart overlayd host by host", key)
+}
+
+// holdsUnderlay says which of now's networks holds one of this host's
+// underlay addresses, and what to do; "" if none does.
+func holdsUnderlay(now *subnet.Config, public []netip.Addr) string {
+	for _, ip := range public {
+		if n := now.NetworkHolding(ip); ip.IsValid() && n != "" {
+			return fmt.Sprintf("%s holds this host's public address %s: every host would skip this host's lease under it, and overlayd refuses to start under it. Restore the previous config (`overlayd config put -f old.json`)", n, ip)
+		}
+	}
+	return ""
 }
 
 // configDrift says how now differs from run in what a running daemon uses,

@@ -65,6 +65,9 @@ func (d *daemon) adoptFlannelRoutes(ctx context.Context, be interface {
 	if dev.name == "" {
 		return nil
 	}
+	if err := d.cfg.Kernel.MarkTakenOver(dev.name); err != nil {
+		d.log.Warn("--adopt-flannel: cannot mark flanneld's device as overlayd's; overlayd teardown removes it only while it carries overlayd's routes (else remove it with `ip link delete`)", "device", dev.name, "err", err)
+	}
 	n, err := be.AdoptRoutes(ctx)
 	if err != nil {
 		return fmt.Errorf("--adopt-flannel: %w", err)

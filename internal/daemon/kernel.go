@@ -37,7 +37,17 @@ type Kernel interface {
 	RemoveMasquerade() (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
+	// MarkTakenOver records on flanneld's device name that overlayd has
+	// taken it over (see TakenOverAlias).
+	MarkTakenOver(name string) error
 }
+
+// TakenOverAlias is the alias (IFLA_IFALIAS, `ip link show` prints it)
+// overlayd gives a device of flanneld's it takes over: it says, on the
+// device itself, that the device is overlayd's now, so that teardown
+// removes it even when it carries none of overlayd's routes (a host with
+// no peer, or whose peers are gone).
+const TakenOverAlias = "overlayd: taken over from flanneld"
 
 // Masquerader keeps the masquerade in place until ctx ends (Run); Close
 // releases it and leaves the rules installed. RemoveFlannel deletes the
@@ -83,6 +93,25 @@ func (k hostKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 		return nil, false, fmt.Errorf("look up %s: %w", name, err)
 	}
 	return l.Attrs().HardwareAddr, true, nil
+}
+
+func (k hostKernel) MarkTakenOver(name string) error {
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if l.Attrs().Alias == TakenOverAlias {
+		return nil
+	}
+	if err := h.LinkSetAlias(l, TakenOverAlias); err != nil {
+		return fmt.Errorf("set the alias of %s: %w", name, err)
+	}
+	return nil
 }
 
 // masqInterval is how often the masquerade table is checked and repaired.

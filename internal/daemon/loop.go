@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -25,7 +26,7 @@ func (d *daemon) loop(ctx context.Context) error {
 	configs := d.reg.WatchConfig(ctx, retryInterval)
 	d.wg.Go(func() { <-ctx.Done(); drain(configs) }) // as watchLeases does
 	batches := d.batches
-	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.reg.ConfigKey(), log: d.log}
+	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.reg.ConfigKey(), public: []netip.Addr{d.ul.PublicIP, d.ul.PublicIPv6}, log: d.log}
 	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
 	defer envCheck.Stop()
@@ -124,8 +125,8 @@ func (d *daemon) publishPeers() {
 	if d.be6 != nil {
 		d.be6.SetPeers(v6)
 	}
-	valid, c := d.peers.size(), d.peers.counts()
-	d.st.set(func(p *probe) { p.peers, p.counts = valid, c })
+	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
+	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
 	m := d.m
 	m.leasesSeen.Set(float64(valid + c.invalid + c.orphaned + c.reserved + 1)) // + our own
 	m.leasesRejected.Set(float64(c.invalid))

@@ -203,3 +203,20 @@ func TestLockFailureAdvice(t *testing.T) {
 		t.Errorf("with the lock's directory under a file: %v; want the cause, naming --subnet-file, without advice to stop anything", err)
 	}
 }
+
+// A stored network that holds this host's public address is named as the
+// problem, not as one more changed field (issue 28 item 1).
+func TestConfigWatchNamesANetworkHoldingThisHost(t *testing.T) {
+	w := configWatch{running: mustConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`),
+		lease: subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24"), IPv6: netip.MustParsePrefix("fd00:10:244:7::/64")}, key: "/p/config",
+		public: []netip.Addr{netip.MustParseAddr("198.18.0.7"), netip.MustParseAddr("2001:db8::7")}, log: slog.New(slog.DiscardHandler)}
+	for cfg, want := range map[string]string{
+		`{"Network":"198.18.0.0/16"}`: "network config changed while running: /p/config: Network 198.18.0.0/16 holds this host's public address 198.18.0.7: every host would skip this host's lease under it",
+		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"2001:db8::/32"}`: "/p/config: IPv6Network 2001:db8::/32 holds this host's public address 2001:db8::7",
+		`{"Network":"10.50.0.0/16"}`: "is not a /24 inside Network 10.50.0.0/16: it is stranded",
+	} {
+		if got, _ := w.update(etcdv3.ConfigUpdate{Config: mustConfig(t, cfg)}); !strings.Contains(got, want) {
+			t.Errorf("stored %s: reason %q, want %q", cfg, got, want)
+		}
+	}
+}

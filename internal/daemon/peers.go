@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
@@ -33,6 +34,10 @@ type peerSet struct {
 	// names an IPv6 subnet the network does not carry, or lacks the one
 	// it does (a roll of EnableIPv6, see subnet.Config.IPv4Only).
 	half map[subnet.ID]bool
+	// ownSkip is why every host, this one included, skips this host's own
+	// lease key (invalid or orphaned), nil while it is valid: then no
+	// peer routes to this host, and it must not report ready.
+	ownSkip *rejection
 
 	out4, out6 []backend.Peer // peers' results, reused
 }
@@ -74,6 +79,7 @@ func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	s.bad = map[string]skip{}
 	s.reserved = map[subnet.ID]bool{}
 	s.half = map[subnet.ID]bool{}
+	s.ownSkip = nil
 	var out []rejection
 	for _, l := range snap.Leases {
 		out = s.put(l, old, out)
@@ -99,6 +105,9 @@ func (s *peerSet) apply(b etcdv3.Batch) []rejection {
 			s.drop(id)
 			delete(s.reserved, id)
 			s.unmark(id)
+			if id == s.own {
+				s.ownSkip = nil // the lease manager re-claims it, and says so
+			}
 			continue
 		}
 		out = s.put(ev.Lease, s.bad, out)
@@ -131,7 +140,11 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		// Our own lease is never a peer. Clear a mark left by a value
 		// someone wrote over it before the lease manager restored it.
 		s.unmark(id)
+		s.ownSkip = nil
 		return out
+	case id == s.own:
+		s.ownSkip = &rejection{Key: s.key(id), ID: l.Subnets(), Err: err, Kind: skipKindOf(err)}
+		return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	case err != nil:
 		return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
@@ -182,6 +195,9 @@ func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]skip, out []
 		if err == nil {
 			s.drop(sn.ID()) // an undecodable value replaces whatever was there
 			delete(s.reserved, sn.ID())
+			if sn.ID() == s.own {
+				s.ownSkip = &rejection{Key: i.Key, ID: sn, Err: i.Err, Kind: invalidLease}
+			}
 		}
 		out = s.reject(sn, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
 	}
@@ -232,6 +248,20 @@ func (s *peerSet) counts() counts {
 		}
 	}
 	return c
+}
+
+// ownProblem says why this host's own lease key is skipped (by every
+// host, as it is by this one), "" if it is not.
+func (s *peerSet) ownProblem() string {
+	r := s.ownSkip
+	if r == nil {
+		return ""
+	}
+	what := "invalid"
+	if r.Kind == orphanedLease {
+		what = "orphaned"
+	}
+	return fmt.Sprintf("this host's lease %s is %s, so every host skips it and none routes to this host: %v", r.Key, what, r.Err)
 }
 
 // rejected is the number of keys currently skipped as invalid.

@@ -48,6 +48,9 @@ func (d *daemon) join(ctx context.Context) error {
 	case d.netCfg.EnableIPv6 && !d.ul.PublicIPv6.IsValid():
 		return fmt.Errorf("the network carries IPv6 (EnableIPv6 in %s), but interface %s has no global IPv6 address: give it one, set --public-ipv6, or choose another --iface", d.reg.ConfigKey(), d.ul.Iface)
 	}
+	if err := checkUnderlayOutside(d.netCfg, d.ul, d.reg.ConfigKey()); err != nil {
+		return err
+	}
 	// An IPv6-only network keeps its leases apart (under subnets6/).
 	d.reg = d.reg.For(d.netCfg)
 	if err := d.findFlannel(); err != nil {
@@ -84,6 +87,28 @@ func (d *daemon) join(ctx context.Context) error {
 	}
 	if d.lease.IPv6Subnet.IsValid() {
 		d.log = d.log.With("ipv6_subnet", d.lease.IPv6Subnet)
+	}
+	return nil
+}
+
+// checkUnderlayOutside refuses to start a host whose public address of a
+// family lies inside the network of that family: every host, this one
+// included, would skip its lease (its VXLAN packets would be routed into
+// the overlay itself), and it would program no peer.
+func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) error {
+	for _, f := range []struct {
+		on              bool
+		addr            netip.Addr
+		network         netip.Prefix
+		field, addrFlag string
+	}{
+		{cfg.EnableIPv4, ul.PublicIP, cfg.Network, "Network", "--public-ip"},
+		{cfg.EnableIPv6, ul.PublicIPv6, cfg.IPv6.Network, "IPv6Network", "--public-ipv6"},
+	} {
+		if f.on && f.addr.IsValid() && f.network.Contains(f.addr) {
+			return fmt.Errorf("this host's public address %s (interface %s) is inside %s %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
+				f.addr, ul.Iface, f.field, f.network, configKey, f.field, f.addrFlag)
+		}
 	}
 	return nil
 }

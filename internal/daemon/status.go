@@ -78,6 +78,8 @@ type probe struct {
 	planes []backend.Backend
 	env    *envKeeper
 	config string // why the stored network config no longer fits, if it does not
+	// own says why every host skips this host's lease key, if one does.
+	own    string
 	counts counts
 	peers  int
 
@@ -113,7 +115,7 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 // the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, planes, env, phase, config := p.mgr, p.planes, p.env, p.phase, p.config
+	mgr, planes, env, phase, config, own := p.mgr, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
 	if p.publicIP.IsValid() {
@@ -165,7 +167,7 @@ func (p *probe) status(now time.Time) Status {
 		s.Conditions = []Condition{{Name: "startup", Reason: phase}}
 		return s
 	}
-	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now), deviceCondition(sts), reconcileCondition(sts),
+	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now, own), deviceCondition(sts), reconcileCondition(sts),
 		{Name: "subnet.env", Reason: env.problem()}, {Name: "config", Reason: config}}
 	s.Ready = true
 	for i := range s.Conditions {
@@ -195,16 +197,21 @@ type leaseState interface {
 	KeyProblem() error
 }
 
-func leaseCondition(mgr leaseState, now time.Time) Condition {
+// leaseCondition judges the lease the manager holds and, once it holds
+// it, own: why every host skips this host's lease key (peerSet.ownProblem),
+// "" if none does. A lease no host programs carries no traffic, however
+// well it is kept.
+func leaseCondition(mgr leaseState, now time.Time, own string) Condition {
 	c := Condition{Name: "lease"}
 	l := mgr.Lease()
 	switch exp := mgr.Expires(); {
 	case mgr.KeyProblem() != nil:
 		// Each subnet of the lease: the IPv6 one alone on an IPv6-only host.
 		c.Reason = mgr.KeyProblem().Error() + "; re-claiming " + l.Subnets().String()
-	case l.Reserved:
-	case !exp.After(now):
+	case !l.Reserved && !exp.After(now):
 		c.Reason = "lease expired or not renewed"
+	default:
+		c.Reason = own
 	}
 	return c
 }

@@ -230,12 +230,17 @@ func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Unde
 	return nil
 }
 
-// takenOver reports whether flanneld's device name carries routes of
-// overlayd's: overlayd took it over, and it is overlayd's to remove.
+// takenOver reports whether overlayd took flanneld's device name over, and
+// it is overlayd's to remove: it carries overlayd's alias (TakenOverAlias),
+// or routes of overlayd's (a device taken over by a version that did not
+// mark it, or re-created since).
 func takenOver(h *netlink.Handle, name string, family int) bool {
 	link, err := h.LinkByName(name)
 	if err != nil {
 		return false
+	}
+	if link.Attrs().Alias == TakenOverAlias {
+		return true
 	}
 	routes, err := h.RouteListFiltered(family, &netlink.Route{LinkIndex: link.Attrs().Index, Protocol: vxlan.RouteProtocol},
 		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)

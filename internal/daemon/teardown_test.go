@@ -2,15 +2,20 @@ package daemon
 
 import (
 	"context"
+	"net"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/overlaynet/overlay/internal/testing/flannelhost"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // Teardown needs the underlay only for the routes of DirectRouting through
@@ -93,5 +98,63 @@ func TestTeardownWaitsTheDialTimeoutForASlowEtcd(t *testing.T) {
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
 	if err != nil || res.LeaseRemoved != own.String() {
 		t.Fatalf("teardown through a slow etcd = %+v, %v; want the lease %s released", res, err, own)
+	}
+}
+
+// Teardown of a host taken over from flanneld removes flannel.<VNI> even
+// when it carries no route of overlayd's (issue 28 item 11: a host with no
+// peer kept the device): overlayd marks the device it takes over.
+func TestTeardownRemovesATakenOverFlannelDeviceWithoutRoutes(t *testing.T) {
+	c := newCluster(t)
+	h1 := c.addHost("h1", 1)
+	fl := flannelhost.Host{Iface: "eth0", PublicIP: h1.host.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
+		Subnet: netip.MustParsePrefix("10.244.5.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x0e, 0xf1, 0, 0, 0, 5},
+		SubnetFile: filepath.Join(t.TempDir(), "flannel", "subnet.env")}
+	if _, err := fl.Build(tctx(t), h1.host.NS, c.srv.Client(t), etcdv3.DefaultPrefix); err != nil {
+		t.Fatal(err)
+	}
+	h1.cfg.AdoptFlannel = true
+	h1.start(t)
+	if got := h1.env(t).Lease(); got != fl.Subnet {
+		t.Fatalf("h1 leased %s, not flanneld's %s", got, fl.Subnet)
+	}
+	hl, err := netlink.NewHandleAt(h1.host.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	waitFor(t, testenv.Slack, "flannel.1 to be marked as overlayd's", func() bool {
+		l, err := hl.LinkByName("flannel.1")
+		return err == nil && l.Attrs().Alias == TakenOverAlias
+	})
+	h1.stop()
+	if len(h1.routes(t)) != 0 {
+		t.Fatalf("h1 has routes %v; this test needs a device without them", h1.routes(t))
+	}
+	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
+	if err != nil || !slices.Equal(res.FlannelDevices, []string{"flannel.1"}) || res.LeaseRemoved != fl.Subnet.String() {
+		t.Fatalf("teardown = %+v, %v; want flannel.1 removed and the lease released", res, err)
+	}
+	if _, err := hl.LinkByName("flannel.1"); err == nil {
+		t.Error("flannel.1 is still there after teardown")
+	}
+
+	// flanneld's own device, never taken over, is left alone.
+	h2 := c.addHost("h2", 2)
+	fl2 := fl
+	fl2.PublicIP, fl2.Subnet, fl2.SubnetFile = h2.host.IP, netip.MustParsePrefix("10.244.6.0/24"), filepath.Join(t.TempDir(), "flannel2", "subnet.env")
+	if _, err := fl2.Build(tctx(t), h2.host.NS, c.srv.Client(t), etcdv3.DefaultPrefix); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := Teardown(context.Background(), h2.cfg, TeardownOptions{VNI: 1}); err != nil || len(res.FlannelDevices) != 0 {
+		t.Errorf("teardown of a flanneld host = %+v, %v; want flannel.1 left alone", res, err)
+	}
+	h2l, err := netlink.NewHandleAt(h2.host.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2l.Close()
+	if _, err := h2l.LinkByName("flannel.1"); err != nil {
+		t.Errorf("flanneld's own flannel.1 was removed: %v", err)
 	}
 }

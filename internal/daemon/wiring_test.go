@@ -117,6 +117,11 @@ func (m fakeMasq) RemoveFlannel() ([]string, error) {
 	return nil, nil
 }
 
+func (k *fakeKernel) MarkTakenOver(name string) error {
+	k.note("marked " + name)
+	return nil
+}
+
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 	l, err := k.nl.LinkByName(name)
 	if err != nil {
@@ -582,4 +587,46 @@ func (w *wiring) routedFamily(subnet string) bool {
 		}
 	}
 	return false
+}
+
+// A host whose public address lies inside the network (issue 28: every
+// host then skipped its own lease and reported ready with no peer) refuses
+// to start: Run returns one line naming both, before it claims anything,
+// and /readyz never answers 200.
+func TestWiringRefusesAPublicIPInsideTheNetwork(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	// Stored as an older overlayd or etcdctl could: config put refuses it
+	// now that hosts hold addresses in it, but not before any host runs.
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"198.18.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	w := startWiring(t, srv)
+	var err error
+	select {
+	case err = <-w.done:
+		w.done <- err // for the cleanup
+	case <-time.After(testenv.Deadline(testenv.Slack)):
+		t.Fatalf("overlayd run did not refuse to start within %s; /readyz: %v", testenv.Deadline(testenv.Slack), w.ready())
+	}
+	want := "this host's public address 198.18.0.1 (interface eth0) is inside Network 198.18.0.0/16 of /coreos.com/network/config"
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("Run = %v, want one line saying %q", err, want)
+	}
+	snap, lerr := reg.List(ctx)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	alive, lerr := reg.AliveNodes(ctx)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if len(snap.Leases) != 0 || len(alive) != 0 {
+		t.Errorf("the refused start left %d leases and liveness keys %v", len(snap.Leases), alive)
+	}
+	if len(w.k.log()) != 0 {
+		t.Errorf("the refused start touched the kernel: %v", w.k.log())
+	}
 }

@@ -405,3 +405,29 @@ func (m *Manager) watchLivenessKey(ctx context.Context, key string, c *liveClaim
 		}
 	}
 }
+
+// LiveNode is a liveness key as tools read it: the node ID its key names
+// and the addresses and host name its value gives ("" where it gives
+// none, or the value does not decode).
+type LiveNode struct {
+	NodeID, PublicIP, PublicIPv6, Hostname string
+}
+
+// LiveNodes reads every liveness key under NodesPrefix: the hosts running
+// overlayd now, with their underlay addresses.
+func (r *Registry) LiveNodes(ctx context.Context) ([]LiveNode, error) {
+	resp, err := r.cli.Get(ctx, r.NodesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", r.NodesPrefix(), err)
+	}
+	nodes := make([]LiveNode, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		n := LiveNode{NodeID: string(kv.Key[len(r.NodesPrefix()):])}
+		var v livenessValue
+		if len(kv.Value) <= subnet.MaxLeaseValueSize && json.Unmarshal(kv.Value, &v) == nil {
+			n.PublicIP, n.PublicIPv6, n.Hostname = v.PublicIP, v.PublicIPv6, v.Hostname
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}

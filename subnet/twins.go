@@ -167,8 +167,8 @@ func sameField(a, b []byte) bool {
 	return len(a) == len(b) && bytes.EqualFold(a, b)
 }
 
-// twinsError says which members of data name one field, or returns nil;
-// what names the document (e.g. "value").
+// twinsError says which members of the JSON document data name one field,
+// or returns nil.
 func twinsError(data []byte) error {
 	path, a, b, ok := twinMembers(data)
 	if !ok {

@@ -17,17 +17,24 @@ import (
 // the object (e.g. "Backend.") and the two names as written, or ok false.
 //
 // It runs on every lease value a host reads, so it scans the bytes in one
-// pass and allocates only for a member name written with escapes, or an
-// object of more than 16 members.
+// pass and allocates only for a member name written with escapes or an
+// object of more than 16 members (and, to report twins, their path).
 func twinMembers(data []byte) (path, first, second string, ok bool) {
 	s := scanner{data: data}
+	s.skipSpace()
+	if _, _, _, ok := s.value("", nil); !ok {
+		return "", "", "", false
+	}
+	// Found: scan again, spelling out the path this time.
+	s = scanner{data: data, paths: true}
 	s.skipSpace()
 	return s.value("", nil)
 }
 
 type scanner struct {
-	data []byte
-	i    int
+	data  []byte
+	i     int
+	paths bool // build the path of nested objects (only to report one)
 }
 
 func (s *scanner) skipSpace() {
@@ -49,7 +56,7 @@ func (s *scanner) value(path string, name []byte) (string, string, string, bool)
 	}
 	switch s.data[s.i] {
 	case '{':
-		if len(name) > 0 {
+		if len(name) > 0 && s.paths {
 			path += string(name) + "."
 		}
 		return s.object(path)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -36,6 +37,17 @@ type Config struct {
 	// IPv6SubnetMax), zero unless EnableIPv6.
 	IPv6    Pool
 	Backend BackendConfig
+	// Extra holds, in the order written, the members overlay does not act
+	// on (flanneld's EnableNFTables, any unknown one) and those of a family
+	// the network does not carry: they are written back as given, so
+	// `config get -w json` | `config put` loses nothing flanneld reads.
+	Extra []Member
+}
+
+// Member is one JSON member kept as written (Value compacted).
+type Member struct {
+	Name  string
+	Value json.RawMessage
 }
 
 // BackendConfig is the "Backend" object. Only vxlan is supported.
@@ -50,6 +62,9 @@ type BackendConfig struct {
 	DirectRouting bool
 	// MTU of the VXLAN device; 0 means the underlay MTU minus 50.
 	MTU int
+	// Extra holds the other members of "Backend" as written (flanneld's
+	// GBP, MacPrefix, Learning, any unknown one), written back as given.
+	Extra []Member
 }
 
 // rawConfig holds the JSON members as given. Pointers tell "absent" from
@@ -93,6 +108,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := oneValue(data); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := twinsError(data); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	var raw rawConfig
 	if err := decodeObject("", data, []field{
 		{"EnableIPv4", &raw.EnableIPv4, wantBool, nil},
@@ -119,7 +137,98 @@ func ParseConfig(data []byte) (*Config, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return raw.resolve()
+	cfg, err := raw.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.keepExtra(data); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return cfg, nil
+}
+
+// keepExtra sets c.Extra and c.Backend.Extra from the config document
+// data: every member MarshalJSON does not write.
+func (c *Config) keepExtra(data []byte) error {
+	written := []string{"EnableIPv4", "EnableIPv6", "Backend"} // the flags are written when not their default
+	if c.EnableIPv4 {
+		written = append(written, "Network", "SubnetLen", "SubnetMin", "SubnetMax")
+	}
+	if c.EnableIPv6 {
+		written = append(written, "IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax")
+	}
+	all, err := membersOf(data)
+	if err != nil {
+		return err
+	}
+	c.Extra = extraMembers(all, written)
+	for _, m := range all {
+		if strings.EqualFold(m.Name, "Backend") && !bytes.Equal(m.Value, []byte("null")) {
+			backend, err := membersOf(m.Value)
+			if err != nil {
+				return err
+			}
+			c.Backend.Extra = extraMembers(backend, []string{"Type", "VNI", "Port", "DirectRouting", "MTU"})
+		}
+	}
+	return nil
+}
+
+// membersOf lists the members of the JSON object data in order, values
+// compacted.
+func membersOf(data []byte) ([]Member, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // '{', checked by decodeObject
+		return nil, err
+	}
+	var out []Member
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, err
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, raw); err != nil {
+			return nil, err
+		}
+		out = append(out, Member{Name: tok.(string), Value: buf.Bytes()})
+	}
+	return out, nil
+}
+
+// extraMembers are the members of all not named (in any case) in known;
+// nil if none.
+func extraMembers(all []Member, known []string) []Member {
+	var out []Member
+	for _, m := range all {
+		if !slices.ContainsFunc(known, func(k string) bool { return strings.EqualFold(k, m.Name) }) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// appendMembers adds extra to the JSON object obj, after its members.
+func appendMembers(obj []byte, extra []Member) ([]byte, error) {
+	if len(extra) == 0 {
+		return obj, nil
+	}
+	out := bytes.TrimSuffix(bytes.TrimSpace(obj), []byte("}"))
+	for _, m := range extra {
+		name, err := json.Marshal(m.Name)
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.HasSuffix(out, []byte("{")) {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, name...), ':'), m.Value...)
+	}
+	return append(out, '}'), nil
 }
 
 // oneValue checks data is one JSON value with nothing after it.
@@ -206,7 +315,8 @@ func (c *Config) NetworkHolding(ip netip.Addr) string {
 
 // MarshalJSON renders the effective config (defaults filled in) in flannel's
 // format, so it can be stored back as it is. A family that is off is left
-// out (EnableIPv4 is written only when false).
+// out (EnableIPv4 is written only when false) but for members of it the
+// stored config had, kept with the others in Extra, after the rest.
 func (c Config) MarshalJSON() ([]byte, error) {
 	type v4 struct {
 		Network   string
@@ -236,5 +346,25 @@ func (c Config) MarshalJSON() ([]byte, error) {
 		out.v6 = &v6{true, c.IPv6.Network.String(), c.IPv6.SubnetLen, c.IPv6.SubnetMin.String(), c.IPv6.SubnetMax.String()}
 	}
 	out.Backend = c.Backend
-	return json.Marshal(out)
+	data, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return appendMembers(data, c.Extra)
+}
+
+// MarshalJSON renders the "Backend" object: the fields overlay reads, then
+// Extra as given.
+func (b BackendConfig) MarshalJSON() ([]byte, error) {
+	data, err := json.Marshal(struct {
+		Type          string
+		VNI           int
+		Port          int
+		DirectRouting bool
+		MTU           int
+	}{b.Type, b.VNI, b.Port, b.DirectRouting, b.MTU})
+	if err != nil {
+		return nil, err
+	}
+	return appendMembers(data, b.Extra)
 }

@@ -45,7 +45,8 @@ func TestParseConfigDefaults(t *testing.T) {
 				"EnableIPv6":false,"Backend":{"Type":"VXLAN","VNI":42,"Port":4789,"DirectRouting":true,"MTU":1400,"GBP":false}}`,
 			want: Config{EnableIPv4: true, Pool: Pool{Network: mustPrefix("10.244.0.0/16"), SubnetLen: 25,
 				SubnetMin: mustAddr("10.244.10.0"), SubnetMax: mustAddr("10.244.20.128")},
-				Backend: BackendConfig{Type: "vxlan", VNI: 42, Port: 4789, DirectRouting: true, MTU: 1400}},
+				Backend: BackendConfig{Type: "vxlan", VNI: 42, Port: 4789, DirectRouting: true, MTU: 1400,
+					Extra: []Member{{"GBP", json.RawMessage("false")}}}},
 		},
 		{
 			name: "dual stack: flannel's IPv6 defaults for a /48",
@@ -60,7 +61,8 @@ func TestParseConfigDefaults(t *testing.T) {
 			json: `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::100/120","Network":"ignored when IPv4 is off"}`,
 			want: Config{EnableIPv6: true,
 				IPv6:    Pool{Network: mustPrefix("fd00::100/120"), SubnetLen: 122, SubnetMin: mustAddr("fd00::140"), SubnetMax: mustAddr("fd00::1c0")},
-				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472}},
+				Backend: BackendConfig{Type: "vxlan", VNI: 1, Port: 8472},
+				Extra:   []Member{{"Network", json.RawMessage(`"ignored when IPv4 is off"`)}}},
 		},
 		{
 			name: "explicit IPv6 values",

@@ -93,7 +93,8 @@ func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, vni int, mac net.HardwareAdd
 func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 
 // DecodeAttrs parses a lease value. It checks only that it is a bounded JSON
-// object; Config.Peer decides whether the lease can be programmed.
+// object without two members naming one field (twinMembers); Config.Peer
+// decides whether the lease can be programmed.
 func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	var a LeaseAttrs
 	if len(value) > MaxLeaseValueSize {
@@ -106,7 +107,11 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	// the common case is one pass of encoding/json into the struct — which
 	// reads members exactly as flanneld does. Only a value it rejects goes
 	// through decodeObject, which says which member is wrong and why.
-	if err := json.Unmarshal(value, &a); err != nil {
+	err := json.Unmarshal(value, &a)
+	if twins := twinsError(value); twins != nil {
+		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, twins)
+	}
+	if err != nil {
 		if _, err := attrsByMember(value); err != nil {
 			return LeaseAttrs{}, err
 		}

@@ -425,6 +425,8 @@ func TestFakeMismatchedDevice(t *testing.T) {
 
 func TestFakeTeardown(t *testing.T) {
 	f, cfg := fakeHost(t)
+	log, logs := newLogger(t)
+	cfg.Logger = log
 	cfg.DirectRouting = true
 	b := newBackend(t, cfg, f)
 	far := withIP(peer(3), "203.0.113.3")
@@ -440,6 +442,14 @@ func TestFakeTeardown(t *testing.T) {
 			t.Fatalf("Teardown #%d: %v", i+1, err)
 		}
 		checkState(t, f, dev, "no device overlay.1\n")
+	}
+	// The log says what each teardown found: the device the first time,
+	// nothing the second.
+	if n, none := logs.count("removed overlay device"), logs.count("nothing to remove: no overlay device or routes"); n != 1 || none != 1 {
+		t.Errorf("logged %d removals and %d 'nothing to remove', want 1 and 1", n, none)
+	}
+	if !strings.Contains(logs.b.String(), `msg="removed overlay device" component=vxlan device=overlay.1 routes=2 neighbours=1 fdb_entries=1`) {
+		t.Errorf("removal not logged with what it removed:\n%s", logs.b.String())
 	}
 	if routes, _ := f.RouteList(); !slices.Contains(routes, foreign) {
 		t.Errorf("teardown removed a foreign route: %v", routes)

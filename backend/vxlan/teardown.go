@@ -17,6 +17,8 @@ func (rec *reconciler) teardown() error {
 	defer rec.report(func(s *backend.Status) { s.DevicePresent, s.InSync, s.PeersProgrammed = false, false, 0 })
 
 	var errs []error
+	var removedRoutes, removedFDB, removedNeighs int
+	deviceRemoved := false
 	devIdx, ulIdx := -1, -1
 	if dev, err := rec.nl.LinkByName(rec.dev.name); err == nil {
 		devIdx = dev.Index
@@ -34,6 +36,8 @@ func (rec *reconciler) teardown() error {
 		if r.Protocol == RouteProtocol && (r.LinkIndex == devIdx || r.LinkIndex == ulIdx) {
 			if err := rec.exec(op{kind: opRouteDel, route: r}); err != nil {
 				errs = append(errs, fmt.Errorf("delete route %v: %w", r, err))
+			} else {
+				removedRoutes++
 			}
 		}
 	}
@@ -45,6 +49,8 @@ func (rec *reconciler) teardown() error {
 		for _, f := range fdbs {
 			if err := rec.exec(op{kind: opFDBDel, fdb: f}); err != nil {
 				errs = append(errs, fmt.Errorf("delete FDB entry %v: %w", f, err))
+			} else {
+				removedFDB++
 			}
 		}
 		neighs, err := retryDump(func() ([]Neigh, error) { return rec.nl.NeighListFamily(devIdx, rec.cfg.fam) })
@@ -55,10 +61,15 @@ func (rec *reconciler) teardown() error {
 			if n.State&NUDPermanent != 0 {
 				if err := rec.exec(op{kind: opNeighDel, neigh: n}); err != nil {
 					errs = append(errs, fmt.Errorf("delete neighbour %v: %w", n, err))
+				} else {
+					removedNeighs++
 				}
 			}
 		}
-		if err := rec.stats.write(func() error { return rec.nl.LinkDel(devIdx) }); err != nil && !isNotFound(err) {
+		switch err := rec.stats.write(func() error { return rec.nl.LinkDel(devIdx) }); {
+		case err == nil:
+			deviceRemoved = true
+		case !isNotFound(err):
 			errs = append(errs, fmt.Errorf("delete device %s: %w", rec.dev.name, err))
 		}
 	}
@@ -66,6 +77,16 @@ func (rec *reconciler) teardown() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("teardown of %s incomplete (run it again): %w", rec.dev.name, err)
 	}
-	rec.log.Info("removed overlay device and all its routes")
+	// Say what was there: a teardown of a host without overlay (or a
+	// second one) removes nothing and must not claim it did.
+	counts := []any{"routes", removedRoutes, "neighbours", removedNeighs, "fdb_entries", removedFDB}
+	switch {
+	case deviceRemoved:
+		rec.log.Info("removed overlay device", counts...)
+	case removedRoutes > 0:
+		rec.log.Info("removed overlay routes; no overlay device was there", counts...)
+	default:
+		rec.log.Info("nothing to remove: no overlay device or routes")
+	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -339,5 +340,51 @@ func TestLeaseListIsInAddressOrder(t *testing.T) {
 	}
 	if want := "10.244.9.0/24 10.244.42.0/24 10.244.156.0/24"; strings.Join(got, " ") != want {
 		t.Errorf("lease list order = %v, want %s", got, want)
+	}
+}
+
+// What `config get -w json` prints, `config put -f` stores back without
+// losing a member: flannel's own (Backend.GBP, Backend.MacPrefix,
+// EnableNFTables), unknown ones, and those of a family that is off.
+func TestConfigGetJSONPutsBackEveryMember(t *testing.T) {
+	srv, _ := cluster(t)
+	stored := `{"Network":"10.50.0.0/16","SubnetLen":24,"EnableNFTables":true,"IPv6Network":"fd00:50::/48",` +
+		`"Custom":{"list":[1,"two"],"nested":{"x":null}},` +
+		`"Backend":{"Type":"vxlan","VNI":7,"Port":4789,"GBP":true,"MacPrefix":"0e:11","Learning":false,"Extension":"x"}}`
+	if r := run(t, srv.Endpoint, stored, "config", "put", "-f", "-"); r.code != exitOK {
+		t.Fatalf("put: %+v", r)
+	}
+	backup := run(t, srv.Endpoint, "", "config", "get", "-w", "json")
+	if backup.code != exitOK {
+		t.Fatalf("get -w json: %+v", backup)
+	}
+	// Restore the backup over another config, as after an accident.
+	if r := run(t, srv.Endpoint, `{"Network":"10.50.0.0/16","Backend":{"VNI":7,"Port":4789}}`, "config", "put", "-f", "-"); r.code != exitOK {
+		t.Fatalf("put other: %+v", r)
+	}
+	if r := run(t, srv.Endpoint, backup.out, "config", "put", "-f", "-"); r.code != exitOK {
+		t.Fatalf("put the backup back: %+v", r)
+	}
+	raw := run(t, srv.Endpoint, "", "config", "get", "--raw")
+	var want, got map[string]any
+	if err := json.Unmarshal([]byte(stored), &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(raw.out), &got); err != nil {
+		t.Fatalf("stored %q: %v", raw.out, err)
+	}
+	// The backup adds the defaults it filled in, and nothing else changes.
+	want["SubnetMin"], want["SubnetMax"] = "10.50.1.0", "10.50.255.0"
+	want["Backend"].(map[string]any)["DirectRouting"] = false
+	want["Backend"].(map[string]any)["MTU"] = 0.0
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("config after get -w json | put (-want +got):\n%s", diff)
+	}
+	// The table shows the members overlay keeps without acting on them.
+	table := run(t, srv.Endpoint, "", "config", "get")
+	for _, line := range []string{"EnableNFTables         true (kept, not used by overlay)", "Backend.GBP            true (kept, not used by overlay)", `Backend.MacPrefix      "0e:11" (kept`} {
+		if !strings.Contains(table.out, line) {
+			t.Errorf("config get lacks %q:\n%s", line, table.out)
+		}
 	}
 }

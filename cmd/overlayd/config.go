@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
@@ -46,7 +47,23 @@ func configOutput(cfg *subnet.Config) printer.Output {
 		[]string{"Backend.DirectRouting", strconv.FormatBool(cfg.Backend.DirectRouting)},
 		[]string{"Backend.MTU", mtuText(cfg.Backend.MTU)},
 	)
+	rows = append(rows, keptRows("", cfg.Extra)...)
+	rows = append(rows, keptRows("Backend.", cfg.Backend.Extra)...)
 	return printer.Output{Header: []string{"FIELD", "VALUE"}, Rows: rows, JSON: cfg}
+}
+
+// keptRows show the members overlay keeps but does not act on (flanneld's
+// EnableNFTables, Backend.GBP, unknown ones), as written.
+func keptRows(prefix string, extra []subnet.Member) [][]string {
+	var rows [][]string
+	for _, m := range extra {
+		value := string(m.Value)
+		if strings.ContainsFunc(value, func(r rune) bool { return !unicode.IsPrint(r) }) {
+			value = strconv.Quote(value) // etcd's bytes never reach a terminal raw
+		}
+		rows = append(rows, []string{subnet.ShownName(prefix + m.Name), value + " (kept, not used by overlay)"})
+	}
+	return rows
 }
 
 // poolRows are the rows of one family's pool, its fields named with prefix

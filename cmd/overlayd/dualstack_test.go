@@ -96,15 +96,15 @@ func TestLeaseListDualStack(t *testing.T) {
 		t.Fatalf("lease list: want the header %q and 3 rows:\n%s", dualHeader, r.out)
 	}
 	live := row(t, r.out, seed.live.IPv4.String())
-	if want := []string{seed.live.IPv4.String(), "198.18.0.1", "0e:00:00:00:00:01", "node-1", live[4], "yes", "leased", seed.live.IPv6.String(), "2001:db8::1"}; !slices.Equal(live, want) {
+	if want := []string{seed.live.IPv4.String(), "198.18.0.1", "0e:00:00:00:00:01", "node-1", live[4], "yes", "leased", seed.live.IPv6.String(), "2001:db8::1", "0e:00:00:00:06:01"}; !slices.Equal(live, want) {
 		t.Errorf("live host's row %q, want %q", live, want)
 	}
-	if dead := row(t, r.out, seed.dead.IPv4.String()); !slices.Equal(dead[5:], []string{"no", "leased", seed.dead.IPv6.String(), "2001:db8::2"}) {
+	if dead := row(t, r.out, seed.dead.IPv4.String()); !slices.Equal(dead[5:], []string{"no", "leased", seed.dead.IPv6.String(), "2001:db8::2", "0e:00:00:00:06:02"}) {
 		t.Errorf("dead host's row %q", dead)
 	}
 	// An IPv4-only reservation no host adopted yet: its host gains an
 	// IPv6 subnet when it adopts it. Nothing is orphaned.
-	if old := row(t, r.out, "10.244.3.0/24"); !slices.Equal(old[4:], []string{"reserved", "no", "reserved", "-", "-"}) {
+	if old := row(t, r.out, "10.244.3.0/24"); !slices.Equal(old[4:], []string{"reserved", "no", "reserved", "-", "-", "-"}) {
 		t.Errorf("IPv4-only reservation's row %q, want it reserved with no IPv6 subnet", old)
 	}
 	if strings.Contains(r.err, "orphaned") || strings.Contains(r.err, "10.244.3.0/24") {
@@ -112,8 +112,8 @@ func TestLeaseListDualStack(t *testing.T) {
 	}
 
 	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
-	if f := row(t, r.out, seed.live.IPv4.String()); len(f) != 9 || f[1] != "198.18.0.1" || f[7] != seed.live.IPv6.String() || f[8] != "2001:db8::1" {
-		t.Errorf("-w simple row %q, want the 7 usual fields, then the IPv6 subnet and public IPv6", f)
+	if f := row(t, r.out, seed.live.IPv4.String()); len(f) != 10 || f[1] != "198.18.0.1" || f[7] != seed.live.IPv6.String() || f[8] != "2001:db8::1" || f[9] != "0e:00:00:00:06:01" {
+		t.Errorf("-w simple row %q, want the 7 usual fields, then the IPv6 subnet, public IPv6 and IPv6 VTEP MAC", f)
 	}
 
 	r = run(t, srv.Endpoint, "", "lease", "list", "-w", "json")
@@ -166,10 +166,10 @@ func TestLeaseListIPv4NetworkWithDualKey(t *testing.T) {
 	if !strings.HasPrefix(r.out, "SUBNET") || !slices.Equal(strings.Fields(strings.SplitN(r.out, "\n", 2)[0]), dualHeader) {
 		t.Fatalf("header with a dual-stack key: %q, want %q", strings.SplitN(r.out, "\n", 2)[0], dualHeader)
 	}
-	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"ipv4-only", "fd00:10:244:70::/64", "2001:db8::70"}) {
+	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"ipv4-only", "fd00:10:244:70::/64", "2001:db8::70", "-"}) {
 		t.Errorf("dual-stack key's row %q, want it ipv4-only, with its IPv6 subnet and address", f)
 	}
-	if f := row(t, r.out, live[0].String()); !slices.Equal(f[6:], []string{"leased", "-", "-"}) {
+	if f := row(t, r.out, live[0].String()); !slices.Equal(f[6:], []string{"leased", "-", "-", "-"}) {
 		t.Errorf("IPv4-only lease's row %q", f)
 	}
 	if want := "note: 10.244.70.0/24&fd00:10:244:70::/64 is ipv4-only: its key names the IPv6 subnet fd00:10:244:70::/64, but the network carries no IPv6 (its host has not restarted since): its IPv4 half is used; it drops the IPv6 subnet when its host restarts: nothing to revoke"; !strings.Contains(r.err, want) {
@@ -198,7 +198,7 @@ func TestLeaseGetDualStack(t *testing.T) {
 	}
 	r := run(t, srv.Endpoint, "", "lease", "get", seed.live.IPv6.String())
 	lines := strings.Split(strings.TrimSpace(r.out), "\n")
-	if r.code != exitOK || len(lines) != 2 || !slices.Equal(strings.Fields(lines[0]), dualHeader) || !strings.HasSuffix(lines[1], seed.live.IPv6.String()+"  2001:db8::1") {
+	if r.code != exitOK || len(lines) != 2 || !slices.Equal(strings.Fields(lines[0]), dualHeader) || !strings.HasSuffix(lines[1], seed.live.IPv6.String()+"  2001:db8::1  0e:00:00:00:06:01") {
 		t.Errorf("lease get %s: %+v", seed.live.IPv6, r)
 	}
 	if r := run(t, srv.Endpoint, "", "lease", "get", "fd00:10:244:99::/64"); r.code != exitError || !strings.Contains(r.err, "no such lease") {
@@ -270,7 +270,7 @@ func TestReserveDualStack(t *testing.T) {
 	}
 	checkReservation(t, reg, subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.62.0/24"), IPv6: netip.MustParsePrefix("fd00:10:244:62::/64")}, "", "")
 	r = run(t, srv.Endpoint, "", "lease", "list")
-	if f := row(t, r.out, "10.244.62.0/24"); !slices.Equal(f[1:], []string{"-", "-", "h62", "reserved", "no", "reserved", "fd00:10:244:62::/64", "-"}) {
+	if f := row(t, r.out, "10.244.62.0/24"); !slices.Equal(f[1:], []string{"-", "-", "h62", "reserved", "no", "reserved", "fd00:10:244:62::/64", "-", "-"}) {
 		t.Errorf("node-only reservation's row %q", f)
 	}
 	// A second reservation of the same IPv6 subnet is refused (the

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -58,7 +59,35 @@ parse as a CNI network config list with an overlay-cni plugin in it.`,
 	fs.StringVar(&f.confDir, "cni-conf-dir", "/etc/cni/net.d", "the CNI config directory to install --conflist into")
 	fs.StringVar(&f.plugin, "plugin", "", "the overlay-cni binary to install (default: overlay-cni beside this overlayd)")
 	fs.StringVar(&f.conflist, "conflist", "", "a CNI network config list to install under its own file name (none: the plugin only)")
+	checkFlag(fs, "cni-bin-dir", absDir)
+	checkFlag(fs, "cni-conf-dir", absDir)
+	checkFlag(fs, "plugin", executableFile)
+	checkFlag(fs, "conflist", regularFile)
 	return c
+}
+
+func absDir(s string) error {
+	if !filepath.IsAbs(s) {
+		return errors.New("want an absolute directory path such as /opt/cni/bin")
+	}
+	if fi, err := os.Stat(s); err == nil && !fi.IsDir() {
+		return errors.New("is not a directory")
+	}
+	return nil
+}
+
+func executableFile(s string) error {
+	if fi, err := os.Stat(s); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return errors.New("want an executable file, such as the overlay-cni of this release")
+	}
+	return nil
+}
+
+func regularFile(s string) error {
+	if fi, err := os.Stat(s); err != nil || !fi.Mode().IsRegular() {
+		return errors.New("want a CNI network config list file, such as deploy/cni/10-overlay.conflist")
+	}
+	return nil
 }
 
 // install checks the inputs, then writes the plugin and the conflist, and
@@ -106,14 +135,11 @@ func (f *installFlags) install() ([]string, error) {
 	return installed, nil
 }
 
-// readPlugin reads the plugin binary, which must be a regular executable file.
+// readPlugin reads the plugin binary, which must be a regular executable
+// file (checked again for the default, beside this overlayd).
 func readPlugin(path string) ([]byte, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, usagef("--plugin: %w", err)
-	}
-	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return nil, usagef("--plugin: %s is not an executable file", path)
+	if err := executableFile(path); err != nil {
+		return nil, usagef("--plugin %s: %w", path, err)
 	}
 	return os.ReadFile(path)
 }

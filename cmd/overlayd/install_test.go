@@ -98,9 +98,9 @@ func TestInstallCNIRefusesWhatARuntimeCouldNotUse(t *testing.T) {
 		{"a conflist without overlay-cni", fx.args("--conflist", notOurs), "has no plugin of type overlay-cni"},
 		{"a conflist that does not parse", fx.args("--conflist", broken), "is not a CNI network config list"},
 		{"a conflist without plugins", fx.args("--conflist", noPlugins), "has no plugin of type overlay-cni"},
-		{"a missing conflist", fx.args("--conflist", filepath.Join(dir, "nope")), "--conflist:"},
-		{"a plugin that is not executable", append(fx.args(), "--plugin", plain), "is not an executable file"},
-		{"a missing plugin", append(fx.args(), "--plugin", filepath.Join(dir, "nope")), "--plugin:"},
+		{"a missing conflist", fx.args("--conflist", filepath.Join(dir, "nope")), "want a CNI network config list file"},
+		{"a plugin that is not executable", append(fx.args(), "--plugin", plain), "want an executable file"},
+		{"a missing plugin", append(fx.args(), "--plugin", filepath.Join(dir, "nope")), "want an executable file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, "", "", tc.args...)

@@ -102,13 +102,25 @@ var (
 	// ipv6Header are the columns of a key's IPv6 half. They come last, so
 	// the first seven columns keep their places (for scripts reading
 	// `-w simple`) whether a network carries IPv6 or not.
-	ipv6Header = []string{"IPV6 SUBNET", "PUBLIC IPV6"}
+	ipv6Header = []string{"IPV6 SUBNET", "PUBLIC IPV6", "IPV6 VTEP MAC"}
+	// ipv6OnlyHeader are the columns of an IPv6-only network, whose keys
+	// have no IPv4 half: the same places, filled with the IPv6 values.
+	ipv6OnlyHeader = []string{"SUBNET", "PUBLIC IPV6", "VTEP MAC", "NODE", "TTL", "ALIVE", "STATE"}
 )
 
 // leaseTable is rows as a table: the IPv6 columns only when the network
 // carries IPv6 (cfg nil: unknown) or some key names an IPv6 subnet or
 // address, so the output of an IPv4-only network is as it always was.
 func leaseTable(cfg *subnet.Config, rows []leaseRow) printer.Output {
+	if cfg != nil && !cfg.EnableIPv4 {
+		out := printer.Output{Header: ipv6OnlyHeader}
+		for _, r := range rows {
+			cells := r.cells()
+			cells[0], cells[1], cells[2] = orDash(r.IPv6Subnet), orDash(r.PublicIPv6), orDash(r.VtepMACv6)
+			out.Rows = append(out.Rows, cells)
+		}
+		return out
+	}
 	v6 := cfg != nil && cfg.EnableIPv6 || slices.ContainsFunc(rows, func(r leaseRow) bool { return r.IPv6Subnet != "" || r.PublicIPv6 != "" })
 	out := printer.Output{Header: leaseHeader}
 	if v6 {
@@ -117,7 +129,7 @@ func leaseTable(cfg *subnet.Config, rows []leaseRow) printer.Output {
 	for _, r := range rows {
 		cells := r.cells()
 		if v6 {
-			cells = append(cells, orDash(r.IPv6Subnet), orDash(r.PublicIPv6))
+			cells = append(cells, orDash(r.IPv6Subnet), orDash(r.PublicIPv6), orDash(r.VtepMACv6))
 		}
 		out.Rows = append(out.Rows, cells)
 	}
@@ -187,9 +199,7 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, le
 			row.TTLSeconds = ttls[l.EtcdLease]
 			row.EtcdLease = strconv.FormatInt(l.EtcdLease, 16)
 		}
-		if l.Attrs.NodeID != "" {
-			row.Alive = yesNo(alive[l.Attrs.NodeID])
-		}
+		row.Alive = aliveText(l.Attrs, alive)
 		row.State, row.Problem = leaseState(cfg, l)
 		rows = append(rows, row)
 	}
@@ -232,6 +242,16 @@ func leaseTTLs(ctx context.Context, reg *etcdv3.Registry, leases []subnet.Lease)
 	}
 	wg.Wait()
 	return ttls, firstErr
+}
+
+// aliveText says whether the host a lease names is alive: yes or no by
+// its node ID's liveness key, unknown for a lease without a node ID
+// (written by flanneld, or a reservation naming only addresses).
+func aliveText(a subnet.LeaseAttrs, alive map[string]bool) string {
+	if a.NodeID == "" {
+		return "unknown"
+	}
+	return yesNo(alive[a.NodeID])
 }
 
 func yesNo(b bool) string {
@@ -351,6 +371,9 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return err
 			}
+			if errors.Is(err, subnet.ErrInvalidLease) && l.Subnets() != (subnet.Subnets{}) {
+				return invalidValue(ctx, reg, l, p, err)
+			}
 			if err != nil {
 				return g.etcdHint(err)
 			}
@@ -367,6 +390,26 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 			return printer.Write(cmd.OutOrStdout(), format, out)
 		},
 	})
+}
+
+// invalidValue explains a lease whose value does not decode (err): its
+// key, why, the value as stored (quoted, shortened) and what to do.
+func invalidValue(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease, p netip.Prefix, err error) error {
+	key := reg.LeaseKey(l.Subnets())
+	value := "(cannot be read again)"
+	if resp, gerr := reg.Client().Get(ctx, key); gerr == nil && len(resp.Kvs) == 1 {
+		value = shownValue(resp.Kvs[0].Value)
+	}
+	return fmt.Errorf("%s holds a value no host can use: %w; the value is %s: daemons skip it; remove it with `overlayd lease revoke %s`", key, err, value, p)
+}
+
+// shownValue quotes a value read from etcd, shortened to stay one line.
+func shownValue(v []byte) string {
+	const limit = 80
+	if len(v) > limit {
+		return strconv.Quote(string(v[:limit])) + fmt.Sprintf(" (%d bytes in all)", len(v))
+	}
+	return strconv.Quote(string(v))
 }
 
 // lookup finds the lease whose key names p, of either family. Like

@@ -389,7 +389,7 @@ that fits the network config.
 				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", name, owner)
 			}
 			if dryRun {
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", name, owner, yesNo(alive[l.Attrs.NodeID]))
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", name, owner, aliveText(l.Attrs, alive))
 				return err
 			}
 			ok, err := reg.DeleteIfOwned(ctx, name, l.ModRevision)

@@ -59,18 +59,19 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
 	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
-	root.SetArgs(flanneldArgs(args))
-	err := root.Execute()
+	args = flanneldArgs(args)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(errOut, "Error: %v\n", err)
+	code := exitError
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", commandPath(root, args))
-		return exitUsage
+		code = exitUsage
 	}
-	return exitError
+	writeExitError(errOut, cmd, args, environ, err, code, commandPath(root, args))
+	return code
 }
 
 func commandPath(root *cobra.Command, args []string) string {
@@ -98,7 +99,10 @@ are taken only from the command line.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd, environ, cmd.ErrOrStderr()); err != nil {
+			var warnings strings.Builder
+			err := applyEnv(cmd, environ, &warnings)
+			writeWarnings(cmd.ErrOrStderr(), cmd, environ, warnings.String())
+			if err != nil {
 				return err
 			}
 			if _, err := g.format(); err != nil {

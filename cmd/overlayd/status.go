@@ -128,7 +128,13 @@ func leaseNote(st daemon.Status) string {
 	case st.Reserved:
 		return " (reserved)"
 	case st.LeaseExpires != nil:
-		return " (expires in " + time.Until(*st.LeaseExpires).Round(time.Second).String() + " unless renewed)"
+		left := time.Until(*st.LeaseExpires).Round(time.Second)
+		if left < 0 {
+			// The daemon's last renewal did not reach past now: the lease
+			// may be gone from etcd.
+			return " (expired " + (-left).String() + " ago unless renewed since: check `overlayd lease get` and the daemon's etcd connection)"
+		}
+		return " (expires in " + left.String() + " unless renewed)"
 	}
 	return ""
 }

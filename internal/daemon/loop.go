@@ -103,16 +103,18 @@ func (d *daemon) onBatch(b etcdv3.Batch) {
 	if len(b.Events) == 0 && len(b.Invalid) == 0 && len(b.Deleted) == 0 {
 		return // etcd's revision moved on; no lease changed
 	}
-	logEvents(d.log, b, d.lease.Subnets(), d.peers)
+	before := d.peers.programmed(b)
 	now := time.Now()
+	rejected := d.peers.apply(b)
 	for _, ev := range b.Events {
-		if ev.Type == subnet.Removed {
-			d.m.eventGone(ev.Lease.Subnets().Primary())
-		} else {
+		if d.peers.isPeer(ev.Lease.ID()) && ev.Type != subnet.Removed {
 			d.m.eventArrived(ev.Lease.Subnets().Primary(), now)
+		} else {
+			d.m.eventGone(ev.Lease.Subnets().Primary())
 		}
 	}
-	d.m.rejected(d.peers.apply(b), d.log)
+	logEvents(d.log, b, d.lease.Subnets(), before, d.peers)
+	d.m.rejected(rejected, d.log)
 	d.publishPeers()
 }
 
@@ -135,24 +137,34 @@ func (d *daemon) publishPeers() {
 	m.peersIPv4Only.Set(float64(c.ipv4Only))
 }
 
-// logEvents logs each peer's arrival, change and departure. It runs before
-// the batch is applied, so a removed peer (whose event names only its
-// subnet) is named by what the peer set last held of it.
-func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, last *peerSet) {
-	for _, ev := range b.Events {
+// logEvents logs what a batch did to the peer set: a peer added, changed
+// or removed. A key that is not a peer before nor after (an unclaimed
+// reservation, an invalid or orphaned lease, reported apart as skipped)
+// is no peer event; a peer whose new value is skipped is removed. before
+// is what the peer set held of the batch's keys before it was applied
+// (programmed), after the set it was applied to. A key the batch names
+// more than once is logged once, as it ends.
+func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[subnet.ID]programmedPeer, after *peerSet) {
+	last := make(map[subnet.ID]int, len(b.Events))
+	for i, ev := range b.Events {
+		last[ev.Lease.ID()] = i
+	}
+	for i, ev := range b.Events {
 		sn := ev.Lease.Subnets()
-		if sn == own {
+		id := sn.ID()
+		if sn == own || last[id] != i {
 			continue
 		}
+		was, wasPeer := before[id]
+		isPeer := ev.Type != subnet.Removed && after.isPeer(id)
 		attrs := []any{"peer", sn.String()}
-		if id := sn.ID(); ev.Type == subnet.Removed {
-			if p, ok := last.valid[id]; ok {
-				attrs = append(attrs, "public_ip", p.PublicIP.String(), "vtep_mac", p.VtepMAC.String())
+		var msg string
+		switch {
+		case isPeer:
+			msg = "peer added"
+			if wasPeer {
+				msg = "peer changed"
 			}
-			if p, ok := last.valid6[id]; ok {
-				attrs = append(attrs, "public_ipv6", p.PublicIP.String(), "vtep_mac_v6", p.VtepMAC.String())
-			}
-		} else {
 			attrs = append(attrs, "public_ip", ev.Lease.Attrs.PublicIP, "node_id", ev.Lease.Attrs.NodeID)
 			if ev.Lease.Attrs.PublicIPv6 != "" {
 				attrs = append(attrs, "public_ipv6", ev.Lease.Attrs.PublicIPv6)
@@ -160,11 +172,24 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, last *peerS
 			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
 				attrs = append(attrs, "vtep_mac", d.VtepMAC)
 			}
-			if why := last.cfg.IPv4Only(ev.Lease); why != "" {
+			if d, err := ev.Lease.Attrs.VXLANv6(); err == nil {
+				attrs = append(attrs, "vtep_mac_v6", d.VtepMAC)
+			}
+			if why := after.cfg.IPv4Only(ev.Lease); why != "" {
 				attrs = append(attrs, "ipv4_only", why)
 			}
+		case wasPeer:
+			msg = "peer removed"
+			if was.v4.PublicIP.IsValid() {
+				attrs = append(attrs, "public_ip", was.v4.PublicIP.String(), "vtep_mac", was.v4.VtepMAC.String())
+			}
+			if was.v6.PublicIP.IsValid() {
+				attrs = append(attrs, "public_ipv6", was.v6.PublicIP.String(), "vtep_mac_v6", was.v6.VtepMAC.String())
+			}
+		default:
+			continue // never a peer: its skip (if any) is logged apart
 		}
-		log.Info("peer "+ev.Type.String(), attrs...)
+		log.Info(msg, attrs...)
 	}
 }
 

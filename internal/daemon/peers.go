@@ -124,7 +124,13 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 	id := l.ID()
 	delete(s.reserved, id)
 	s.drop(id)
-	if l.Unclaimed() && id != s.own {
+	if l.Unclaimed() && id == s.own {
+		// Our own reservation, which this host is adopting: neither a peer
+		// nor a lease to skip.
+		s.unmark(id)
+		return out
+	}
+	if l.Unclaimed() {
 		// A reservation waiting for its host: no VTEP yet, but checked
 		// like every claim (the same check `overlayd lease reserve` makes).
 		if err := s.cfg.CheckClaim(l); err != nil {
@@ -159,6 +165,30 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		s.half[id] = true
 	}
 	return out
+}
+
+// programmedPeer is what the peer set holds of one peer, per family.
+type programmedPeer struct{ v4, v6 backend.Peer }
+
+// programmed returns what the set holds of the peers b's events name.
+func (s *peerSet) programmed(b etcdv3.Batch) map[subnet.ID]programmedPeer {
+	out := map[subnet.ID]programmedPeer{}
+	for _, ev := range b.Events {
+		id := ev.Lease.ID()
+		v4, ok4 := s.valid[id]
+		v6, ok6 := s.valid6[id]
+		if ok4 || ok6 {
+			out[id] = programmedPeer{v4, v6}
+		}
+	}
+	return out
+}
+
+// isPeer reports whether id is a valid peer.
+func (s *peerSet) isPeer(id subnet.ID) bool {
+	_, ok4 := s.valid[id]
+	_, ok6 := s.valid6[id]
+	return ok4 || ok6
 }
 
 // drop forgets the peer on id.

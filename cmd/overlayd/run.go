@@ -93,7 +93,8 @@ func newRunCommand(g *GlobalFlags) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run",
 		Short: "Run the daemon: lease a subnet, program the VXLAN data path, write subnet.env",
-		Long: `Run the overlay daemon on this host until SIGTERM or SIGINT.
+		Long: `Run the overlay daemon on this host until SIGTERM or SIGINT (SIGHUP is
+logged and ignored).
 
 It leases a subnet from etcd (adopting this host's existing lease or
 reservation), creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
@@ -118,6 +119,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			defer ignoreHangup(ctx, cfg.Logger)()
 			if err := runDaemon(ctx, cfg); err != nil {
 				return err
 			}
@@ -143,6 +145,41 @@ drops no packets; 'overlayd teardown' removes it.`,
 	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr", "adopt-flannel")
 	registerFlanneldFlags(c)
 	return usesEtcd(c)
+}
+
+// HangupIgnored is what `overlayd run` logs, at info, when it receives
+// SIGHUP. Without a handler SIGHUP ends a Go program at once (exit 129,
+// nothing logged, the liveness key left to expire), which a closing
+// terminal or a `kill -HUP` habit would do to the daemon. There is nothing
+// to reload: the flags, the environment and the TLS files are read at
+// start, and the network config and the leases are watched already.
+const HangupIgnored = "SIGHUP ignored: overlayd reads its flags, environment and TLS files at start; restart it to apply a change (a restart drops no packets)"
+
+// ignoreHangup logs and otherwise ignores SIGHUP until ctx ends or the
+// returned function is called.
+func ignoreHangup(ctx context.Context, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-hup:
+				log.Info(HangupIgnored)
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		<-finished
+	}
 }
 
 // gcPercent is the garbage collector's target heap growth for `overlayd run`

@@ -151,9 +151,10 @@ drops no packets; 'overlayd teardown' removes it.`,
 // SIGHUP. Without a handler SIGHUP ends a Go program at once (exit 129,
 // nothing logged, the liveness key left to expire), which a closing
 // terminal or a `kill -HUP` habit would do to the daemon. There is nothing
-// to reload: the flags, the environment and the TLS files are read at
-// start, and the network config and the leases are watched already.
-const HangupIgnored = "SIGHUP ignored: overlayd reads its flags, environment and TLS files at start; restart it to apply a change (a restart drops no packets)"
+// to reload: the flags and the environment are read at start, the TLS
+// files at each new connection to etcd, and the network config and the
+// leases are watched already.
+const HangupIgnored = "SIGHUP ignored: there is nothing to reload (flags and environment are read at start, TLS files at each new etcd connection); restart overlayd to apply a changed setting (a restart drops no packets)"
 
 // ignoreHangup logs and otherwise ignores SIGHUP until ctx ends or the
 // returned function is called.
@@ -208,7 +209,7 @@ func newTeardownCommand(g *GlobalFlags) *cobra.Command {
 		Use:   "teardown",
 		Short: "Remove this host's VXLAN device, routes, neighbours, FDB entries, lease and subnet.env",
 		Long: `Remove everything overlayd set up on this host. Stop 'overlayd run' first:
-teardown refuses while it runs (it holds <subnet-file>.lock) unless --force.
+teardown refuses while it runs (whatever its --subnet-file) unless --force.
 
 The lease key is deleted (a reservation is kept: an operator made it) and its
 etcd lease revoked. If etcd cannot be reached, the data path and subnet.env

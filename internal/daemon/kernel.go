@@ -37,6 +37,10 @@ type Kernel interface {
 	RemoveMasquerade() (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
+	// LockHost takes this host's one-overlayd lock (HostLockName) without
+	// waiting, and returns what releases it; ErrRunning, naming the
+	// holder, if it is held.
+	LockHost() (release func(), err error)
 }
 
 // Masquerader keeps the masquerade in place until ctx ends (Run); Close
@@ -66,6 +70,14 @@ func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 		return nil, nil, err
 	}
 	return nl, func() { _ = nl.Close() }, nil
+}
+
+func (k hostKernel) LockHost() (func(), error) {
+	l, err := lockNetns(k.ns)
+	if err != nil {
+		return nil, err
+	}
+	return l.release, nil
 }
 
 func (k hostKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {

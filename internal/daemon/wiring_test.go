@@ -46,6 +46,7 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	subsAtNetlinkClose int
 	deviceAtMasq       bool
+	locked             bool // LockHost
 }
 
 func newFakeKernel() *fakeKernel {
@@ -115,6 +116,21 @@ func (m fakeMasq) Close() error { m.k.note("masq closed"); return nil }
 func (m fakeMasq) RemoveFlannel() ([]string, error) {
 	m.k.note("flannel masq removed")
 	return nil, nil
+}
+
+// LockHost is the host lock of the fake host: one holder at a time.
+func (k *fakeKernel) LockHost() (func(), error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.locked {
+		return nil, fmt.Errorf("%w (the fake host's lock is held)", ErrRunning)
+	}
+	k.locked = true
+	return func() {
+		k.mu.Lock()
+		k.locked = false
+		k.mu.Unlock()
+	}, nil
 }
 
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {

@@ -41,6 +41,10 @@ type Kernel interface {
 	// waiting, and returns what releases it; ErrRunning, naming the
 	// holder, if it is held.
 	LockHost() (release func(), err error)
+	// CheckDataPath says, before anything is claimed in etcd, whether the
+	// data path p can be built here: ErrNoNetAdmin, ErrPortInUse (naming
+	// the holder), or nil.
+	CheckDataPath(p DataPath) error
 }
 
 // Masquerader keeps the masquerade in place until ctx ends (Run); Close

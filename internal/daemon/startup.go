@@ -53,6 +53,10 @@ func (d *daemon) join(ctx context.Context) error {
 	if err := d.findFlannel(); err != nil {
 		return err
 	}
+	// Nothing is published that this host cannot serve.
+	if err := d.cfg.Kernel.CheckDataPath(d.dataPath()); err != nil {
+		return err
+	}
 
 	vni := d.netCfg.Backend.VNI
 	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: d.flannel4.macOr(vxlan.VtepMAC(d.nodeID, vni)),

@@ -118,6 +118,9 @@ func (m fakeMasq) RemoveFlannel() ([]string, error) {
 	return nil, nil
 }
 
+// CheckDataPath finds the fake host able to serve any data path.
+func (k *fakeKernel) CheckDataPath(DataPath) error { return nil }
+
 // LockHost is the host lock of the fake host: one holder at a time.
 func (k *fakeKernel) LockHost() (func(), error) {
 	k.mu.Lock()

@@ -26,6 +26,12 @@ var (
 	ErrPortInUse = errors.New("VXLAN UDP port in use")
 )
 
+// portInUse is an ErrPortInUse said in one sentence.
+type portInUse string
+
+func (e portInUse) Error() string        { return string(e) }
+func (e portInUse) Is(target error) bool { return target == ErrPortInUse }
+
 // DataPath is what the data path of this run needs from the host: the
 // VXLAN VNI and UDP port, the address families, and the devices it will
 // create or take over (which may hold the port already: a restart, or
@@ -110,7 +116,7 @@ func checkPort(p DataPath) error {
 		if strings.HasPrefix(vx.Name, "flannel") {
 			advice = "it is flanneld's: stop flanneld and start overlayd with --adopt-flannel to take it over (Documentation/migrating-from-flannel.md), or delete it"
 		}
-		return fmt.Errorf("%w: UDP port %d is in use by VXLAN device %s (VNI %d): %s; see `ip -d link show type vxlan`", ErrPortInUse, p.Port, vx.Name, vx.VxlanId, advice)
+		return portInUse(fmt.Sprintf("UDP port %d is in use by VXLAN device %s (VNI %d): %s; see `ip -d link show type vxlan`", p.Port, vx.Name, vx.VxlanId, advice))
 	}
 	for _, fam := range []struct {
 		on      bool
@@ -132,7 +138,7 @@ func checkPort(p DataPath) error {
 		if held[fam.family] {
 			continue // a VXLAN device's socket: ours, or one that shares it
 		}
-		return fmt.Errorf("%w: UDP port %d is in use by %s: stop it, or give this network another Backend.Port in the network config; see `ss -ulpn`", ErrPortInUse, p.Port, udpPortOwner(fam.family, p.Port))
+		return portInUse(fmt.Sprintf("UDP port %d is in use by %s: stop it, or give this network another Backend.Port in the network config; see `ss -ulpn`", p.Port, udpPortOwner(fam.family, p.Port)))
 	}
 	return nil
 }

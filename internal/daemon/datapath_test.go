@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -59,11 +61,22 @@ func TestNothingIsPublishedThatTheHostCannotServe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation/troubleshooting.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// refused runs a start that must be refused with want, saying each of
+	// wantText, as troubleshooting.md quotes it (with the process holding
+	// the port shown as nc (pid 4242)).
 	refused := func(t *testing.T, h *node, run func() error, want error, wantText ...string) {
 		t.Helper()
 		err := run()
 		if !errors.Is(err, want) {
 			t.Fatalf("start = %v, want %v", err, want)
+		}
+		quoted := "Error: " + strings.ReplaceAll(err.Error(), fmt.Sprintf("%s (pid %d)", comm(t), os.Getpid()), "nc (pid 4242)") + "\n"
+		if !strings.Contains(string(doc), quoted) {
+			t.Errorf("troubleshooting.md does not quote %q", quoted)
 		}
 		for _, s := range wantText {
 			if !strings.Contains(err.Error(), s) {

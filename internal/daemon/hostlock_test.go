@@ -39,6 +39,18 @@ func TestHostLockIsPerNetworkNamespace(t *testing.T) {
 	if !errors.Is(err, ErrRunning) || !strings.Contains(err.Error(), pid) || !strings.Contains(err.Error(), "stop it first") {
 		t.Errorf("a second overlayd with another --subnet-file: %v; want ErrRunning naming %s with advice to stop it", err, pid)
 	}
+	// troubleshooting.md and configuration.md quote it, the holder shown
+	// as overlayd's pid 4242.
+	quoted := "Error: " + strings.ReplaceAll(err.Error(), fmt.Sprintf("%s (%s)", pid, comm(t)), "pid 4242 (overlayd)")
+	for _, doc := range []string{"Documentation/troubleshooting.md"} {
+		data, rerr := os.ReadFile(filepath.Join(testenv.RepoRoot(t), doc))
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		if !strings.Contains(string(data), quoted+"\n") {
+			t.Errorf("%s does not quote %q", doc, quoted)
+		}
+	}
 	_, err = Teardown(context.Background(), Config{NodeName: "h1", SubnetFile: filepath.Join(dir, "third", "subnet.env"), NetNS: ha}, TeardownOptions{VNI: 1})
 	if !errors.Is(err, ErrRunning) || !strings.Contains(err.Error(), "--force") {
 		t.Errorf("teardown with another --subnet-file: %v; want ErrRunning mentioning --force", err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // SIGHUP (a closed terminal, a `kill -HUP` habit) neither ends overlayd
@@ -79,4 +83,66 @@ func TestSecondOverlaydOnAHostRefuses(t *testing.T) {
 	if after := lease(t, h); after != before {
 		t.Errorf("lease changed from %s to %s", before, after)
 	}
+}
+
+// A host whose VXLAN port is taken by a UDP socket: overlayd exits 1 at
+// start naming the process and `ss -ulpn`, and leaves nothing in etcd (no
+// lease every other host would route to, no liveness key). Once the
+// socket is gone it starts.
+func TestPortInUseLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{})
+	h, err := l.AddNode("h1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sock net.PacketConn
+	if err := lab.Do(h.NS, func() (err error) {
+		sock, err = net.ListenPacket("udp4", "0.0.0.0:8472")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited, how := h.Exited()
+	select {
+	case <-exited:
+	case <-time.After(testenv.Deadline(30 * time.Second)):
+		t.Fatal("overlayd did not exit with its port taken")
+	}
+	var exit *exec.ExitError
+	if err := how(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("overlayd with its port taken: %v, want exit 1", err)
+	}
+	log, err := os.ReadFile(h.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("UDP port 8472 is in use by %s (pid %d)", filepath.Base(os.Args[0])[:min(15, len(filepath.Base(os.Args[0])))], os.Getpid())
+	if !strings.Contains(string(log), want) || !strings.Contains(string(log), "`ss -ulpn`") {
+		t.Errorf("log does not say %q and `ss -ulpn`:\n%s", want, log)
+	}
+	cli, err := l.Etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Get(ctxT(t, 10*time.Second), "/coreos.com/network/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if k := string(kv.Key); k != "/coreos.com/network/config" {
+			t.Errorf("left in etcd by a start that could not serve: %s", k)
+		}
+	}
+
+	sock.Close()
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	labtest.WaitReady(t, h)
 }

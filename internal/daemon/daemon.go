@@ -167,6 +167,9 @@ func run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := d.startDataPlane(ctx); err != nil {
+		if ctx.Err() == nil {
+			d.releaseUnserved()
+		}
 		return err
 	}
 	return d.loop(ctx)
@@ -203,11 +206,13 @@ type daemon struct {
 	netCfg *subnet.Config
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
-	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
-	be     *vxlan.Backend  // the IPv4 data plane
-	dev    vxlan.DeviceInfo
-	be6    *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
-	dev6   vxlan.DeviceInfo
+	// claimed: this start created the lease (none named this host).
+	claimed bool
+	snap    etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
+	be      *vxlan.Backend  // the IPv4 data plane
+	dev     vxlan.DeviceInfo
+	be6     *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
+	dev6    vxlan.DeviceInfo
 	// flannel4 and flannel6 are flanneld's devices being taken over
 	// (AdoptFlannel), zero if none.
 	flannel4, flannel6 flannelDevice

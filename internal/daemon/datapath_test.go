@@ -7,13 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -157,4 +160,63 @@ func comm(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// A start that fails after claiming a new lease, before its data path is
+// in place (here: the masquerade cannot be installed), releases that
+// lease: no peer routes to a host that never served it. A lease the host
+// held before is kept: its pods may hold addresses from it.
+func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
+	srv := etcdtest.Start(t)
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(tctx(t),
+		[]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	leases := func() []string {
+		resp, err := srv.Client(t).Get(tctx(t), etcdv3.DefaultPrefix+"/subnets/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, kv := range resp.Kvs {
+			keys = append(keys, string(kv.Key))
+		}
+		return keys
+	}
+	noMasq := errors.New("no nf_tables here")
+	failing := func(c *Config) { c.Kernel.(*fakeKernel).masqErr = noMasq }
+	wait := func(w *wiring) error {
+		select {
+		case err := <-w.done:
+			w.done <- err // for the cleanup
+			return err
+		case <-time.After(testenv.Deadline(30 * time.Second)):
+			t.Fatal("the daemon did not return")
+			return nil
+		}
+	}
+
+	if err := wait(startWiring(t, srv, failing)); !errors.Is(err, noMasq) {
+		t.Fatalf("start = %v, want %v", err, noMasq)
+	}
+	if keys := leases(); len(keys) != 0 {
+		t.Errorf("a start that failed before its data path was in place left its new lease: %q", keys)
+	}
+
+	w := startWiring(t, srv)
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	w.cancel()
+	if err := wait(w); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	held := leases()
+	if len(held) != 1 {
+		t.Fatalf("leases after a good start: %q", held)
+	}
+	if err := wait(startWiring(t, srv, failing)); !errors.Is(err, noMasq) {
+		t.Fatalf("restart = %v, want %v", err, noMasq)
+	}
+	if keys := leases(); !slices.Equal(keys, held) {
+		t.Errorf("a failed restart changed the leases from %q to %q: the lease it held before must stay", held, keys)
+	}
 }

@@ -46,7 +46,8 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	subsAtNetlinkClose int
 	deviceAtMasq       bool
-	locked             bool // LockHost
+	locked             bool  // LockHost
+	masqErr            error // what Masquerade fails with, if set
 }
 
 func newFakeKernel() *fakeKernel {
@@ -89,6 +90,9 @@ func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 }
 
 func (k *fakeKernel) Masquerade(networks []masq.Network, _ *slog.Logger) (Masquerader, error) {
+	if k.masqErr != nil {
+		return nil, k.masqErr
+	}
 	_, err := k.nl.LinkByName(networks[0].Device)
 	k.mu.Lock()
 	k.deviceAtMasq = err == nil

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -196,11 +198,22 @@ func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
 		}
 	}
 
-	if err := wait(startWiring(t, srv, failing)); !errors.Is(err, noMasq) {
+	var logs bytes.Buffer
+	logged := func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }
+	if err := wait(startWiring(t, srv, failing, logged)); !errors.Is(err, noMasq) {
 		t.Fatalf("start = %v, want %v", err, noMasq)
 	}
 	if keys := leases(); len(keys) != 0 {
 		t.Errorf("a start that failed before its data path was in place left its new lease: %q", keys)
+	}
+	// configuration.md quotes the line.
+	const released = "start-up failed before the data path was in place: released the lease it claimed"
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation/configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `msg="`+released+`"`) || !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), "`"+released+"`") {
+		t.Errorf("want %q logged and quoted in configuration.md; logged:\n%s", released, logs.String())
 	}
 
 	w := startWiring(t, srv)

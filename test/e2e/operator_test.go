@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,6 +126,54 @@ func TestPortInUseLeavesNoLease(t *testing.T) {
 	if !strings.Contains(string(log), want) || !strings.Contains(string(log), "`ss -ulpn`") {
 		t.Errorf("log does not say %q and `ss -ulpn`:\n%s", want, log)
 	}
+	noKeysBut(t, l, "/coreos.com/network/config")
+
+	sock.Close()
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	labtest.WaitReady(t, h)
+}
+
+// overlayd run as root without CAP_NET_ADMIN (withheld by the launcher in
+// main_test.go) exits 1 at start saying it needs the capability, and
+// leaves nothing in etcd.
+func TestWithoutNetAdminNothingIsPublished(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{})
+	h, err := l.AddNode("h1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd := exec.Command(os.Args[0], h.RunArgs()...)
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") }),
+		withoutNetAdmin+"="+l.Binary("overlayd"))
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := lab.Do(h.NS, cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(testenv.Deadline(30 * time.Second)):
+		_ = cmd.Process.Kill() // the process this test started
+		<-done
+		t.Fatalf("overlayd without CAP_NET_ADMIN did not exit:\n%s", out.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out.String(), "Error: overlayd needs CAP_NET_ADMIN") {
+		t.Fatalf("overlayd without CAP_NET_ADMIN: %v, want exit 1 saying it needs CAP_NET_ADMIN:\n%s", err, out.String())
+	}
+	noKeysBut(t, l, "/coreos.com/network/config")
+}
+
+// noKeysBut fails t if etcd holds a key under the default prefix other
+// than keep.
+func noKeysBut(t *testing.T, l *lab.Lab, keep string) {
+	t.Helper()
 	cli, err := l.Etcd.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -135,14 +184,8 @@ func TestPortInUseLeavesNoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, kv := range resp.Kvs {
-		if k := string(kv.Key); k != "/coreos.com/network/config" {
+		if k := string(kv.Key); k != keep {
 			t.Errorf("left in etcd by a start that could not serve: %s", k)
 		}
 	}
-
-	sock.Close()
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	labtest.WaitReady(t, h)
 }

@@ -83,7 +83,69 @@ func (k hostKernel) CheckDataPath(p DataPath) error {
 	case !ok:
 		return fmt.Errorf("%w to create its VXLAN device and program routes: run it as root or grant the capability (systemd: AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW; Kubernetes: securityContext.capabilities.add: [NET_ADMIN, NET_RAW])", ErrNoNetAdmin)
 	}
-	return inNetns(k.ns, func() error { return checkPort(p) })
+	return inNetns(k.ns, func() error {
+		if err := ownsNetns(); err != nil {
+			return err
+		}
+		return checkPort(p)
+	})
+}
+
+// The ioctls of nsfs (linux/nsfs.h) that open a namespace's owning user
+// namespace and a user namespace's parent.
+const (
+	nsGetUserns = 0xb701
+	nsGetParent = 0xb702
+)
+
+// ownsNetns, run in the network namespace to program, checks that the
+// capabilities capget reports count there: they are those of this
+// process's user namespace, which must own the network namespace or be an
+// ancestor of its owner. In a user namespace of its own (a rootless
+// container), root has every capability, but not over the host's network.
+func ownsNetns() error {
+	self, err := nsInode("/proc/self/ns/user")
+	if err != nil {
+		return nil // no namespaces to compare (a kernel without them)
+	}
+	nsf, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil
+	}
+	defer nsf.Close()
+	notOwner := fmt.Errorf("%w in the user namespace that owns its network namespace, and it runs in a user namespace of its own (a rootless container?), where its capabilities do not count for the host's network: run it in the host's user namespace as root, or grant the capability there", ErrNoNetAdmin)
+	fd, err := unix.IoctlRetInt(int(nsf.Fd()), nsGetUserns)
+	switch {
+	case errors.Is(err, unix.EPERM):
+		// The owner is outside this process's user namespace.
+		return notOwner
+	case err != nil:
+		return nil // a kernel before 4.9: cannot tell; the device creation will
+	}
+	for {
+		var st unix.Stat_t
+		err := unix.Fstat(fd, &st)
+		if err == nil && st.Ino == self {
+			unix.Close(fd)
+			return nil
+		}
+		parent, perr := unix.IoctlRetInt(fd, nsGetParent)
+		unix.Close(fd)
+		if err != nil || perr != nil {
+			// EPERM: the owner's ancestry leaves this process's user
+			// namespace without passing through it.
+			return notOwner
+		}
+		fd = parent
+	}
+}
+
+func nsInode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }
 
 // checkPort, run in the host's network namespace, finds what would keep

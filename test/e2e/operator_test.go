@@ -135,39 +135,65 @@ func TestPortInUseLeavesNoLease(t *testing.T) {
 	labtest.WaitReady(t, h)
 }
 
-// overlayd run as root without CAP_NET_ADMIN (withheld by the launcher in
-// main_test.go) exits 1 at start saying it needs the capability, and
-// leaves nothing in etcd.
+// overlayd run without CAP_NET_ADMIN over its network namespace exits 1
+// at start saying it needs the capability, and leaves nothing in etcd:
+// run as root with the capability withheld (by the launcher in
+// main_test.go), or as root of a user namespace of its own (a rootless
+// container: every capability, none of them over the host's network).
 func TestWithoutNetAdminNothingIsPublished(t *testing.T) {
 	t.Parallel()
-	l := labtest.New(t, lab.Config{})
-	h, err := l.AddNode("h1", 1)
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name   string
+		launch func(l *lab.Lab, args []string) *exec.Cmd
+		want   string
+	}{
+		{"capability withheld", func(l *lab.Lab, args []string) *exec.Cmd {
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(cmd.Environ(), withoutNetAdmin+"="+l.Binary("overlayd"))
+			return cmd
+		}, "Error: overlayd needs CAP_NET_ADMIN to create its VXLAN device"},
+		{"user namespace of its own", func(l *lab.Lab, args []string) *exec.Cmd {
+			cmd := exec.Command(l.Binary("overlayd"), args...)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+				UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+				GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}}
+			return cmd
+		}, "Error: overlayd needs CAP_NET_ADMIN in the user namespace that owns its network namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l := labtest.New(t, lab.Config{})
+			h, err := l.AddNode("h1", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			cmd := tc.launch(l, h.RunArgs())
+			cmd.Env = slices.DeleteFunc(cmd.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") })
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if cmd.SysProcAttr == nil {
+				cmd.SysProcAttr = &syscall.SysProcAttr{}
+			}
+			cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+			if err := lab.Do(h.NS, cmd.Start); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err = <-done:
+			case <-time.After(testenv.Deadline(30 * time.Second)):
+				_ = cmd.Process.Kill() // the process this test started
+				<-done
+				t.Fatalf("overlayd did not exit:\n%s", out.String())
+			}
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out.String(), tc.want) {
+				t.Fatalf("overlayd: %v, want exit 1 saying %q:\n%s", err, tc.want, out.String())
+			}
+			noKeysBut(t, l, "/coreos.com/network/config")
+		})
 	}
-	var out strings.Builder
-	cmd := exec.Command(os.Args[0], h.RunArgs()...)
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") }),
-		withoutNetAdmin+"="+l.Binary("overlayd"))
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := lab.Do(h.NS, cmd.Start); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err = <-done:
-	case <-time.After(testenv.Deadline(30 * time.Second)):
-		_ = cmd.Process.Kill() // the process this test started
-		<-done
-		t.Fatalf("overlayd without CAP_NET_ADMIN did not exit:\n%s", out.String())
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out.String(), "Error: overlayd needs CAP_NET_ADMIN") {
-		t.Fatalf("overlayd without CAP_NET_ADMIN: %v, want exit 1 saying it needs CAP_NET_ADMIN:\n%s", err, out.String())
-	}
-	noKeysBut(t, l, "/coreos.com/network/config")
 }
 
 // noKeysBut fails t if etcd holds a key under the default prefix other

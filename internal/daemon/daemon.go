@@ -206,13 +206,11 @@ type daemon struct {
 	netCfg *subnet.Config
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
-	// claimed: this start created the lease (none named this host).
-	claimed bool
-	snap    etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
-	be      *vxlan.Backend  // the IPv4 data plane
-	dev     vxlan.DeviceInfo
-	be6     *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
-	dev6    vxlan.DeviceInfo
+	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
+	be     *vxlan.Backend  // the IPv4 data plane
+	dev    vxlan.DeviceInfo
+	be6    *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
+	dev6   vxlan.DeviceInfo
 	// flannel4 and flannel6 are flanneld's devices being taken over
 	// (AdoptFlannel), zero if none.
 	flannel4, flannel6 flannelDevice
@@ -220,6 +218,8 @@ type daemon struct {
 	env                *envKeeper
 	journal            *etcdv3.Journal // nil if it cannot be kept
 	batches            <-chan etcdv3.Batch
+	// claimed: this start created the lease (none named this host before).
+	claimed bool
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

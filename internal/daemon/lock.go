@@ -114,6 +114,7 @@ func lockNetns(ns netns.NsHandle) (*netnsLock, error) {
 				if errors.Is(err, net.ErrClosed) {
 					return
 				}
+				time.Sleep(100 * time.Millisecond) // out of descriptors: no busy loop
 				continue
 			}
 			c.Close()

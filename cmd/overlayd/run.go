@@ -93,7 +93,8 @@ func newRunCommand(g *GlobalFlags) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run",
 		Short: "Run the daemon: lease a subnet, program the VXLAN data path, write subnet.env",
-		Long: `Run the overlay daemon on this host until SIGTERM or SIGINT.
+		Long: `Run the overlay daemon on this host until SIGTERM or SIGINT (SIGHUP is
+logged and ignored).
 
 It leases a subnet from etcd (adopting this host's existing lease or
 reservation), creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
@@ -118,6 +119,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			defer ignoreHangup(ctx, cfg.Logger)()
 			if err := runDaemon(ctx, cfg); err != nil {
 				return err
 			}
@@ -143,6 +145,42 @@ drops no packets; 'overlayd teardown' removes it.`,
 	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr", "adopt-flannel")
 	registerFlanneldFlags(c)
 	return usesEtcd(c)
+}
+
+// HangupIgnored is what `overlayd run` logs, at info, when it receives
+// SIGHUP. Without a handler SIGHUP ends a Go program at once (exit 129,
+// nothing logged, the liveness key left to expire), which a closing
+// terminal or a `kill -HUP` habit would do to the daemon. There is nothing
+// to reload: the flags and the environment are read at start, the TLS
+// files at each new connection to etcd, and the network config and the
+// leases are watched already.
+const HangupIgnored = "SIGHUP ignored: there is nothing to reload (flags and environment are read at start, TLS files at each new etcd connection); restart overlayd to apply a changed setting (a restart drops no packets)"
+
+// ignoreHangup logs and otherwise ignores SIGHUP until ctx ends or the
+// returned function is called.
+func ignoreHangup(ctx context.Context, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-hup:
+				log.Info(HangupIgnored)
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		<-finished
+	}
 }
 
 // gcPercent is the garbage collector's target heap growth for `overlayd run`
@@ -171,7 +209,7 @@ func newTeardownCommand(g *GlobalFlags) *cobra.Command {
 		Use:   "teardown",
 		Short: "Remove this host's VXLAN device, routes, neighbours, FDB entries, lease and subnet.env",
 		Long: `Remove everything overlayd set up on this host. Stop 'overlayd run' first:
-teardown refuses while it runs (it holds <subnet-file>.lock) unless --force.
+teardown refuses while it runs (whatever its --subnet-file) unless --force.
 
 The lease key is deleted (a reservation is kept: an operator made it) and its
 etcd lease revoked. If etcd cannot be reached, the data path and subnet.env

@@ -134,15 +134,20 @@ func run(ctx context.Context, cfg Config) error {
 	if d.nodeID, err = NodeID(cfg.NodeName, cfg.MachineIDFile); err != nil {
 		return err
 	}
+	// One overlayd per host, whatever its flags: the host lock is taken
+	// first, then the subnet file's (two hosts must not share one file).
+	unlock, err := cfg.Kernel.LockHost()
+	if err != nil {
+		return lockError(err)
+	}
+	defer unlock()
 	if d.ul, err = cfg.Kernel.Underlay(cfg.Iface, cfg.PublicIP, cfg.PublicIPv6); err != nil {
 		return err
 	}
 	lock, err := lockHost(cfg.SubnetFile)
 	switch {
 	case errors.Is(err, ErrRunning):
-		// Not "run this one beside it": one host has one overlay (its
-		// devices and the nftables table are the same for both).
-		return fmt.Errorf("%w: stop it first (systemctl stop overlayd)", err)
+		return lockError(err)
 	case err != nil:
 		return fmt.Errorf("--subnet-file %s: %w", cfg.SubnetFile, err)
 	}
@@ -162,9 +167,22 @@ func run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := d.startDataPlane(ctx); err != nil {
+		if ctx.Err() == nil {
+			d.releaseUnserved()
+		}
 		return err
 	}
 	return d.loop(ctx)
+}
+
+// lockError is what `overlayd run` says when it cannot take a lock.
+func lockError(err error) error {
+	if errors.Is(err, ErrRunning) {
+		// Not "run this one beside it": one host has one overlay (its
+		// devices and the nftables table are the same for both).
+		return fmt.Errorf("%w: stop it first (systemctl stop overlayd)", err)
+	}
+	return err
 }
 
 // daemon is one run of overlayd: what start-up has built so far, for the
@@ -200,6 +218,8 @@ type daemon struct {
 	env                *envKeeper
 	journal            *etcdv3.Journal // nil if it cannot be kept
 	batches            <-chan etcdv3.Batch
+	// claimed: this start created the lease (none named this host before).
+	claimed bool
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

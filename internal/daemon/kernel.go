@@ -40,6 +40,14 @@ type Kernel interface {
 	// MarkTakenOver records on flanneld's device name that overlayd has
 	// taken it over (see TakenOverAlias).
 	MarkTakenOver(name string) error
+	// LockHost takes this host's one-overlayd lock (HostLockName) without
+	// waiting, and returns what releases it; ErrRunning, naming the
+	// holder, if it is held.
+	LockHost() (release func(), err error)
+	// CheckDataPath says, before anything is claimed in etcd, whether the
+	// data path p can be built here: ErrNoNetAdmin, ErrPortInUse (naming
+	// the holder), or nil.
+	CheckDataPath(p DataPath) error
 }
 
 // TakenOverAlias is the alias (IFLA_IFALIAS, `ip link show` prints it)
@@ -76,6 +84,14 @@ func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 		return nil, nil, err
 	}
 	return nl, func() { _ = nl.Close() }, nil
+}
+
+func (k hostKernel) LockHost() (func(), error) {
+	l, err := lockNetns(k.ns)
+	if err != nil {
+		return nil, err
+	}
+	return l.release, nil
 }
 
 func (k hostKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {

@@ -56,6 +56,10 @@ func (d *daemon) join(ctx context.Context) error {
 	if err := d.findFlannel(); err != nil {
 		return err
 	}
+	// Nothing is published that this host cannot serve.
+	if err := d.cfg.Kernel.CheckDataPath(d.dataPath()); err != nil {
+		return err
+	}
 
 	vni := d.netCfg.Backend.VNI
 	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: d.flannel4.macOr(vxlan.VtepMAC(d.nodeID, vni)),
@@ -81,6 +85,7 @@ func (d *daemon) join(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	d.claimed = !holds(d.snap, d.lease)
 	d.st.set(func(p *probe) { p.mgr = d.mgr })
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
@@ -111,6 +116,35 @@ func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) err
 		}
 	}
 	return nil
+}
+
+// holds reports whether the listing snap has lease l's key: a lease that
+// this start adopted or resumed rather than created.
+func holds(snap etcdv3.Snapshot, l subnet.Lease) bool {
+	for _, x := range snap.Leases {
+		if x.Subnets() == l.Subnets() {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseUnserved gives up the lease this start created, when the start
+// failed before the data path was in place: kept, it would have every
+// peer route pods' traffic to a host that cannot receive it, for the
+// lease's TTL. A lease this host held before (adopted, resumed, a
+// reservation) is kept: pods may hold addresses from it.
+func (d *daemon) releaseUnserved() {
+	if !d.claimed || d.mgr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout(d.cfg.Etcd))
+	defer cancel()
+	if err := d.mgr.Release(ctx); err != nil {
+		d.log.Warn("start-up failed before the data path was in place, and the lease it claimed could not be released; it expires after its TTL, or run `overlayd lease revoke SUBNET`", "err", err)
+		return
+	}
+	d.log.Info("start-up failed before the data path was in place: released the lease it claimed")
 }
 
 // startDataPlane sets up the VXLAN devices (one per address family the

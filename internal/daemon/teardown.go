@@ -64,14 +64,20 @@ type TeardownOptions struct {
 func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownResult, error) {
 	cfg.defaults()
 	var res TeardownResult
-	lock, err := lockHost(cfg.SubnetFile)
+	// The host lock, then the subnet file's, as `overlayd run` takes them.
+	unlock, err := cfg.Kernel.LockHost()
+	if err == nil {
+		// Held while tearing down: a daemon starting now refuses.
+		defer unlock()
+		var lock *hostLock
+		if lock, err = lockHost(cfg.SubnetFile); err == nil {
+			defer lock.release()
+		}
+	}
 	switch {
-	case err == nil:
-		// Held while tearing down: a daemon starting now waits for us.
-		defer lock.release()
 	case errors.Is(err, ErrRunning) && !opts.Force:
 		return res, fmt.Errorf("%w: stop it first (systemctl stop overlayd), or pass --force to tear down under it (it rebuilds what it owns within seconds)", err)
-	case !errors.Is(err, ErrRunning):
+	case err != nil && !errors.Is(err, ErrRunning):
 		return res, err
 	}
 	nodeID, err := NodeID(cfg.NodeName, cfg.MachineIDFile)

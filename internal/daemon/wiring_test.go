@@ -46,6 +46,8 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	subsAtNetlinkClose int
 	deviceAtMasq       bool
+	locked             bool  // LockHost
+	masqErr            error // what Masquerade fails with, if set
 }
 
 func newFakeKernel() *fakeKernel {
@@ -88,6 +90,9 @@ func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
 }
 
 func (k *fakeKernel) Masquerade(networks []masq.Network, _ *slog.Logger) (Masquerader, error) {
+	if k.masqErr != nil {
+		return nil, k.masqErr
+	}
 	_, err := k.nl.LinkByName(networks[0].Device)
 	k.mu.Lock()
 	k.deviceAtMasq = err == nil
@@ -120,6 +125,24 @@ func (m fakeMasq) RemoveFlannel() ([]string, error) {
 func (k *fakeKernel) MarkTakenOver(name string) error {
 	k.note("marked " + name)
 	return nil
+}
+
+// CheckDataPath finds the fake host able to serve any data path.
+func (k *fakeKernel) CheckDataPath(DataPath) error { return nil }
+
+// LockHost is the host lock of the fake host: one holder at a time.
+func (k *fakeKernel) LockHost() (func(), error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.locked {
+		return nil, fmt.Errorf("%w (the fake host's lock is held)", ErrRunning)
+	}
+	k.locked = true
+	return func() {
+		k.mu.Lock()
+		k.locked = false
+		k.mu.Unlock()
+	}, nil
 }
 
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {

@@ -166,7 +166,7 @@ func TestLeaseListIPv4NetworkWithDualKey(t *testing.T) {
 	if !strings.HasPrefix(r.out, "SUBNET") || !slices.Equal(strings.Fields(strings.SplitN(r.out, "\n", 2)[0]), dualHeader) {
 		t.Fatalf("header with a dual-stack key: %q, want %q", strings.SplitN(r.out, "\n", 2)[0], dualHeader)
 	}
-	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"ipv4-only", "fd00:10:244:70::/64", "2001:db8::70", "-"}) {
+	if f := row(t, r.out, "10.244.70.0/24"); !slices.Equal(f[6:], []string{"ipv4-only", "fd00:10:244:70::/64", "2001:db8::70", "0e:00:00:00:06:70"}) {
 		t.Errorf("dual-stack key's row %q, want it ipv4-only, with its IPv6 subnet and address", f)
 	}
 	if f := row(t, r.out, live[0].String()); !slices.Equal(f[6:], []string{"leased", "-", "-", "-"}) {

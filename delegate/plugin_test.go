@@ -143,8 +143,22 @@ func newFixture(t *testing.T) *fixture {
 		stderr:     &bytes.Buffer{},
 	}
 	fx.plugin = New(fx.inv, fx.stdout, fx.stderr)
+	// The fixture's namespaces are names only: the fake delegate never enters them.
+	fx.plugin.netns = acceptStandIns(func(path string) bool { return strings.HasPrefix(path, "/var/run/netns/") })
 	fx.writeEnv("10.244.7.0/24")
 	return fx
+}
+
+// acceptStandIns is a namespace check for unit tests whose fake delegate
+// never enters a namespace: it takes the paths isStandIn accepts for
+// network namespaces, and judges every other path as overlay-cni does.
+func acceptStandIns(isStandIn func(string) bool) func(string) error {
+	return func(path string) error {
+		if isStandIn(path) {
+			return nil
+		}
+		return networkNamespace(path)
+	}
 }
 
 func (fx *fixture) writeEnv(lease string) {

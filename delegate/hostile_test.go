@@ -184,7 +184,7 @@ func TestHostileConfigPaths(t *testing.T) {
 				var err error
 				within(t, verb, func() {
 					err = verbCase{Verb: uint8(indexOf(fuzzVerbs, verb)), Stdin: conf, ContainerID: "c1", IfName: "eth0",
-						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: prepareFor(verb)}.run(t)
+						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: prepareFor(verb) | 1}.run(t) // 1: the stand-in namespace
 				})
 				if got := codeOf(t, err); got != want {
 					t.Fatalf("%s = %v, want code %d", verb, err, want)
@@ -305,7 +305,7 @@ func TestCheckPrevResultWithNulls(t *testing.T) {
 			t.Run(fmt.Sprintf("%s cached %s", prev, cachedVersions[ver]), func(t *testing.T) {
 				conf := []byte(`{"cniVersion":"1.1.0","name":"overlay","prevResult":` + prev + `}`)
 				err := verbCase{Verb: uint8(indexOf(fuzzVerbs, "CHECK")), Stdin: conf, ContainerID: "c1", IfName: "eth0",
-					Flags: flagPrepare | ver<<6}.run(t)
+					Flags: flagPrepare | ver<<6 | 1}.run(t) // 1: the stand-in namespace
 				if got := codeOf(t, err); got != types.ErrDecodingFailure {
 					t.Fatalf("CHECK = %v, want code %d", err, types.ErrDecodingFailure)
 				}

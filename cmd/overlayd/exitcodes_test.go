@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -109,7 +111,8 @@ func expiredCert(t *testing.T) (cert, key string) {
 }
 
 // TestEndpointThatIsNotEtcd: an endpoint that answers HTTP but not etcd's
-// gRPC — a web server speaking HTTP/1.1, or HTTP/2 answering 404 — is
+// gRPC — a web server speaking HTTP/1.1, HTTP/2 answering 404, a gRPC
+// server without etcd's services — is
 // named as such, with what to check, and no gRPC text reaches the user
 // (it said "refused the request: unexpected HTTP status code received from
 // server: 404 (Not Found); transport: … data: …", or waited the whole
@@ -136,16 +139,33 @@ func TestEndpointThatIsNotEtcd(t *testing.T) {
 			}
 			go func() { _ = srv.Serve(ln) }()
 			t.Cleanup(func() { _ = srv.Close() })
-			r := run(t, "http://"+ln.Addr().String(), "", "lease", "list")
-			if r.code != exitError || !strings.Contains(r.err, tc.want) || !strings.Contains(r.err, "check that --endpoints names etcd's client port") {
-				t.Errorf("lease list: exit %d, stderr %q; want exit 1, %q and what to check", r.code, r.err, tc.want)
-			}
-			for _, raw := range []string{"rpc error", "desc =", "transport:", "data:", "unexpected HTTP status code"} {
-				if strings.Contains(r.err, raw) {
-					t.Errorf("gRPC's text %q reaches the user: %q", raw, r.err)
-				}
-			}
+			checkNotEtcd(t, "http://"+ln.Addr().String(), tc.want)
 		})
+	}
+	t.Run("gRPC without etcd", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(srv.Stop)
+		checkNotEtcd(t, "http://"+ln.Addr().String(), "answered gRPC without etcd's services (etcdserverpb.KV is unknown there), not etcd's gRPC")
+	})
+}
+
+// checkNotEtcd runs lease list against endpoint, which is not etcd: exit
+// 1 with want and what to check, and none of gRPC's own words.
+func checkNotEtcd(t *testing.T, endpoint, want string) {
+	t.Helper()
+	r := run(t, endpoint, "", "lease", "list")
+	if r.code != exitError || !strings.Contains(r.err, want) || !strings.Contains(r.err, "check that --endpoints names etcd's client port") {
+		t.Errorf("lease list: exit %d, stderr %q; want exit 1, %q and what to check", r.code, r.err, want)
+	}
+	for _, raw := range []string{"rpc error", "desc =", "transport:", "data:", "unexpected HTTP status code", "unknown service"} {
+		if strings.Contains(r.err, raw) {
+			t.Errorf("gRPC's text %q reaches the user: %q", raw, r.err)
+		}
 	}
 }
 

@@ -245,13 +245,17 @@ func (c Config) explainServer(err error) error {
 const notEtcdHint = "check that --endpoints names etcd's client port (2379 by default)"
 
 // notGRPC recognises gRPC's words for an answer that was HTTP but not
-// gRPC (a web server, a proxy, etcd's peer or metrics port) and says what
-// the server answered, e.g. "HTTP 404 (Not Found)".
+// gRPC (a web server, a proxy, etcd's peer or metrics port), or gRPC
+// without etcd's services, and says what the server answered, e.g.
+// "HTTP 404 (Not Found)".
 func notGRPC(msg string) (string, bool) {
 	const status = "unexpected HTTP status code received from server: "
 	if _, rest, ok := strings.Cut(msg, status); ok {
 		code, _, _ := strings.Cut(rest, ";")
 		return "HTTP " + strings.TrimSpace(code), true
+	}
+	if _, rest, ok := strings.Cut(msg, "unknown service "); ok && strings.HasPrefix(rest, "etcdserverpb.") {
+		return "gRPC without etcd's services (" + strings.TrimSpace(rest) + " is unknown there)", true
 	}
 	const ctype = "received unexpected content-type "
 	if _, rest, ok := strings.Cut(msg, ctype); ok {

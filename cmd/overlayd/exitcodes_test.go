@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
@@ -237,5 +240,34 @@ func TestWriteOutIsHonouredEverywhere(t *testing.T) {
 	r = run(t, srv.Endpoint, "", "config", "get", "-w", "simple")
 	if r.code != exitOK || !strings.Contains(r.out, "Backend.MTU \"0 (underlay MTU - 50)\"\n") {
 		t.Errorf("config get -w simple: %+v", r)
+	}
+}
+
+// TestDaemonErrorsNameTheVariableSet: an error of the daemon that names a
+// flag (--subnet-file, --iface …) also names the variable or flanneld's
+// flag that set it, as the user set no flag of that name (it named the
+// flag only).
+func TestDaemonErrorsNameTheVariableSet(t *testing.T) {
+	saved := runDaemon
+	t.Cleanup(func() { runDaemon = saved })
+	runDaemon = func(_ context.Context, cfg daemon.Config) error {
+		return fmt.Errorf("--subnet-file %s: overlayd is running on this host", cfg.SubnetFile)
+	}
+	file := filepath.Join(t.TempDir(), "subnet.env")
+	for _, tc := range []struct {
+		environ, args []string
+		want          string
+	}{
+		{[]string{"OVERLAY_SUBNET_FILE=" + file}, nil, " (set from the environment: OVERLAY_SUBNET_FILE)"},
+		{[]string{"FLANNELD_SUBNET_FILE=" + file}, nil, " (set from the environment: FLANNELD_SUBNET_FILE)"},
+		{nil, []string{"--subnet-file", file}, ""},
+	} {
+		r := runEnv(t, tc.environ, append([]string{"run", "--iface", testIface(t)}, tc.args...)...)
+		if r.code != exitError || !strings.Contains(r.err, "--subnet-file "+file+": overlayd is running on this host"+tc.want+"\n") {
+			t.Errorf("%q overlayd run %q: exit %d, stderr %q; want exit 1 and the error followed by %q", tc.environ, tc.args, r.code, r.err, tc.want)
+		}
+	}
+	if namesFlag("--iface-regex x", "iface") || !namesFlag("--iface-regex x, --iface lo", "iface") || !namesFlag("see --iface", "iface") {
+		t.Error("namesFlag mistakes a longer flag for --iface, or misses it")
 	}
 }

@@ -64,17 +64,49 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
 	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
 	root.SetArgs(flanneldArgs(args))
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(errOut, "Error: %v\n", err)
+	fmt.Fprintf(errOut, "Error: %v%s\n", err, sourceNote(cmd, err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", commandPath(root, args))
 		return exitUsage
 	}
 	return exitError
+}
+
+// sourceNote names the variables (OVERLAY_*, FLANNELD_*) or flanneld's
+// flag names that set the flags err names as --flag, when err does not
+// say so already: the user set no flag of that name, and must be told what
+// to change. Errors of the daemon and of etcd's client name the flag only.
+func sourceNote(cmd *cobra.Command, err error) string {
+	msg := err.Error()
+	if cmd == nil || strings.Contains(msg, "(set from the environment: ") || strings.Contains(msg, "(set by ") {
+		return ""
+	}
+	var named []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if namesFlag(msg, f.Name) {
+			named = append(named, f.Name)
+		}
+	})
+	return envNote(cmd.Flags(), named...)
+}
+
+// namesFlag says whether msg names --flag (not a longer flag it begins).
+func namesFlag(msg, flag string) bool {
+	for rest := msg; ; {
+		_, after, ok := strings.Cut(rest, "--"+flag)
+		if !ok {
+			return false
+		}
+		if after == "" || !(after[0] == '-' || after[0] >= 'a' && after[0] <= 'z') {
+			return true
+		}
+		rest = after
+	}
 }
 
 func commandPath(root *cobra.Command, args []string) string {

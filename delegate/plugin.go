@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -243,6 +244,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
 	cacheFailed := func(err error) *types.Error {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: its file system is full: free space there", att, conf.DataDir)
+		}
 		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
 	}
 	pending, err := cache.Publish(att, d)

@@ -23,7 +23,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args); err != nil {
+	if err := p.checkNetNS(args, "CHECK", true); err != nil {
 		return err
 	}
 	if conf.PrevResult == nil {

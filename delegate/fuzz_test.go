@@ -125,6 +125,8 @@ func (vc verbCase) run(t *testing.T) error {
 	}
 	var stdout, stderr bytes.Buffer
 	p := New(inv, &stdout, &stderr)
+	standIn := sb.Path(cnifuzz.NetNS) // a regular file standing for the pod's namespace
+	p.netns = acceptStandIns(func(path string) bool { return path == standIn })
 	args := &skel.CmdArgs{ContainerID: vc.ContainerID, Netns: netns, IfName: vc.IfName, Args: vc.Args, Path: vc.Path,
 		StdinData: conf}
 	if override {
@@ -166,12 +168,16 @@ func (vc verbCase) run(t *testing.T) error {
 		}
 		return err
 	}
-	checkDelegateCalls(t, verb, c, args, inv.calls)
+	checkDelegateCalls(t, verb, c, args, inv.calls, p.netns)
 
 	// Expected outcomes where they are certain.
 	attVerb := verb == "ADD" || verb == "DEL" || verb == "CHECK"
 	badNetNS := false
 	if fi, serr := os.Stat(netns); netns != "" && serr == nil && fi.Mode()&(fs.ModeNamedPipe|fs.ModeDevice) != 0 {
+		badNetNS = true
+	}
+	// ADD and CHECK also need a namespace: the stand-in or a real one.
+	if (verb == "ADD" || verb == "CHECK") && netns != standIn && netns != "/proc/self/ns/net" {
 		badNetNS = true
 	}
 	ownNetNS := attVerb && !override && netns == "/proc/self/ns/net"
@@ -260,7 +266,7 @@ func checkConfined(t *testing.T, sb *cnifuzz.Sandbox, c *NetConf) {
 // with a configuration of this network, and with the runtime's values
 // (ADD, DEL, CHECK), none (STATUS, GC) or a validated attachment from the
 // cache and an empty netns (GC's DELs).
-func checkDelegateCalls(t *testing.T, verb string, c *NetConf, args *skel.CmdArgs, calls []call) {
+func checkDelegateCalls(t *testing.T, verb string, c *NetConf, args *skel.CmdArgs, calls []call, netnsOK func(string) error) {
 	t.Helper()
 	var verbs []string
 	for _, cl := range calls {
@@ -280,6 +286,9 @@ func checkDelegateCalls(t *testing.T, verb string, c *NetConf, args *skel.CmdArg
 		switch {
 		case verb == "ADD" || verb == "DEL" || verb == "CHECK":
 			want = runtimeOf(args)
+			if verb == "DEL" && want.NetNS != "" && netnsOK != nil && netnsOK(want.NetNS) != nil {
+				want.NetNS = "" // gone or no namespace: passed on empty
+			}
 		case verb == "GC" && cl.Verb == "DEL":
 			want = Runtime{ContainerID: cl.RT.ContainerID, IfName: cl.RT.IfName, Path: args.Path}
 			if err := (Attachment{Network: c.Name, ContainerID: cl.RT.ContainerID, IfName: cl.RT.IfName}).Validate(); err != nil {
@@ -579,7 +588,9 @@ func (cc corruptCase) run(t *testing.T) {
 			inv.errs["DEL"] = types.NewError(types.ErrTryAgainLater, "busy", "")
 		}
 		p := New(inv, &bytes.Buffer{}, &bytes.Buffer{})
-		err := p.verb(verb)(&skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: sb.Path(cnifuzz.NetNS), Path: "/opt/cni/bin", StdinData: confWith(extra)})
+		standIn := sb.Path(cnifuzz.NetNS)
+		p.netns = acceptStandIns(func(path string) bool { return path == standIn })
+		err := p.verb(verb)(&skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: standIn, Path: "/opt/cni/bin", StdinData: confWith(extra)})
 		changes := cnifuzz.Diff(before, sb.Snapshot(t))
 		if perr := (cnifuzz.Policy{Verb: verb, DataDir: dataDir, HostLocalDir: hlDir, Network: "overlay", ContainerID: "c1", IfName: "eth0"}).Check(changes); perr != nil {
 			t.Fatal(perr)

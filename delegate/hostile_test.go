@@ -98,7 +98,10 @@ func TestHostileAttachments(t *testing.T) {
 
 // TestHostileNetNS: a CNI_NETNS that is a FIFO or a device is refused
 // before anything is done (regression: the CNI library opens it after a
-// successful ADD or DEL, and a FIFO blocked the plugin forever); every verb
+// successful ADD or DEL, and a FIFO blocked the plugin forever); ADD and
+// CHECK also refuse an empty or missing one and one that is no network
+// namespace (a directory, a regular file), while DEL passes those on (a
+// pod whose namespace is gone must still release its address); every verb
 // in the plugin's own namespace is refused before anything is cached or
 // delegated (regressions: the library refused an ADD only after it ran,
 // whose result was already on stdout, so stdout held a result and then an
@@ -112,15 +115,16 @@ func TestHostileNetNS(t *testing.T) {
 		override bool
 		codes    [3]uint // ADD, DEL, CHECK
 	}{
-		{"empty", 0, false, [3]uint{0, 0, 0}},
-		{"regular file", 1, false, [3]uint{0, 0, 0}},
+		{"empty", 0, false, [3]uint{4, 0, 4}},
+		{"the stand-in for a namespace", 1, false, [3]uint{0, 0, 0}},
 		{"FIFO", 2, false, [3]uint{4, 4, 4}},
 		{"FIFO with override", 2, true, [3]uint{4, 4, 4}},
 		{"own namespace", 3, false, [3]uint{types.ErrInvalidNetNS, types.ErrInvalidNetNS, types.ErrInvalidNetNS}},
 		{"own namespace with override", 3, true, [3]uint{0, 0, 0}},
 		{"/dev/zero", 4, false, [3]uint{4, 4, 4}},
-		{"directory (the delegate's to judge)", 5, false, [3]uint{0, 0, 0}},
-		{"traversal to a regular file", 6, false, [3]uint{0, 0, 0}},
+		{"directory", 5, false, [3]uint{4, 0, 4}},
+		{"traversal to a regular file", 6, false, [3]uint{4, 0, 4}},
+		{"missing", 7, false, [3]uint{4, 0, 4}},
 	} {
 		for v, verb := range fuzzVerbs[:3] {
 			t.Run(tc.name+" "+verb, func(t *testing.T) {
@@ -180,7 +184,7 @@ func TestHostileConfigPaths(t *testing.T) {
 				var err error
 				within(t, verb, func() {
 					err = verbCase{Verb: uint8(indexOf(fuzzVerbs, verb)), Stdin: conf, ContainerID: "c1", IfName: "eth0",
-						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: prepareFor(verb)}.run(t)
+						DataDir: tc.dataDir, SubnetFile: tc.envFile, Free: tc.free, Flags: prepareFor(verb) | 1}.run(t) // 1: the stand-in namespace
 				})
 				if got := codeOf(t, err); got != want {
 					t.Fatalf("%s = %v, want code %d", verb, err, want)
@@ -301,7 +305,7 @@ func TestCheckPrevResultWithNulls(t *testing.T) {
 			t.Run(fmt.Sprintf("%s cached %s", prev, cachedVersions[ver]), func(t *testing.T) {
 				conf := []byte(`{"cniVersion":"1.1.0","name":"overlay","prevResult":` + prev + `}`)
 				err := verbCase{Verb: uint8(indexOf(fuzzVerbs, "CHECK")), Stdin: conf, ContainerID: "c1", IfName: "eth0",
-					Flags: flagPrepare | ver<<6}.run(t)
+					Flags: flagPrepare | ver<<6 | 1}.run(t) // 1: the stand-in namespace
 				if got := codeOf(t, err); got != types.ErrDecodingFailure {
 					t.Fatalf("CHECK = %v, want code %d", err, types.ErrDecodingFailure)
 				}

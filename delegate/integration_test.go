@@ -1151,3 +1151,67 @@ func BenchmarkAddDel(b *testing.B) {
 		})
 	}
 }
+
+// TestIntegrationAddRefusesWhatIsNoNetNS: ADD and CHECK with a CNI_NETNS
+// that is no network namespace — a missing path, a regular file, a
+// directory, a device, a namespace of another kind — are refused with code
+// 4 and a message naming CNI_NETNS, before anything is cached or reserved
+// (regressions: bridge failed with code 999 after host-local reserved an
+// address, and for a regular file its rollback DEL failed too, leaving the
+// cache entry behind). DEL of the same attachments still succeeds, and a
+// pod's DEL with its namespace gone still frees its address.
+func TestIntegrationAddRefusesWhatIsNoNetNS(t *testing.T) {
+	l := newLab(t)
+	list := l.conflist("1.1.0", nil)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "netns-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, netns, want string }{
+		{"missing", filepath.Join(dir, "gone"), "no such file"},
+		{"regular file", file, "it is a regular file, not a network namespace"},
+		{"directory", dir, "it is a directory, not a network namespace"},
+		{"device", "/dev/null", "is not a network namespace"},
+		{"mount namespace", "/proc/self/ns/mnt", "a namespace of another kind"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := &libcni.RuntimeConf{ContainerID: "bad", NetNS: tc.netns, IfName: "eth0"}
+			_, err := l.add(list, rt)
+			var te *types.Error
+			if !errors.As(err, &te) || te.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(te.Msg, "CNI_NETNS") || !strings.Contains(te.Msg, tc.want) {
+				t.Fatalf("ADD with CNI_NETNS %s = %v, want code 4 naming CNI_NETNS and %q", tc.netns, err, tc.want)
+			}
+			if exists(l.cacheFile("bad")) {
+				t.Error("a refused ADD left a cache entry")
+			}
+			if r := l.reservations(); len(r) != 0 {
+				t.Errorf("a refused ADD left reservations: %v", r)
+			}
+			args := &invoke.Args{Command: "CHECK", ContainerID: "bad", NetNS: tc.netns, IfName: "eth0", Path: strings.Join(l.cni.Path, ":")}
+			conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","subnetFile":%q,"dataDir":%q,"prevResult":{"cniVersion":"1.1.0"}}`, l.subnetFile, l.dataDir)
+			err = l.inHost(func() error {
+				return invoke.ExecPluginWithoutResult(context.Background(), filepath.Join(l.binDir, "overlay-cni"), []byte(conf), args, nil)
+			})
+			if !errors.As(err, &te) || te.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(te.Msg, tc.want) {
+				t.Errorf("CHECK with CNI_NETNS %s = %v, want code 4", tc.netns, err)
+			}
+			if tc.name != "device" { // a device is refused by every verb
+				l.mustDel(list, rt)
+			}
+		})
+	}
+
+	t.Run("DEL of a pod whose namespace is gone frees its address", func(t *testing.T) {
+		pod := testenv.NewNS(t)
+		addr := podAddr(t, l.mustAdd(list, rtOf("pod1", pod)))
+		path := filepath.Join(dir, "closed-netns") // as the runtime passes it once the namespace is gone
+		l.mustDel(list, &libcni.RuntimeConf{ContainerID: "pod1", NetNS: path, IfName: "eth0"})
+		if got, ok := l.reservations()[addr.String()]; ok {
+			t.Errorf("address %s still reserved (%s) after DEL", addr, got)
+		}
+		if exists(l.cacheFile("pod1")) {
+			t.Error("cache entry left after DEL")
+		}
+	})
+}

@@ -8,10 +8,13 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/lib/atomicfile"
 	"github.com/overlaynet/overlay/subnet"
@@ -22,6 +25,10 @@ type Plugin struct {
 	invoker Invoker
 	stdout  io.Writer
 	stderr  io.Writer
+	// netns says why an existing CNI_NETNS is not a network namespace
+	// (networkNamespace); unit tests whose namespaces are stand-in files
+	// replace it.
+	netns func(path string) error
 }
 
 // New returns a Plugin that runs delegates with inv, prints results to
@@ -33,7 +40,7 @@ func New(inv Invoker, stdout, stderr io.Writer) *Plugin {
 	if stderr == nil {
 		stderr = os.Stderr
 	}
-	return &Plugin{invoker: inv, stdout: stdout, stderr: stderr}
+	return &Plugin{invoker: inv, stdout: stdout, stderr: stderr, netns: networkNamespace}
 }
 
 // Funcs returns the verbs for skel.PluginMainFuncs; all five are set, so the
@@ -99,9 +106,17 @@ func readEnv(path string) (subnet.Env, error) {
 // checkNetNS refuses a CNI_NETNS that is a FIFO or a device: the CNI
 // library opens CNI_NETNS after a successful ADD or DEL to compare it with
 // the plugin's own namespace, and opening a FIFO blocks forever (opening a
-// device may block or do anything). It is only stat'ed here. An empty or
-// missing path is fine (DEL of a pod whose namespace is gone), and so is
-// anything else the delegate will judge.
+// device may block or do anything). It is only stat'ed here.
+//
+// ADD and CHECK (needNS) work in the container's namespace, so for them an
+// empty or missing CNI_NETNS, or a path that is not a network namespace (a
+// regular file, a directory), is refused too, with code 4 and before
+// anything is cached or delegated: the bridge plugin would fail with a
+// bare error (code 999) after host-local had reserved an address, and its
+// rollback DEL, failing the same way, would leave the cache entry behind.
+// For DEL an empty or missing path is fine (the pod's namespace is gone:
+// the delegate still releases its address), and so is one that is no
+// namespace (Del passes both on empty).
 //
 // It also refuses the plugin's own network namespace, as the CNI library
 // does for ADD and DEL, but before anything is cached or delegated: the
@@ -109,17 +124,23 @@ func readEnv(path string) (subnet.Env, error) {
 // would get a result followed by an error on stdout and an attachment
 // nobody asked to keep; after a DEL the delegate would already have
 // deleted the host's interface named CNI_IFNAME, again on every retry.
-func checkNetNS(args *skel.CmdArgs) error {
+func (p *Plugin) checkNetNS(args *skel.CmdArgs, verb string, needNS bool) error {
 	if args.Netns == "" {
+		if needNS {
+			return cniError(types.ErrInvalidEnvironmentVariables, nil,
+				"CNI_NETNS is empty: %s needs the path of the container's network namespace (such as /var/run/netns/NAME or /proc/PID/ns/net)", verb)
+		}
 		return nil
 	}
-	fi, err := os.Stat(args.Netns)
-	if err != nil {
+	if needNS {
+		if err := p.netns(args.Netns); err != nil {
+			return cniError(types.ErrInvalidEnvironmentVariables, nil,
+				"invalid CNI_NETNS %q: %v; %s needs the path of the container's network namespace (such as /var/run/netns/NAME or /proc/PID/ns/net)", args.Netns, err, verb)
+		}
+	} else if fi, err := os.Stat(args.Netns); err != nil {
 		return nil
-	}
-	if fi.Mode()&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice) != 0 {
-		return cniError(types.ErrInvalidEnvironmentVariables, nil,
-			"invalid CNI_NETNS %q: a %v is not a network namespace", args.Netns, fi.Mode().Type())
+	} else if err := notSpecial(fi); err != nil {
+		return cniError(types.ErrInvalidEnvironmentVariables, nil, "invalid CNI_NETNS %q: %v", args.Netns, err)
 	}
 	if strings.ToUpper(args.NetnsOverride) == "TRUE" || args.NetnsOverride == "1" {
 		return nil
@@ -129,6 +150,56 @@ func checkNetNS(args *skel.CmdArgs) error {
 	} else if same {
 		return cniError(types.ErrInvalidNetNS, nil,
 			"invalid CNI_NETNS %q: it is overlay-cni's own network namespace, not the container's", args.Netns)
+	}
+	return nil
+}
+
+// notSpecial refuses a FIFO or a device, which must never be opened.
+func notSpecial(fi fs.FileInfo) error {
+	if fi.Mode()&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice) != 0 {
+		return fmt.Errorf("a %v is not a network namespace", fi.Mode().Type())
+	}
+	return nil
+}
+
+// networkNamespace says why path is not a network namespace: a network
+// namespace is a file of the kernel's nsfs (a bind mount such as
+// /var/run/netns/NAME, or the link /proc/PID/ns/net), of the network
+// kind. The path is stat'ed first, so a FIFO or a device is never opened,
+// and only a file of nsfs is opened (to ask its kind).
+func networkNamespace(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errors.New("no such file: the container's network namespace is gone, or the runtime passed a wrong path")
+	case err != nil:
+		return fmt.Errorf("cannot be read: %w", err)
+	}
+	if err := notSpecial(fi); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("cannot be inspected: %w", err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		kind := "a regular file"
+		switch {
+		case fi.IsDir():
+			kind = "a directory"
+		case !fi.Mode().IsRegular():
+			kind = "a special file"
+		}
+		return fmt.Errorf("it is %s, not a network namespace", kind)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("cannot be opened: %w", err)
+	}
+	defer f.Close()
+	// NS_GET_NSTYPE needs Linux 4.11; older kernels are taken at their word.
+	if kind, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err == nil && kind != unix.CLONE_NEWNET {
+		return errors.New("it is a namespace of another kind, not a network namespace")
 	}
 	return nil
 }
@@ -157,7 +228,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args); err != nil {
+	if err := p.checkNetNS(args, "ADD", true); err != nil {
 		return err
 	}
 	cache := Cache{Dir: conf.DataDir}
@@ -173,6 +244,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return cniError(types.ErrInvalidNetworkConfig, err, "cannot render the delegate configuration: fix the network config file")
 	}
 	cacheFailed := func(err error) *types.Error {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: its file system is full: free space there", att, conf.DataDir)
+		}
 		return cniError(types.ErrIOFailure, err, "cannot cache the delegate configuration of %s in %s: make dataDir writable by root", att, conf.DataDir)
 	}
 	pending, err := cache.Publish(att, d)
@@ -244,18 +318,29 @@ func joinDetails(a, b string) string {
 // DEL and removes the entry only if that succeeded; without a usable entry
 // it re-renders the configuration from subnet.env and still runs the
 // delegate's DEL; with neither there is nothing it could release, and it
-// succeeds. An empty CNI_NETNS is passed on (the bridge plugin then only
-// releases the address).
+// succeeds. An empty CNI_NETNS is passed on, and so is, as empty, one that
+// is gone or no network namespace (the bridge plugin then only releases
+// the address).
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, att, err := loadAttachment(args)
 	if err != nil {
 		return err
 	}
-	if err := checkNetNS(args); err != nil {
+	if err := p.checkNetNS(args, "DEL", false); err != nil {
 		return err
 	}
 	ctx := context.Background()
 	rt := runtimeOf(args)
+	if rt.NetNS != "" {
+		// A namespace that is gone, or a path that is none, is passed on
+		// empty: the delegate then only releases the address (bridge
+		// fails a DEL with a path that is not a namespace, and the
+		// runtime would retry it for ever).
+		if err := p.netns(rt.NetNS); err != nil {
+			p.logf("DEL of %s: CNI_NETNS %q: %v: releasing the address without entering it", att, rt.NetNS, err)
+			rt.NetNS = ""
+		}
+	}
 
 	e, store, err := p.cachedEntry(conf, att)
 	if err == nil {

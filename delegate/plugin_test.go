@@ -20,6 +20,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -143,8 +144,22 @@ func newFixture(t *testing.T) *fixture {
 		stderr:     &bytes.Buffer{},
 	}
 	fx.plugin = New(fx.inv, fx.stdout, fx.stderr)
+	// The fixture's namespaces are names only: the fake delegate never enters them.
+	fx.plugin.netns = acceptStandIns(func(path string) bool { return strings.HasPrefix(path, "/var/run/netns/") })
 	fx.writeEnv("10.244.7.0/24")
 	return fx
+}
+
+// acceptStandIns is a namespace check for unit tests whose fake delegate
+// never enters a namespace: it takes the paths isStandIn accepts for
+// network namespaces, and judges every other path as overlay-cni does.
+func acceptStandIns(isStandIn func(string) bool) func(string) error {
+	return func(path string) error {
+		if isStandIn(path) {
+			return nil
+		}
+		return networkNamespace(path)
+	}
 }
 
 func (fx *fixture) writeEnv(lease string) {
@@ -827,5 +842,37 @@ func TestFuncs(t *testing.T) {
 	f := New(&fakeInvoker{}, nil, nil).Funcs()
 	if f.Add == nil || f.Del == nil || f.Check == nil || f.Status == nil || f.GC == nil {
 		t.Fatalf("Funcs() leaves a verb nil: %+v", f)
+	}
+}
+
+// TestAddOnAFullDisk: an ADD whose cache entry cannot be written for lack
+// of space fails with code 5 saying so (it said "make dataDir writable by
+// root"), names the entry once in its details, delegates nothing and
+// leaves no file in dataDir.
+func TestAddOnAFullDisk(t *testing.T) {
+	fx := newFixture(t)
+	var err error
+	var left []string
+	if ferr := testenv.InFullFS(t, func(dir string) error {
+		fx.dataDir = dir
+		err = fx.plugin.Add(fx.args("c1", "eth0", fx.conf("1.1.0")))
+		entries, rerr := os.ReadDir(dir)
+		for _, e := range entries {
+			left = append(left, e.Name())
+		}
+		return rerr
+	}); ferr != nil {
+		t.Fatal(ferr)
+	}
+	te, ok := errors.AsType[*types.Error](err)
+	if !ok || te.Code != types.ErrIOFailure || !strings.Contains(te.Msg, "its file system is full: free space there") ||
+		strings.Count(te.Details, "overlay-c1-eth0") != 1 || strings.Contains(te.Details, ".tmp-") {
+		t.Errorf("ADD on a full disk = %v (%+v), want code 5 saying the file system is full, naming the entry once", err, te)
+	}
+	if len(fx.inv.calls) != 0 {
+		t.Errorf("ADD delegated %v", fx.inv.calls)
+	}
+	if len(left) != 0 {
+		t.Errorf("files left in dataDir: %q", left)
 	}
 }

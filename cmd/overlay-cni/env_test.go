@@ -11,6 +11,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // TestSubnetEnvWithBothFormats: a subnet.env with keys of overlayd's format
@@ -25,8 +27,9 @@ func TestSubnetEnvWithBothFormats(t *testing.T) {
 	}
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"cbr0","type":"overlay-cni","subnetFile":%q,"dataDir":%q,"healthAddr":""}`,
 		env, filepath.Join(dir, "cache"))
+	pod := testenv.NewNS(t) // ADD needs a network namespace before it reads subnet.env
 	for verb, code := range map[string]uint{"ADD": types.ErrTryAgainLater, "STATUS": types.ErrPluginNotAvailable} {
-		args := &invoke.Args{Command: verb, ContainerID: "c1", NetNS: dir, IfName: "eth0", Path: dir}
+		args := &invoke.Args{Command: verb, ContainerID: "c1", NetNS: pod.Path(), IfName: "eth0", Path: dir}
 		err := invoke.ExecPluginWithoutResult(context.Background(), binary(t), []byte(conf), args, nil)
 		var te *types.Error
 		if !errors.As(err, &te) || te.Code != code || !strings.Contains(te.Details, "(FLANNEL_MTU)") ||

@@ -63,6 +63,7 @@ func TestAbout(t *testing.T) {
 // cniVersion (the newest supported one when the request has none).
 func TestErrorFormat(t *testing.T) {
 	dir := t.TempDir()
+	pod := testenv.NewNS(t) // ADD needs a network namespace before it reads subnet.env
 	for _, tc := range []struct {
 		conf, want string
 		code       uint
@@ -73,7 +74,7 @@ func TestErrorFormat(t *testing.T) {
 		{`{"name":"overlay"`, "1.1.0", types.ErrDecodingFailure},
 	} {
 		cmd := exec.Command(binary(t))
-		cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=" + dir, "CNI_IFNAME=eth0", "CNI_PATH=" + dir}
+		cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + dir}
 		cmd.Stdin = strings.NewReader(tc.conf)
 		out, err := cmd.Output()
 		var exit *exec.ExitError

@@ -107,7 +107,7 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 			defer done()
 			cfg, stored, err := reg.GetConfig(ctx)
 			if raw && stored != nil {
-				_, werr := fmt.Fprintf(cmd.OutOrStdout(), "%s\n", stored)
+				_, werr := cmd.OutOrStdout().Write(stored) // the stored bytes exactly: no newline added
 				return werr
 			}
 			if err != nil {
@@ -116,7 +116,7 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 			return printer.Write(cmd.OutOrStdout(), format, configOutput(cfg))
 		},
 	}
-	c.Flags().BoolVar(&raw, "raw", false, "print the stored JSON unchanged (even if invalid)")
+	c.Flags().BoolVar(&raw, "raw", false, "print the stored bytes exactly as they are (even if invalid; no newline is added)")
 	checkFlag(c.Flags(), "raw", boolean)
 	return usesEtcd(c)
 }

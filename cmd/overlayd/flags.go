@@ -210,6 +210,9 @@ func inputFile(s string) error {
 	if s == "" {
 		return errors.New("want a file name, or - for standard input")
 	}
+	if fi, err := os.Stat(s); s != "-" && err == nil && fi.IsDir() {
+		return errors.New("is a directory: want a config file (JSON), or - for standard input")
+	}
 	return nil
 }
 

@@ -43,6 +43,11 @@ var badFlags = []badFlag{
 	{[]string{"lease", "list"}, "write-out", "yaml", "want one of table, json, simple"},
 	{[]string{"run"}, "iface", "bad/name", "want an interface name"},
 	{[]string{"run"}, "iface", "nope0", "no such interface on this host"},
+	{[]string{"run"}, "iface", "lo", "chooses lo, the loopback interface"},
+	{[]string{"teardown"}, "iface", "lo", "chooses lo, the loopback interface"},
+	{[]string{"run"}, "iface-can-reach", "127.0.0.1", "chooses lo, the loopback interface"},
+	{[]string{"config", "put"}, "file", "/", "is a directory: want a config file"},
+	{[]string{"config", "validate"}, "file", "/", "is a directory: want a config file"},
 	{[]string{"run"}, "public-ip", "0.0.0.0", "is the unspecified address"},
 	{[]string{"run"}, "public-ip", "224.0.0.1", "is a multicast address"},
 	{[]string{"run"}, "public-ip", "fd00::1", "want the host's IPv4 address"},
@@ -192,7 +197,7 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 					args = append(args, "--subnet-file", subnetFile)
 				}
 				if !slices.Contains([]string{"iface", "iface-regex", "iface-can-reach", "public-ip"}, tc.flag) {
-					args = append(args, "--iface", "lo")
+					args = append(args, "--iface", testIface(t))
 				}
 			}
 			r := runEnv(t, nil, args...)
@@ -246,6 +251,27 @@ func variablesOf(f *pflag.Flag, value string) []string {
 		names = append(names, v[0])
 	}
 	return names
+}
+
+// testIface is an interface of the test host that run and teardown accept
+// as --iface: up, not the loopback (refused), with a global address. The
+// tests that use it never get past the flags (or replace runDaemon).
+func testIface(t *testing.T) string {
+	t.Helper()
+	ifaces, _ := net.Interfaces()
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.IsGlobalUnicast() {
+				return ifc.Name
+			}
+		}
+	}
+	t.Skip("this host has no interface other than the loopback with a global address")
+	return ""
 }
 
 // runEnv runs the CLI in-process with exactly environ as its environment.

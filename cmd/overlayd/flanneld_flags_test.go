@@ -49,14 +49,14 @@ func TestFlanneldNamesBuildTheSameConfig(t *testing.T) {
 	const eps = "https://127.0.0.1:2379,https://127.0.0.2:2379"
 	want, _ := mustRunConfig(t, nil, "run", "--endpoints", eps, "--prefix", "/example.com/network",
 		"--cacert", pki.CACert, "--cert", pki.ClientCert, "--key", pki.ClientKey, "--user", "flannel", "--password", "s3cret",
-		"--iface", "lo", "--subnet-file", subnetFile, "--ip-masq=false", "--health-addr", "127.0.0.1:8471")
-	if want.Etcd.Username != "flannel" || want.HealthAddr != "127.0.0.1:8471" || want.Iface != "lo" || want.IPMasq {
+		"--iface", testIface(t), "--subnet-file", subnetFile, "--ip-masq=false", "--health-addr", "127.0.0.1:8471")
+	if want.Etcd.Username != "flannel" || want.HealthAddr != "127.0.0.1:8471" || want.Iface != testIface(t) || want.IPMasq {
 		t.Fatalf("overlayd's names gave %+v", want)
 	}
 	flanneld := []string{"--etcd-endpoints", eps, "--etcd-prefix", "/example.com/network",
 		"--etcd-cafile", pki.CACert, "--etcd-certfile", pki.ClientCert, "--etcd-keyfile", pki.ClientKey,
 		"--etcd-username", "flannel", "--etcd-password", "s3cret",
-		"--iface", "lo", "--subnet-file", subnetFile, "--ip-masq=false", "--healthz-ip", "127.0.0.1", "--healthz-port", "8471"}
+		"--iface", testIface(t), "--subnet-file", subnetFile, "--ip-masq=false", "--healthz-ip", "127.0.0.1", "--healthz-port", "8471"}
 	var singleDash []string
 	for i := 0; i < len(flanneld); i += 2 {
 		if strings.Contains(flanneld[i], "=") {
@@ -113,14 +113,14 @@ func TestFlanneldPrecedence(t *testing.T) {
 		{"flanneld's flag over FLANNELD_*", []string{"FLANNELD_ETCD_ENDPOINTS=" + b}, []string{"--etcd-endpoints", c}, []string{c}, ""},
 		{"an empty FLANNELD_* sets nothing", []string{"FLANNELD_ETCD_ENDPOINTS="}, nil, []string{"http://127.0.0.1:2379"}, ""},
 	} {
-		cfg, r := runConfig(t, tc.environ, append(append([]string{"run", "--iface", "lo"}, base...), tc.args...)...)
+		cfg, r := runConfig(t, tc.environ, append(append([]string{"run", "--iface", testIface(t)}, base...), tc.args...)...)
 		if r.code != exitOK || !slices.Equal(cfg.Etcd.Endpoints, tc.want) || strings.TrimSpace(r.err) != tc.warning {
 			t.Errorf("%s: exit %d, endpoints %v, stderr %q; want %v and stderr %q", tc.name, r.code, cfg.Etcd.Endpoints, r.err, tc.want, tc.warning)
 		}
 	}
 
-	cfg, r := runConfig(t, []string{"OVERLAY_IFACE=lo", "FLANNELD_IFACE=nope0"}, append([]string{"run"}, base...)...)
-	if r.code != exitOK || cfg.Iface != "lo" || !strings.Contains(r.err, "warning: ignoring FLANNELD_IFACE: OVERLAY_IFACE is set too, and wins") {
+	cfg, r := runConfig(t, []string{"OVERLAY_IFACE=" + testIface(t), "FLANNELD_IFACE=nope0"}, append([]string{"run"}, base...)...)
+	if r.code != exitOK || cfg.Iface != testIface(t) || !strings.Contains(r.err, "warning: ignoring FLANNELD_IFACE: OVERLAY_IFACE is set too, and wins") {
 		t.Errorf("OVERLAY_IFACE and FLANNELD_IFACE: exit %d, iface %q, stderr %q", r.code, cfg.Iface, r.err)
 	}
 
@@ -129,7 +129,7 @@ func TestFlanneldPrecedence(t *testing.T) {
 		{"--endpoints", b, "--etcd-endpoints", a},
 		{"--health-addr", "127.0.0.1:9436", "--healthz-port", "8471"},
 	} {
-		r := runEnv(t, nil, append(append([]string{"run", "--iface", "lo"}, base...), args...)...)
+		r := runEnv(t, nil, append(append([]string{"run", "--iface", testIface(t)}, base...), args...)...)
 		if r.code != exitUsage || !strings.Contains(r.err, "is flanneld's name for") {
 			t.Errorf("overlayd run %s: exit %d, stderr %q; want exit 2: a conflict", strings.Join(args, " "), r.code, r.err)
 		}
@@ -141,7 +141,7 @@ func TestFlanneldPrecedence(t *testing.T) {
 // either is given (port 0: no health server), else --health-addr's
 // default stands.
 func TestFlanneldDefaults(t *testing.T) {
-	base := []string{"run", "--iface", "lo", "--subnet-file", filepath.Join(t.TempDir(), "subnet.env")}
+	base := []string{"run", "--iface", testIface(t), "--subnet-file", filepath.Join(t.TempDir(), "subnet.env")}
 	for _, tc := range []struct {
 		environ, args []string
 		masq          bool
@@ -173,18 +173,18 @@ func TestFlanneldDefaults(t *testing.T) {
 func TestFlanneldInterfaceSelection(t *testing.T) {
 	base := []string{"run", "--subnet-file", filepath.Join(t.TempDir(), "subnet.env")}
 	for _, args := range [][]string{
-		{"--iface", "nope0", "--iface", "lo"},
-		{"--iface", "nope0", "--iface-regex", "^nothing", "--iface-regex", "^lo$"},
-		{"-iface=nope0", "-iface-regex=^lo$"},
+		{"--iface", "nope0", "--iface", testIface(t)},
+		{"--iface", "nope0", "--iface-regex", "^nothing", "--iface-regex", "^" + testIface(t) + "$"},
+		{"-iface=nope0", "-iface-regex=^" + testIface(t) + "$"},
 	} {
 		cfg, r := runConfig(t, nil, append(append([]string{}, base...), args...)...)
-		if r.code != exitOK || cfg.Iface != "lo" {
-			t.Errorf("overlayd run %s: exit %d, iface %q, stderr %q; want lo", strings.Join(args, " "), r.code, cfg.Iface, r.err)
+		if r.code != exitOK || cfg.Iface != testIface(t) {
+			t.Errorf("overlayd run %s: exit %d, iface %q, stderr %q; want %s", strings.Join(args, " "), r.code, cfg.Iface, r.err, testIface(t))
 		}
 	}
-	// The route to 127.0.0.1 leaves by lo from 127.0.0.1: not a public address.
+	// The route to 127.0.0.1 leaves by lo: not an underlay.
 	r := runEnv(t, []string{"FLANNELD_IFACE_CAN_REACH=127.0.0.1"}, base...)
-	if r.code != exitUsage || !strings.Contains(r.err, "interface lo was chosen by its address 127.0.0.1, which cannot be this host's public address") ||
+	if r.code != exitUsage || !strings.Contains(r.err, "--iface-can-reach 127.0.0.1: chooses lo, the loopback interface") ||
 		!strings.Contains(r.err, "FLANNELD_IFACE_CAN_REACH") {
 		t.Errorf("--iface-can-reach 127.0.0.1: exit %d, stderr %q", r.code, r.err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -43,6 +44,10 @@ network's first subnet among them, which no host leases, as in flannel —
 is refused unless --force.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
 			s, err := reservedSubnets(args[0], ipv6Subnet)
 			if err != nil {
 				return err
@@ -69,8 +74,8 @@ is refused unless --force.`,
 			case err != nil:
 				return g.etcdHint(err)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "reserved %s for %s\n", s, describeOwner(attrs))
-			return err
+			return writeResult{Action: "reserved", Key: reg.LeaseKey(s)}.with(s, attrs).print(cmd.OutOrStdout(), format,
+				fmt.Sprintf("reserved %s for %s", s, describeOwner(attrs)))
 		},
 	}
 	c.Flags().StringVar(&publicIP, "public-ip", "", "public IP of the host the subnet is reserved for (required unless --node-name is given alone)")
@@ -351,6 +356,10 @@ that fits the network config.
 --dry-run shows what would be deleted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
 			p, err := parseSubnetArg(args[0])
 			if err != nil {
 				return err
@@ -388,9 +397,11 @@ that fits the network config.
 			case alive[l.Attrs.NodeID]:
 				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", name, owner)
 			}
+			res := writeResult{Key: reg.LeaseKey(name)}.with(name, l.Attrs)
 			if dryRun {
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would revoke %s (owner %s, alive %s)\n", name, owner, aliveText(l.Attrs, alive))
-				return err
+				res.Action = "wouldRevoke"
+				res.Alive = aliveText(l.Attrs, alive)
+				return res.print(cmd.OutOrStdout(), format, fmt.Sprintf("would revoke %s (owner %s, alive %s)", name, owner, res.Alive))
 			}
 			ok, err := reg.DeleteIfOwned(ctx, name, l.ModRevision)
 			if err != nil {
@@ -399,8 +410,8 @@ that fits the network config.
 			if !ok {
 				return fmt.Errorf("%s changed while revoking it (someone else wrote it): look again with `overlayd lease get %s`", name, p)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (owner %s)\n", name, owner)
-			return err
+			res.Action = "revoked"
+			return res.print(cmd.OutOrStdout(), format, fmt.Sprintf("revoked %s (owner %s)", name, owner))
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "revoke even if the owner is alive or its liveness is unknown")
@@ -408,6 +419,36 @@ that fits the network config.
 	checkFlag(c.Flags(), "force", boolean)
 	checkFlag(c.Flags(), "dry-run", boolean)
 	return usesEtcd(c)
+}
+
+// writeResult is what lease reserve and revoke did: a sentence for people
+// (table), its fields for programs (-w json, and -w simple in the order
+// action, subnet, IPv6 subnet, public IP, public IPv6, node ID, alive; "-"
+// for none).
+type writeResult struct {
+	Action     string `json:"action"` // reserved, revoked or wouldRevoke (--dry-run)
+	Key        string `json:"key"`
+	Subnet     string `json:"subnet,omitempty"`
+	IPv6Subnet string `json:"ipv6Subnet,omitempty"`
+	PublicIP   string `json:"publicIP,omitempty"`
+	PublicIPv6 string `json:"publicIPv6,omitempty"`
+	NodeID     string `json:"nodeID,omitempty"`
+	Alive      string `json:"alive,omitempty"` // --dry-run: yes or no
+}
+
+func (r writeResult) with(s subnet.Subnets, a subnet.LeaseAttrs) writeResult {
+	r.Subnet, r.IPv6Subnet = prefixString(s.IPv4), prefixString(s.IPv6)
+	r.PublicIP, r.PublicIPv6, r.NodeID = a.PublicIP, a.PublicIPv6, a.NodeID
+	return r
+}
+
+func (r writeResult) print(w io.Writer, format printer.Format, sentence string) error {
+	if format == printer.Table {
+		_, err := fmt.Fprintln(w, sentence)
+		return err
+	}
+	row := []string{r.Action, orDash(r.Subnet), orDash(r.IPv6Subnet), orDash(r.PublicIP), orDash(r.PublicIPv6), orDash(r.NodeID), orDash(r.Alive)}
+	return printer.Write(w, format, printer.Output{Rows: [][]string{row}, JSON: r})
 }
 
 // unusedByItsHost reports whether l is unused by its host, which holds

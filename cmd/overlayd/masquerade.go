@@ -10,6 +10,7 @@ import (
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -38,6 +39,10 @@ once, by the first rule it meets. overlayd run keeps the table from then on;
 overlayd teardown removes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			format, err := g.format()
+			if err != nil {
+				return err
+			}
 			ctx, reg, done, err := g.connect(cmd)
 			if err != nil {
 				return err
@@ -55,8 +60,17 @@ overlayd teardown removes it.`,
 			if _, err := m.Ensure(); err != nil {
 				return fmt.Errorf("install the nftables table inet %s: %w", masq.TableName, err)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "installed nftables table inet %s for %s\n", masq.TableName, describeNetworks(cfg))
-			return err
+			if format == printer.Table {
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "installed nftables table inet %s for %s\n", masq.TableName, describeNetworks(cfg))
+				return err
+			}
+			// -w json and -w simple: the table and the networks it masquerades for.
+			installed := struct {
+				Table    string   `json:"table"`
+				Networks []string `json:"networks"`
+			}{"inet " + masq.TableName, networkList(cfg)}
+			row := append([]string{"installed", installed.Table}, installed.Networks...)
+			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Rows: [][]string{row}, JSON: installed})
 		},
 	})
 }
@@ -82,7 +96,10 @@ func masqNetworks(cfg *subnet.Config) []masq.Network {
 }
 
 // describeNetworks names cfg's cluster networks.
-func describeNetworks(cfg *subnet.Config) string {
+func describeNetworks(cfg *subnet.Config) string { return strings.Join(networkList(cfg), " and ") }
+
+// networkList is cfg's cluster networks, IPv4 first.
+func networkList(cfg *subnet.Config) []string {
 	var nets []string
 	if cfg.EnableIPv4 {
 		nets = append(nets, cfg.Network.String())
@@ -90,5 +107,5 @@ func describeNetworks(cfg *subnet.Config) string {
 	if cfg.EnableIPv6 {
 		nets = append(nets, cfg.IPv6.Network.String())
 	}
-	return strings.Join(nets, " and ")
+	return nets
 }

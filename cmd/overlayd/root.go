@@ -49,6 +49,10 @@ type GlobalFlags struct {
 	Password    string
 	DialTimeout time.Duration
 	WriteOut    string
+
+	// flags are the running command's flags, to say which of the etcd
+	// settings came from the environment or flanneld's names.
+	flags *pflag.FlagSet
 }
 
 // execute runs the CLI and returns the process exit code.
@@ -66,12 +70,47 @@ func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int
 		return exitOK
 	}
 	code := exitError
+	if note := sourceNote(cmd, err); note != "" {
+		err = fmt.Errorf("%w%s", err, note)
+	}
 	var ue usageError
 	if errors.As(err, &ue) {
 		code = exitUsage
 	}
 	writeExitError(errOut, cmd, args, environ, err, code, commandPath(root, args))
 	return code
+}
+
+// sourceNote names the variables (OVERLAY_*, FLANNELD_*) or flanneld's
+// flag names that set the flags err names as --flag, when err does not
+// say so already: the user set no flag of that name, and must be told what
+// to change. Errors of the daemon and of etcd's client name the flag only.
+func sourceNote(cmd *cobra.Command, err error) string {
+	msg := err.Error()
+	if cmd == nil || strings.Contains(msg, "(set from the environment: ") || strings.Contains(msg, "(set by ") {
+		return ""
+	}
+	var named []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if namesFlag(msg, f.Name) {
+			named = append(named, f.Name)
+		}
+	})
+	return envNote(cmd.Flags(), named...)
+}
+
+// namesFlag says whether msg names --flag (not a longer flag it begins).
+func namesFlag(msg, flag string) bool {
+	for rest := msg; ; {
+		_, after, ok := strings.Cut(rest, "--"+flag)
+		if !ok {
+			return false
+		}
+		if after == "" || !(after[0] == '-' || after[0] >= 'a' && after[0] <= 'z') {
+			return true
+		}
+		rest = after
+	}
 }
 
 func commandPath(root *cobra.Command, args []string) string {
@@ -99,6 +138,7 @@ are taken only from the command line.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			g.flags = cmd.Flags()
 			var warnings strings.Builder
 			err := applyEnv(cmd, environ, &warnings)
 			writeWarnings(cmd.ErrOrStderr(), cmd, environ, warnings.String())
@@ -144,7 +184,7 @@ are taken only from the command line.`,
 		newConfigCommand(g),
 		newInstallCNICommand(g),
 		newMasqueradeCommand(g),
-		newVersionCommand(),
+		newVersionCommand(g),
 	)
 	// cobra's own commands now, so they get the same treatment.
 	root.InitDefaultHelpCmd()
@@ -203,10 +243,40 @@ func subcommandNames(c *cobra.Command) string {
 func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {
-			return usageError{err}
+			if cmd.HasSubCommands() {
+				return usageError{err}
+			}
+			return argsError(cmd, args)
 		}
 		return nil
 	}
+}
+
+// argsError says what is wrong with the arguments of a command that takes
+// no subcommands: a stray argument is named as such (cobra calls it an
+// "unknown command"), a missing one by its name in the command's usage.
+func argsError(cmd *cobra.Command, args []string) error {
+	want := positionals(cmd.Use)
+	switch {
+	case len(args) > len(want) && len(want) == 0:
+		return usagef("unexpected argument %q: %s takes no arguments (flags start with --)", args[0], cmd.CommandPath())
+	case len(args) > len(want):
+		return usagef("unexpected argument %q: %s takes one argument, %s", args[len(want)], cmd.CommandPath(), strings.Join(want, " "))
+	}
+	return usagef("missing %s: usage: %s %s", strings.Join(want[len(args):], " "), cmd.CommandPath(), strings.Join(want, " "))
+}
+
+// positionals are the argument names in a command's usage line ("get
+// SUBNET" has SUBNET), up to its first flag or optional part.
+func positionals(use string) []string {
+	var names []string
+	for _, w := range strings.Fields(use)[1:] {
+		if strings.HasPrefix(w, "-") || strings.HasPrefix(w, "[") {
+			break
+		}
+		names = append(names, w)
+	}
+	return names
 }
 
 // format is -w's value in any case, as its flag check (oneOf) and every
@@ -240,7 +310,7 @@ func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etc
 	ctx = cmd.Context()
 	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, g.settingsNote(err)
 	}
 	boundRequests(cli, g.DialTimeout)
 	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
@@ -268,5 +338,19 @@ func (g *GlobalFlags) etcdHint(err error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.DialTimeout)
 	defer cancel()
-	return etcdclient.Explain(ctx, g.clientConfig(), err)
+	return g.settingsNote(etcdclient.Explain(ctx, g.clientConfig(), err))
+}
+
+// settingsNote adds to an error about the etcd settings — one that tells
+// to check --endpoints, --cacert, --user ... — which of them were set from
+// the environment (OVERLAY_*, FLANNELD_*) or by flanneld's flag names, as
+// the user set no flag of the name the error gives.
+func (g *GlobalFlags) settingsNote(err error) error {
+	if g.flags == nil || !errors.Is(err, etcdclient.ErrConfig) && !errors.Is(err, etcdclient.ErrUnreachable) {
+		return err
+	}
+	if note := envNote(g.flags, "endpoints", "cacert", "cert", "key", "user", "password", "dial-timeout"); note != "" {
+		return fmt.Errorf("%w%s", err, note)
+	}
+	return err
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -224,8 +225,16 @@ its TTL runs out. Only what was found is reported as removed.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
+			format, ferr := g.format()
+			if ferr != nil {
+				return ferr
+			}
 			res, err := daemon.Teardown(ctx, cfg, daemon.TeardownOptions{VNI: vni, Force: force})
-			printTeardown(cmd.OutOrStdout(), res)
+			if format == printer.Table {
+				printTeardown(cmd.OutOrStdout(), res)
+			} else if res.Device != "" { // else it stopped before looking
+				_ = printer.Write(cmd.OutOrStdout(), format, teardownOutput(res))
+			}
 			return err
 		},
 	}
@@ -235,6 +244,50 @@ its TTL runs out. Only what was found is reported as removed.`,
 	c.Flags().BoolVar(&force, "force", false, "tear down even while overlayd runs on this host (it rebuilds what it owns)")
 	checkFlag(c.Flags(), "force", boolean)
 	return usesEtcd(c)
+}
+
+// teardownReport is what `teardown -w json` prints: what was removed, and
+// nothing that was not.
+type teardownReport struct {
+	Removed       []string `json:"removed"`                 // devices, the nftables table, subnet.env
+	LeaseReleased string   `json:"leaseReleased,omitempty"` // the subnet whose lease was deleted
+	LeaseKept     string   `json:"leaseKept,omitempty"`     // why none was
+	LeftInPlace   []string `json:"leftInPlace"`             // what stayed, and why
+}
+
+// teardownOutput is res for -w json, and for -w simple as rows of a kind
+// and a value: "removed overlay.1", "released 10.244.7.0/24", "kept WHY",
+// "left WHY".
+func teardownOutput(res daemon.TeardownResult) printer.Output {
+	rep := teardownReport{Removed: []string{}, LeaseReleased: res.LeaseRemoved, LeaseKept: res.LeaseKept, LeftInPlace: []string{}}
+	if res.DeviceRemoved {
+		rep.Removed = append(rep.Removed, res.Device)
+	}
+	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
+		if dev != "" {
+			rep.Removed = append(rep.Removed, dev)
+		}
+	}
+	if res.MasqRemoved {
+		rep.Removed = append(rep.Removed, "nftables table inet "+masq.TableName)
+	}
+	if res.SubnetFile != "" {
+		rep.Removed = append(rep.Removed, res.SubnetFile)
+	}
+	rep.LeftInPlace = append(rep.LeftInPlace, res.Warnings...)
+	var rows [][]string
+	for _, r := range rep.Removed {
+		rows = append(rows, []string{"removed", r})
+	}
+	for _, kv := range [][2]string{{"released", rep.LeaseReleased}, {"kept", rep.LeaseKept}} {
+		if kv[1] != "" {
+			rows = append(rows, kv[:])
+		}
+	}
+	for _, w := range rep.LeftInPlace {
+		rows = append(rows, []string{"left", w})
+	}
+	return printer.Output{Rows: rows, JSON: rep}
 }
 
 // printTeardown says what teardown removed, and nothing it did not.

@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/printer"
 )
 
 // teardown prints only what it removed.
@@ -26,5 +30,33 @@ func TestPrintTeardownReportsOnlyRemovals(t *testing.T) {
 		if out.String() != tc.want {
 			t.Errorf("printTeardown(%+v) =\n%s\nwant\n%s", tc.res, out.String(), tc.want)
 		}
+	}
+}
+
+// teardown honours -w json and -w simple, with the same facts as its
+// sentences (it printed them whatever -w said).
+func TestTeardownOutputFormats(t *testing.T) {
+	res := daemon.TeardownResult{Device: "overlay.1", DeviceRemoved: true, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24",
+		SubnetFile: "/run/overlay/subnet.env", Warnings: []string{"routes of DirectRouting"}}
+	var out bytes.Buffer
+	if err := printer.Write(&out, printer.JSON, teardownOutput(res)); err != nil {
+		t.Fatal(err)
+	}
+	var rep teardownReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	want := teardownReport{Removed: []string{"overlay.1", "nftables table inet overlay", "/run/overlay/subnet.env"},
+		LeaseReleased: "10.244.7.0/24", LeftInPlace: []string{"routes of DirectRouting"}}
+	if diff := cmp.Diff(want, rep); diff != "" {
+		t.Errorf("teardown -w json (-want +got):\n%s", diff)
+	}
+	out.Reset()
+	if err := printer.Write(&out, printer.Simple, teardownOutput(res)); err != nil {
+		t.Fatal(err)
+	}
+	wantSimple := "removed overlay.1\nremoved \"nftables table inet overlay\"\nremoved /run/overlay/subnet.env\nreleased 10.244.7.0/24\nleft \"routes of DirectRouting\"\n"
+	if out.String() != wantSimple {
+		t.Errorf("teardown -w simple:\n%s\nwant\n%s", out.String(), wantSimple)
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -48,7 +50,35 @@ func (h *hostFlags) selectUnderlay() error {
 	if err != nil {
 		return err
 	}
+	if err := h.underlay.notLoopback(c); err != nil {
+		return err
+	}
 	return h.use(c)
+}
+
+// notLoopback refuses a choice of the loopback interface: VXLAN packets
+// to other hosts cannot leave by it, and the daemon would find no address
+// to publish on it only after it connected to etcd (exit 1). It names the
+// flag that chose it.
+func (u *underlayFlags) notLoopback(c daemon.IfaceChoice) error {
+	if c.Iface == "" {
+		return nil
+	}
+	ifc, err := net.InterfaceByName(c.Iface)
+	if err != nil || ifc.Flags&net.FlagLoopback == 0 {
+		return nil // gone meanwhile: the daemon says so
+	}
+	flag := fmt.Sprintf("--iface-can-reach %s", u.canReach)
+	switch {
+	case slices.Contains(u.ifaces, c.Iface) || c.Addr.IsValid() && slices.Contains(u.ifaces, c.Addr.String()):
+		flag = fmt.Sprintf("--iface %q", c.Iface)
+		if c.Addr.IsValid() {
+			flag = fmt.Sprintf("--iface %s", c.Addr)
+		}
+	case len(u.regexes) > 0:
+		flag = fmt.Sprintf("--iface-regex %q", strings.Join(u.regexes, ","))
+	}
+	return fmt.Errorf("%s: chooses %s, the loopback interface: VXLAN packets to other hosts cannot leave by it; name the underlay interface, the one holding this host's address (see `ip route get ADDRESS-OF-ANOTHER-HOST`)", flag, c.Iface)
 }
 
 func (h *hostFlags) use(c daemon.IfaceChoice) error {

@@ -119,7 +119,9 @@ func (k *envKeeper) ensure() (problem string, err error) {
 	}
 	k.err = err
 	if err != nil {
-		k.err = fmt.Errorf("write %s: %w", k.path, err)
+		if pe, ok := errors.AsType[*fs.PathError](err); !ok || pe.Path != k.path {
+			k.err = fmt.Errorf("write %s: %w", k.path, err) // name the file, once
+		}
 		k.written = nil
 	}
 	return problem, k.err

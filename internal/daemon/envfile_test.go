@@ -1,12 +1,15 @@
 package daemon
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -50,5 +53,34 @@ func TestEnvKeeperUnknownFormat(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err == nil {
 		t.Error("a file was written in an unknown format")
+	}
+}
+
+// TestSubnetEnvOnAFullDisk: when subnet.env cannot be written for lack of
+// space, the error names the file once, not its temporary file (it said
+// "write X: write .X.tmp-N: write .X.tmp-N: no space left on device"),
+// wraps ENOSPC, and no temporary file is left in the directory.
+func TestSubnetEnvOnAFullDisk(t *testing.T) {
+	env := subnet.NewEnv(netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.7.0/24"), 1450, true)
+	var werr error
+	var left []string
+	var path string
+	err := testenv.InFullFS(t, func(dir string) error {
+		path = filepath.Join(dir, "subnet.env")
+		_, werr = newEnvKeeper(path, "", env).ensure()
+		entries, err := os.ReadDir(dir)
+		for _, e := range entries {
+			left = append(left, e.Name())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(werr, syscall.ENOSPC) || werr.Error() != "write "+path+": no space left on device" {
+		t.Errorf("ensure = %v, want \"write %s: no space left on device\" wrapping ENOSPC", werr, path)
+	}
+	if len(left) != 0 {
+		t.Errorf("files left beside subnet.env: %q", left)
 	}
 }

@@ -61,7 +61,8 @@ type linkLister interface {
 // DetectUnderlay finds the underlay from --iface and --public-ip:
 // both given: used as they are (the address must be on the interface);
 // only the IP: the interface holding it; only the interface: its first
-// global IPv4 address; neither: the interface of the IPv4 default route.
+// global IPv4 address; neither: the interface of the IPv4 default route,
+// or of the IPv6 one on a host without an IPv4 default route (IPv6-only).
 // An interface with only an IPv6 address will do (for an IPv6-only network).
 // The IPv6 address is --public-ipv6, which must be on that interface, or
 // else the interface's first global IPv6 address, if any.
@@ -157,17 +158,25 @@ func linkWithAddr(h linkLister, ip netip.Addr) (netlink.Link, error) {
 	return nil, fmt.Errorf("--public-ip %s is on no interface of this host: set --iface and --public-ip to the underlay interface and its address", ip)
 }
 
+// defaultRouteLink is the interface of the IPv4 default route, else of
+// the IPv6 default route (an IPv6-only host).
 func defaultRouteLink(h linkLister) (netlink.Link, error) {
-	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	for _, r := range routes {
-		if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) && r.LinkIndex > 0 {
-			return h.LinkByIndex(r.LinkIndex)
+	for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
+		routes, err := h.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) && r.LinkIndex > 0 {
+				return h.LinkByIndex(r.LinkIndex)
+			}
+			// A multipath default route names its interfaces per hop.
+			if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) && len(r.MultiPath) > 0 && r.MultiPath[0].LinkIndex > 0 {
+				return h.LinkByIndex(r.MultiPath[0].LinkIndex)
+			}
 		}
 	}
-	return nil, errors.New("no IPv4 default route to find the underlay interface: set --iface (and --public-ip if it has several addresses)")
+	return nil, errors.New("no IPv4 or IPv6 default route to find the underlay interface: set --iface (and --public-ip or --public-ipv6 if it has several addresses)")
 }
 
 func isZeroMask(m net.IPMask) bool {

@@ -40,7 +40,7 @@ func TestTeardownWithoutAUsableUnderlay(t *testing.T) {
 	if err != nil || !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own1.String() || res.SubnetFile != h1.cfg.SubnetFile {
 		t.Fatalf("teardown without a default route = %+v, %v; want device, table, lease and subnet.env removed", res, err)
 	}
-	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "DirectRouting") || !strings.Contains(res.Warnings[0], "no IPv4 default route") {
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "DirectRouting") || !strings.Contains(res.Warnings[0], "no IPv4 or IPv6 default route") {
 		t.Errorf("warnings %q, want one saying why the routes of DirectRouting stay", res.Warnings)
 	}
 	if !h1.routes(t)[own2] {

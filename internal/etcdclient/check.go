@@ -227,6 +227,9 @@ func (c Config) explainServer(err error) error {
 	}
 	var grpcErr interface{ GRPCStatus() *status.Status }
 	if errors.As(err, &grpcErr) && grpcErr.GRPCStatus().Code() != codes.OK {
+		if answer, ok := notGRPC(grpcErr.GRPCStatus().Message()); ok {
+			return &explained{fmt.Sprintf("the server at %s answered %s, not etcd's gRPC: %s", c.endpointList(), answer, notEtcdHint), []error{ErrUnreachable, err}}
+		}
 		// An etcd answer not mapped above: its message, without gRPC's
 		// "rpc error: code = ... desc =" wrapping.
 		return &explained{fmt.Sprintf("%s refused the request: %s: check etcd's logs", at, grpcErr.GRPCStatus().Message()), []error{err}}
@@ -236,6 +239,30 @@ func (c Config) explainServer(err error) error {
 		return &explained{fmt.Sprintf("%s refused the request: %s: check etcd's logs", at, strings.TrimPrefix(server.Error(), "etcdserver: ")), []error{err}}
 	}
 	return err
+}
+
+// notEtcdHint is what to do when an endpoint is not etcd's client port.
+const notEtcdHint = "check that --endpoints names etcd's client port (2379 by default)"
+
+// notGRPC recognises gRPC's words for an answer that was HTTP but not
+// gRPC (a web server, a proxy, etcd's peer or metrics port), or gRPC
+// without etcd's services, and says what the server answered, e.g.
+// "HTTP 404 (Not Found)".
+func notGRPC(msg string) (string, bool) {
+	const status = "unexpected HTTP status code received from server: "
+	if _, rest, ok := strings.Cut(msg, status); ok {
+		code, _, _ := strings.Cut(rest, ";")
+		return "HTTP " + strings.TrimSpace(code), true
+	}
+	if _, rest, ok := strings.Cut(msg, "unknown service "); ok && strings.HasPrefix(rest, "etcdserverpb.") {
+		return "gRPC without etcd's services (" + strings.TrimSpace(rest) + " is unknown there)", true
+	}
+	const ctype = "received unexpected content-type "
+	if _, rest, ok := strings.Cut(msg, ctype); ok {
+		typ, _, _ := strings.Cut(rest, "\n")
+		return "with content type " + strings.TrimSpace(typ), true
+	}
+	return "", false
 }
 
 // explainTransport explains a request that got no answer, by the probes'
@@ -297,7 +324,11 @@ func (c Config) probe(ctx context.Context, ep endpoint, conf *tls.Config) *Endpo
 	}
 	defer conn.Close()
 	if !ep.usesTLS(conf != nil) {
-		if err := h2Hello(conn); err == nil || ctx.Err() != nil {
+		err := h2Hello(conn)
+		if errors.Is(err, errHTTP1) {
+			return &EndpointError{Endpoint: ep.raw, Op: "connect to", kind: ErrUnreachable, Err: err, Hint: notEtcdHint}
+		}
+		if err == nil || ctx.Err() != nil {
 			return nil
 		}
 		if speaksTLS(ctx, ep) {
@@ -325,6 +356,9 @@ func (c Config) probe(ctx context.Context, ep endpoint, conf *tls.Config) *Endpo
 			Hint: "etcd speaks gRPC over HTTP/2: a TLS proxy in front of it must pass ALPN h2 through"}
 	}
 	if err := h2Hello(tc); err != nil {
+		if errors.Is(err, errHTTP1) {
+			return &EndpointError{Endpoint: ep.raw, Op: "TLS connection to", kind: ErrUnreachable, Err: err, Hint: notEtcdHint}
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -349,13 +383,25 @@ func dial(ctx context.Context, ep endpoint) (net.Conn, error) {
 // frame; an HTTP/2 server such as etcd answers with its own SETTINGS.
 var h2Preface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
 
-// h2Hello sends the preface and waits for the first byte of the answer.
+// errHTTP1 is an answer to the HTTP/2 preface in HTTP/1.x: a web server
+// or a proxy, not etcd.
+var errHTTP1 = errors.New("it answers HTTP/1.x, not etcd's gRPC (HTTP/2)")
+
+// h2Hello sends the preface and waits for the first bytes of the answer:
+// an HTTP/2 server's SETTINGS frame, or errHTTP1 for an HTTP/1.x status
+// line.
 func h2Hello(conn net.Conn) error {
 	if _, err := conn.Write(h2Preface); err != nil {
 		return err
 	}
-	var b [1]byte
-	_, err := io.ReadFull(conn, b[:])
+	var b [5]byte
+	n, err := io.ReadFull(conn, b[:])
+	if string(b[:n]) == "HTTP/" {
+		return errHTTP1
+	}
+	if n > 0 {
+		return nil
+	}
 	return err
 }
 

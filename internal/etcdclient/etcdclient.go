@@ -198,11 +198,13 @@ func (c Config) wantTLS(eps []endpoint) bool {
 
 // Validate checks the settings without connecting: the endpoints, the
 // certificate and key pair, the user and password pair, TLS with http://
-// endpoints, and that the TLS files hold what they should. Errors wrap
+// endpoints, and that the TLS files hold what they should, with a client
+// certificate valid now (not expired, not yet to come). Errors wrap
 // ErrConfig and name the flag, so a CLI can report them before doing
-// anything. (Expiry is left to connecting: it depends on when.)
+// anything, as the bad flag values they are. A certificate renewed in
+// place later is read again at each new connection (see reloading).
 func (c Config) Validate() error {
-	_, err := c.clientConfigAt(time.Time{})
+	_, err := c.clientConfigAt(time.Now())
 	return err
 }
 

@@ -37,7 +37,10 @@ func ParseFormat(s string) (Format, error) {
 // Cells may hold what anyone could write to etcd (a hostname, a node ID):
 // table and simple print a cell with a tab, a newline, an escape or any
 // other unprintable rune quoted, so it can neither break the rows nor reach
-// the terminal raw.
+// the terminal raw. Simple also quotes a cell that holds a space or a
+// double quote or is empty, so that every row splits into its fields by
+// position (a shell's read or awk see one word per field unless a value
+// needs quoting, and shlex-style readers always do).
 type Output struct {
 	Header []string
 	Rows   [][]string
@@ -53,7 +56,7 @@ func Write(w io.Writer, f Format, out Output) error {
 		return enc.Encode(out.JSON)
 	case Simple:
 		for _, r := range out.Rows {
-			if _, err := fmt.Fprintln(w, strings.Join(cells(r), " ")); err != nil {
+			if _, err := fmt.Fprintln(w, strings.Join(simpleCells(r), " ")); err != nil {
 				return err
 			}
 		}
@@ -68,6 +71,18 @@ func Write(w io.Writer, f Format, out Output) error {
 		}
 		return tw.Flush()
 	}
+}
+
+// simpleCells is cells, with a cell that holds a space or a double quote,
+// or is empty, quoted too: a field of -w simple is one word.
+func simpleCells(row []string) []string {
+	out := cells(row)
+	for i, c := range out {
+		if c == "" || c == row[i] && strings.ContainsAny(c, " \"") {
+			out[i] = strconv.Quote(c)
+		}
+	}
+	return out
 }
 
 // cells returns row with every cell that holds an unprintable rune quoted.

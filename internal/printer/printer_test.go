@@ -2,6 +2,9 @@ package printer
 
 import (
 	"bytes"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -41,12 +44,57 @@ func TestParseFormat(t *testing.T) {
 }
 
 // A cell from etcd with a tab, a newline or an escape sequence is printed
-// quoted: one cell, one line, nothing raw on the terminal. Spaces and
-// printable non-ASCII stay as they are.
+// quoted: one cell, one line, nothing raw on the terminal. Printable
+// non-ASCII stays as it is; a space too, but in simple, where a field is
+// one word, a cell with a space is quoted.
+// TestSimpleSplitsByPosition: every row of -w simple splits into as many
+// fields as it has cells, whatever they hold (regression: a value with a
+// space, such as config's "0 (underlay MTU - 50)", or an empty one shifted
+// every field after it).
+func TestSimpleSplitsByPosition(t *testing.T) {
+	rows := [][]string{
+		{"Backend.MTU", "0 (underlay MTU - 50)", "x"},
+		{"", "say \"hi\"", "x"},
+		{"a", "b", "x"},
+	}
+	var b bytes.Buffer
+	if err := Write(&b, Simple, Output{Rows: rows}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	for i, line := range lines {
+		fields := splitQuoted(t, line)
+		if !slices.Equal(fields, rows[i]) {
+			t.Errorf("line %q splits into %q, want %q", line, fields, rows[i])
+		}
+	}
+}
+
+// splitQuoted splits a line at spaces, reading a field that starts with a
+// double quote as a Go string literal.
+func splitQuoted(t *testing.T, line string) []string {
+	var out []string
+	for line != "" {
+		if line[0] == '"' {
+			q, err := strconv.QuotedPrefix(line)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			s, _ := strconv.Unquote(q)
+			out = append(out, s)
+			line = strings.TrimPrefix(line[len(q):], " ")
+			continue
+		}
+		f, rest, _ := strings.Cut(line, " ")
+		out, line = append(out, f), rest
+	}
+	return out
+}
+
 func TestUnplainCellsAreQuoted(t *testing.T) {
 	out := Output{Rows: [][]string{{"10.244.1.0/24", "a\tc\n\x1b[2J\"d", "héllo wörld"}}}
 	for f, want := range map[Format]string{
-		Simple: "10.244.1.0/24 \"a\\tc\\n\\x1b[2J\\\"d\" héllo wörld\n",
+		Simple: "10.244.1.0/24 \"a\\tc\\n\\x1b[2J\\\"d\" \"héllo wörld\"\n",
 		Table:  "10.244.1.0/24  \"a\\tc\\n\\x1b[2J\\\"d\"  héllo wörld\n",
 	} {
 		var b bytes.Buffer

@@ -30,7 +30,7 @@ func (r *Registry) GetConfig(ctx context.Context) (*subnet.Config, []byte, error
 func (r *Registry) configErr(exists bool, err error) error {
 	switch {
 	case !exists:
-		return fmt.Errorf("%w at %s: create one with `overlayd config put -f net.json`", ErrNoConfig, r.ConfigKey())
+		return fmt.Errorf("%w at %s: check that --prefix is the network's prefix (flanneld's --etcd-prefix), or create one with `overlayd config put -f net.json`", ErrNoConfig, r.ConfigKey())
 	case err != nil:
 		return fmt.Errorf("%s: %w: fix it with `overlayd config put -f net.json`", r.ConfigKey(), err)
 	}

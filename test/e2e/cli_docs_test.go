@@ -264,6 +264,7 @@ func TestDocumentedCLIExamples(t *testing.T) {
 		"overlayd lease list --endpoints ftp://10.0.0.1:2379",
 		"overlayd run --health-addr bogus",
 		"overlayd run --iface nope0",
+		"overlayd run --iface lo",
 		"OVERLAY_DIAL_TIMEOUT=soon overlayd lease list",
 	} {
 		ex := example(t, confDoc, cmd)

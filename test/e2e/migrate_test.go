@@ -109,6 +109,13 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	if out, err := h2.CLI(ctx, "masquerade", "install"); err != nil || out != "installed nftables table inet overlay for 10.244.0.0/16\n" {
 		t.Fatalf("overlayd masquerade install: %q, %v", out, err)
 	}
+	// Again (it is idempotent), with -w json and -w simple (printed the sentence whatever -w said).
+	if out, err := h2.CLI(ctx, "masquerade", "install", "-w", "json"); err != nil || !strings.Contains(out, `"table": "inet overlay"`) || !strings.Contains(out, `"10.244.0.0/16"`) {
+		t.Fatalf("overlayd masquerade install -w json: %q, %v", out, err)
+	}
+	if out, err := h2.CLI(ctx, "masquerade", "install", "-w", "simple"); err != nil || out != "installed \"inet overlay\" 10.244.0.0/16\n" {
+		t.Fatalf("overlayd masquerade install -w simple: %q, %v", out, err)
+	}
 	if rules, err := masqRules(h2); err != nil || !strings.Contains(strings.Join(rules, "\n"), `oifname "flannel.1"`) {
 		t.Fatalf("overlay's table after masquerade install: %v, %v; want the outside-to-remote-pod rule on flannel.1", rules, err)
 	}

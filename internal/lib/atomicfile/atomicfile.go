@@ -27,13 +27,13 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 		}
 	}()
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", tmp.Name(), err)
+		return failed("write", path, err)
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+		return failed("write", path, err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+		return failed("replace", path, err)
 	}
 	return syncDir(filepath.Dir(path))
 }
@@ -75,7 +75,7 @@ func Publish(path string, data []byte, perm os.FileMode) (*Pending, error) {
 		if errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("create %s: %w", path, ErrExist)
 		}
-		return nil, fmt.Errorf("create %s: %w", path, err)
+		return nil, failed("create", path, err)
 	}
 	return &Pending{f: tmp, path: path}, nil
 }
@@ -96,7 +96,7 @@ func (p *Pending) Sync() error {
 func writeTemp(path string, data []byte, perm os.FileMode) (_ *os.File, err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return nil, fmt.Errorf("create temporary file for %s: %w", path, err)
+		return nil, failed("write", path, err)
 	}
 	defer func() {
 		if err != nil {
@@ -105,12 +105,29 @@ func writeTemp(path string, data []byte, perm os.FileMode) (_ *os.File, err erro
 		}
 	}()
 	if err = tmp.Chmod(perm); err != nil {
-		return nil, fmt.Errorf("set mode of %s: %w", tmp.Name(), err)
+		return nil, failed("write", path, err)
 	}
 	if _, err = tmp.Write(data); err != nil {
-		return nil, fmt.Errorf("write %s: %w", tmp.Name(), err)
+		return nil, failed("write", path, err)
 	}
 	return tmp, nil
+}
+
+// failed is the error of op on path, the file being written, with the
+// cause only: the temporary file is an implementation detail, gone by the
+// time anyone reads the message, and naming it beside path (as os's own
+// errors do) said the same thing twice. "write /run/overlay/subnet.env:
+// no space left on device" wraps ENOSPC.
+func failed(op, path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		err = le.Err
+	}
+	return &fs.PathError{Op: op, Path: path, Err: err}
 }
 
 func syncDir(dir string) error {

@@ -227,7 +227,7 @@ func TestWriteOutIsHonouredEverywhere(t *testing.T) {
 		t.Errorf("lease reserve -w json: %+v (%v) = %+v", r, err, res)
 	}
 	r = run(t, srv.Endpoint, "", "lease", "revoke", "10.244.50.0/24", "--dry-run", "-w", "simple")
-	if want := "wouldRevoke 10.244.50.0/24 - 198.18.0.50 - - no\n"; r.code != exitOK || r.out != want {
+	if want := "wouldRevoke 10.244.50.0/24 - 198.18.0.50 - - unknown\n"; r.code != exitOK || r.out != want {
 		t.Errorf("lease revoke --dry-run -w simple: %+v, want stdout %q", r, want)
 	}
 	res = writeResult{}

@@ -57,6 +57,10 @@ type etcdClient = *clientv3.Client
 // config is the command line.
 type config struct {
 	Root, BinDir, OutDir string
+	// BinB, if set, is a second directory of binaries: the cold starts
+	// then alternate run by run between BinDir's overlayd (bin=a) and
+	// this one's (bin=b), so two commits are compared in one sitting.
+	BinB string
 	Sections             []string
 	Ks                   []int
 	DualKs               []int // peer counts of the dual-stack cold starts
@@ -84,6 +88,7 @@ func parseFlags(args []string) (config, error) {
 	var ks, dual, base, only string
 	fs.StringVar(&c.Root, "root", ".", "repository root (for deploy/cni/10-overlay.conflist)")
 	fs.StringVar(&c.BinDir, "bin", "bin", "directory with overlayd, overlay-cni and cni/ (make build plugins)")
+	fs.StringVar(&c.BinB, "bin-b", "", "a second directory with overlayd: the cold starts alternate between -bin's (bin=a) and this one's (bin=b), run by run")
 	fs.StringVar(&c.OutDir, "out", "bench/results", "directory for the JSON lines file (\"\" writes none)")
 	fs.StringVar(&only, "only", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ","))
 	fs.StringVar(&ks, "k", "100,1000,5000,10000", "peer counts of the cold starts")
@@ -171,6 +176,9 @@ type runInfo struct {
 	CPU       string `json:"cpuModel"`
 	LoadStart string `json:"loadStart"`
 	LoadEnd   string `json:"loadEnd,omitempty"`
+	// With -bin-b: `overlayd version` of each binary measured.
+	BinA string `json:"binA,omitempty"`
+	BinB string `json:"binB,omitempty"`
 	Label     string `json:"label,omitempty"`
 }
 
@@ -194,23 +202,29 @@ func (b *bench) add(r result, samples []float64) {
 
 // find returns the figure measure/metric with the given params. A figure
 // with a family (a dual-stack cold start) is found only by a query that
-// names it: the IPv4-only figure of the same measure and K has none.
+// names it: the IPv4-only figure of the same measure and K has none. A
+// figure of the second binary (bin=b, -bin-b) is found only by a query
+// that names it too: the headlines are the first binary's.
 func (b *bench) find(measure, metric string, params ...any) (result, bool) {
 	for _, r := range b.results {
 		if r.Measure != measure || r.Metric != metric {
 			continue
 		}
 		_, unnamedFamily := r.Params["family"]
+		unnamedB := fmt.Sprint(r.Params["bin"]) == binB
 		match := true
 		for i := 0; i+1 < len(params); i += 2 {
-			if params[i] == "family" {
+			switch params[i] {
+			case "family":
 				unnamedFamily = false
+			case "bin":
+				unnamedB = false
 			}
 			if fmt.Sprint(r.Params[params[i].(string)]) != fmt.Sprint(params[i+1]) {
 				match = false
 			}
 		}
-		if match && !unnamedFamily {
+		if match && !unnamedFamily && !unnamedB {
 			return r, true
 		}
 	}
@@ -243,7 +257,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "overlay-bench needs root to create network namespaces: sudo make bench")
 		os.Exit(1)
 	}
-	for _, p := range []*string{&cfg.Root, &cfg.BinDir} {
+	for _, p := range []*string{&cfg.Root, &cfg.BinDir, &cfg.BinB} {
+		if *p == "" {
+			continue
+		}
 		if *p, err = filepath.Abs(*p); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -258,6 +275,9 @@ func main() {
 	}
 	b.info = newRunInfo(cfg.Root)
 	b.info.Label = cfg.Label
+	if cfg.BinB != "" {
+		b.info.BinA, b.info.BinB = binaryVersion(cfg.BinDir), binaryVersion(cfg.BinB)
+	}
 	if cfg.ProfileDir != "" {
 		if err := b.profile(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "overlay-bench: profile:", err)
@@ -304,6 +324,15 @@ func main() {
 	if len(b.errs) > 0 || ctx.Err() != nil {
 		os.Exit(1)
 	}
+}
+
+// binaryVersion is what `overlayd version` of dir's overlayd prints.
+func binaryVersion(dir string) string {
+	out, err := exec.Command(filepath.Join(dir, "overlayd"), "version").Output()
+	if err != nil {
+		return fmt.Sprintf("%s (version: %v)", dir, err)
+	}
+	return dir + ": " + strings.TrimSpace(string(out))
 }
 
 func newRunInfo(root string) runInfo {

@@ -148,6 +148,10 @@ func (b *bench) printTables(w io.Writer) {
 	}
 	_ = tw.Flush()
 
+	if b.cfg.BinB != "" {
+		b.printComparison(w)
+	}
+
 	fmt.Fprintln(w, "\nevery figure (median [min–max] over n runs; p50/p99 where n ≥ 20):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "measure\tparameters\tmetric\tmedian\tmin\tmax\tp99\tn")
@@ -172,4 +176,38 @@ func (b *bench) printTables(w io.Writer) {
 	for s, err := range b.errs {
 		fmt.Fprintf(w, "\nsection %s failed: %v\n", s, err)
 	}
+}
+
+// printComparison puts the two binaries' cold-start figures (-bin-b) side
+// by side: a is -bin's overlayd, b is -bin-b's.
+func (b *bench) printComparison(w io.Writer) {
+	fmt.Fprintf(w, "\ncold starts, two binaries alternated run by run (medians):\n  a = %s\n  b = %s\n", b.info.BinA, b.info.BinB)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "measure\tparameters\tmetric\ta\tb\tb ÷ a")
+	for _, ra := range b.results {
+		if (ra.Measure != "cold_start" && ra.Measure != "cold_start_marginal") || fmt.Sprint(ra.Params["bin"]) != binA {
+			continue
+		}
+		var query []any
+		var ps []string
+		keys := make([]string, 0, len(ra.Params))
+		for k := range ra.Params {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if k == "bin" {
+				continue
+			}
+			query = append(query, k, ra.Params[k])
+			ps = append(ps, fmt.Sprintf("%s=%v", k, ra.Params[k]))
+		}
+		rb, ok := b.find(ra.Measure, ra.Metric, append(query, "bin", binB)...)
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\n", ra.Measure, strings.Join(ps, " "), ra.Metric,
+			fmtFig(ra.Median, ra.Unit), fmtFig(rb.Median, rb.Unit), rb.Median/ra.Median)
+	}
+	_ = tw.Flush()
 }

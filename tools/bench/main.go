@@ -60,24 +60,24 @@ type config struct {
 	// BinB, if set, is a second directory of binaries: the cold starts
 	// then alternate run by run between BinDir's overlayd (bin=a) and
 	// this one's (bin=b), so two commits are compared in one sitting.
-	BinB string
-	Sections             []string
-	Ks                   []int
-	DualKs               []int // peer counts of the dual-stack cold starts
-	Runs                 int   // repetitions of cheap figures (cold starts, streams, restarts)
-	EventBase            []int
-	Batches              int // 100-lease add/delete rounds
-	Events               int // single add and delete events each
-	CNIRuns              int // sequential ADD/DEL per mode
-	CNIConc              int // concurrency of the parallel ADD/DEL
-	CNIBatches           int // parallel rounds per mode
-	Stream               time.Duration
-	Pings                int
-	ColdTimeout          time.Duration
-	ProfileDir           string
-	Quiet                bool
-	Label                string
-	Trace                bool
+	BinB        string
+	Sections    []string
+	Ks          []int
+	DualKs      []int // peer counts of the dual-stack cold starts
+	Runs        int   // repetitions of cheap figures (cold starts, streams, restarts)
+	EventBase   []int
+	Batches     int // 100-lease add/delete rounds
+	Events      int // single add and delete events each
+	CNIRuns     int // sequential ADD/DEL per mode
+	CNIConc     int // concurrency of the parallel ADD/DEL
+	CNIBatches  int // parallel rounds per mode
+	Stream      time.Duration
+	Pings       int
+	ColdTimeout time.Duration
+	ProfileDir  string
+	Quiet       bool
+	Label       string
+	Trace       bool
 }
 
 var allSections = []string{"cold", "events", "cni", "net", "restart"}
@@ -177,9 +177,9 @@ type runInfo struct {
 	LoadStart string `json:"loadStart"`
 	LoadEnd   string `json:"loadEnd,omitempty"`
 	// With -bin-b: `overlayd version` of each binary measured.
-	BinA string `json:"binA,omitempty"`
-	BinB string `json:"binB,omitempty"`
-	Label     string `json:"label,omitempty"`
+	BinA  string `json:"binA,omitempty"`
+	BinB  string `json:"binB,omitempty"`
+	Label string `json:"label,omitempty"`
 }
 
 type bench struct {

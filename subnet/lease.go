@@ -33,6 +33,11 @@ type Lease struct {
 	EtcdLease int64
 	// ModRevision is the etcd revision that last wrote the key.
 	ModRevision int64
+	// Value is the value as read from etcd, which Attrs was decoded
+	// from; nil for a lease not read from etcd. The lease journal keeps
+	// it as it is instead of encoding Attrs again. Code that changes
+	// Attrs builds a new Lease without it.
+	Value []byte
 }
 
 // LeaseAttrs is the lease value, flannel's LeaseAttrs plus our own optional

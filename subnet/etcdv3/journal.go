@@ -1,6 +1,7 @@
 package etcdv3
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -251,16 +252,13 @@ func (j *Journal) replay() (journal.Replayed, error) {
 // rewrite replaces the file with the header, recs and the revision, and
 // keeps it open for appending.
 func (j *Journal) rewrite(recs []journal.Record, rev int64) error {
-	buf, err := journal.Encode(j.header, recs, rev)
-	if err != nil {
-		return err
-	}
 	tmp := j.path + ".new"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write lease journal: %w", err)
 	}
-	if _, err := f.Write(buf); err != nil {
+	sum, err := journal.EncodeTo(f, j.header, recs, rev)
+	if err != nil {
 		f.Close()
 		return fmt.Errorf("write lease journal %s: %w", tmp, err)
 	}
@@ -271,7 +269,7 @@ func (j *Journal) rewrite(recs []journal.Record, rev int64) error {
 	if j.f != nil {
 		_ = j.f.Close()
 	}
-	j.f, j.keys, j.records, j.rev, j.sum, j.holds = f, len(recs), 0, rev, journal.Checksum(0, buf), false
+	j.f, j.keys, j.records, j.rev, j.sum, j.holds = f, len(recs), 0, rev, sum, false
 	return nil
 }
 
@@ -283,10 +281,16 @@ func invalidRecord(prefix string, inv Invalid) journal.Record {
 	return journal.Record{Kind: journal.KindInvalid, Key: strings.TrimPrefix(inv.Key, prefix), Mod: inv.ModRevision, Err: msg}
 }
 
+// leaseRecord is l's record. Its value is the one l was read from, as it
+// is (decoded once, where it came in), unless there is none or it spans
+// lines (JSON may; a record may not): then Attrs encoded again.
 func leaseRecord(l subnet.Lease) (journal.Record, error) {
-	v, err := l.Attrs.Marshal()
-	if err != nil {
-		return journal.Record{}, fmt.Errorf("lease journal: encode %s: %w", l.Subnets(), err)
+	v := l.Value
+	if len(v) == 0 || bytes.IndexByte(v, '\n') >= 0 {
+		var err error
+		if v, err = l.Attrs.Marshal(); err != nil {
+			return journal.Record{}, fmt.Errorf("lease journal: encode %s: %w", l.Subnets(), err)
+		}
 	}
 	return journal.Record{Kind: journal.KindLease, Key: l.Key(), Value: v, Lease: l.EtcdLease, Mod: l.ModRevision}, nil
 }

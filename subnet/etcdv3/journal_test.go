@@ -631,3 +631,42 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 		t.Errorf("no journal: %v, want not-exist", err)
 	}
 }
+
+// A lease's value goes into the journal as etcd held it, decoded once where
+// it came in and never encoded again (at a cold start with 10,000 leases
+// encoding them again was a tenth of the daemon's CPU, issue 33): member
+// order, unknown members and spacing kept. A value that spans lines (JSON
+// may, a record may not) is written encoded again, on one line, and the
+// journal still reads back.
+func TestJournalKeepsValuesAsRead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testNetwork)
+	asRead := `{"BackendType":"vxlan", "PublicIP":"198.18.0.7","Zone":"b","BackendData":{"VtepMAC":"0e:00:00:00:00:07","VNI":1}}`
+	multiline := "{\n  \"PublicIP\": \"198.18.0.8\",\n  \"BackendType\": \"vxlan\",\n  \"BackendData\": {\"VNI\": 1, \"VtepMAC\": \"0e:00:00:00:00:08\"}\n}"
+	for key, v := range map[string]string{"10.244.7.0-24": asRead, "10.244.8.0-24": multiline} {
+		if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Leases) != 2 {
+		t.Fatalf("List: %d leases, %v", len(snap.Leases), err)
+	}
+	path := filepath.Join(t.TempDir(), "subnet.env.leases")
+	createJournal(t, path, f.reg, snap).Close()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `L "10.244.7.0-24" 0 ` + fmt.Sprint(snap.Leases[0].ModRevision) + " " + asRead + "\n"; !strings.Contains(string(data), want) {
+		t.Errorf("journal lacks the value as read:\n%s\nwant the line\n%s", data, want)
+	}
+	if want := `{"PublicIP":"198.18.0.8","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:08"}}`; !strings.Contains(string(data), want) {
+		t.Errorf("journal lacks the multi-line value on one line:\n%s\nwant %s", data, want)
+	}
+	got, err := loadJournal(path, f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, f, got)
+}

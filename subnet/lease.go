@@ -111,7 +111,9 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	// the common case is one pass of encoding/json into the struct — which
 	// reads members exactly as flanneld does. Only a value it rejects goes
 	// through decodeObject, which says which member is wrong and why.
-	if err := json.Unmarshal(value, &a); err != nil {
+	if fast, ok := decodeAttrsFast(value); ok {
+		a = fast
+	} else if err := json.Unmarshal(value, &a); err != nil {
 		if _, err := attrsByMember(value); err != nil {
 			return LeaseAttrs{}, err
 		}
@@ -189,6 +191,9 @@ func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
 	var d VXLANData
 	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return d, missingData[name]
+	}
+	if fast, ok := decodeVXLANFast(raw); ok {
+		return fast, nil
 	}
 	if err := json.Unmarshal(raw, &d); err != nil { // as in DecodeAttrs
 		if _, err := vxlanByMember(name, raw); err != nil {

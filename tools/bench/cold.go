@@ -43,26 +43,31 @@ func (c *coldSeries) addRun(k int, r coldRun) {
 	c.v6 = append(c.v6, secs(r.IPv6))
 }
 
-// Names of the binaries a cold start compares (-bin-b): bin=a is -bin's
-// overlayd, bin=b -bin-b's. Without -bin-b the figures have no bin.
-const (
-	binA = "a"
-	binB = "b"
-)
+// binA names -bin's overlayd when cold starts compare binaries (-bin-b):
+// bin=a; those of -bin-b are b, c, ... in order. Without -bin-b the
+// figures have no bin.
+const binA = "a"
+
+// binName is the name of the i-th binary compared (0 is -bin's).
+func binName(i int) string { return string(rune('a' + i)) }
 
 // coldBinary is one overlayd a cold start runs.
 type coldBinary struct {
-	name     string // binA, binB, or "" when only one is measured
+	name     string // binName, or "" when only one is measured
 	overlayd string // path; "" is the lab's
 }
 
 // coldBinaries is the binaries the cold starts run, in the order of the
-// first run (the order alternates from run to run).
+// first run (the order rotates from run to run).
 func (b *bench) coldBinaries() []coldBinary {
-	if b.cfg.BinB == "" {
+	if len(b.cfg.BinB) == 0 {
 		return []coldBinary{{}}
 	}
-	return []coldBinary{{name: binA}, {name: binB, overlayd: filepath.Join(b.cfg.BinB, "overlayd")}}
+	bins := []coldBinary{{name: binA}}
+	for i, dir := range b.cfg.BinB {
+		bins = append(bins, coldBinary{name: binName(i + 1), overlayd: filepath.Join(dir, "overlayd")})
+	}
+	return bins
 }
 
 // coldStacks is the stacks a cold start of K peers runs with: IPv4 only,
@@ -78,8 +83,9 @@ func (b *bench) coldStacks(k int) []stack {
 // benchCold measures cold convergence for every K: IPv4 only (-k and
 // -dual) and dual stack (-dual). At a K measured both ways the runs
 // alternate, IPv4 only first, so that both see the same machine. With
-// -bin-b every run is taken with both binaries, a then b in odd runs and
-// b then a in even ones, so that neither always follows the other.
+// -bin-b every run is taken with every binary, in an order that rotates
+// from run to run (a b, then b a; a b c, then b c a, then c a b), so that
+// none always follows another.
 func (b *bench) benchCold(ctx context.Context) error {
 	l, err := b.newLab(ctx, "cold", benchNetwork)
 	if err != nil {
@@ -106,9 +112,7 @@ func (b *bench) benchCold(ctx context.Context) error {
 		for run := range b.cfg.Runs {
 			for i, s := range stacks {
 				for j := range bins {
-					if run%2 == 1 {
-						j = len(bins) - 1 - j
-					}
+					j = (j + run) % len(bins)
 					bin := bins[j]
 					hostNum++
 					r, err := b.coldOnce(ctx, l, cli, s, k, hostNum, bin.overlayd, b.cfg.Trace && run == 0)

@@ -57,10 +57,10 @@ type etcdClient = *clientv3.Client
 // config is the command line.
 type config struct {
 	Root, BinDir, OutDir string
-	// BinB, if set, is a second directory of binaries: the cold starts
+	// BinB, if set, is more directories of binaries: the cold starts
 	// then alternate run by run between BinDir's overlayd (bin=a) and
-	// this one's (bin=b), so two commits are compared in one sitting.
-	BinB        string
+	// these (bin=b, c, ...), so commits are compared in one sitting.
+	BinB        []string
 	Sections    []string
 	Ks          []int
 	DualKs      []int // peer counts of the dual-stack cold starts
@@ -88,7 +88,8 @@ func parseFlags(args []string) (config, error) {
 	var ks, dual, base, only string
 	fs.StringVar(&c.Root, "root", ".", "repository root (for deploy/cni/10-overlay.conflist)")
 	fs.StringVar(&c.BinDir, "bin", "bin", "directory with overlayd, overlay-cni and cni/ (make build plugins)")
-	fs.StringVar(&c.BinB, "bin-b", "", "a second directory with overlayd: the cold starts alternate between -bin's (bin=a) and this one's (bin=b), run by run")
+	var binB string
+	fs.StringVar(&binB, "bin-b", "", "more directories with overlayd, comma-separated: the cold starts alternate run by run between -bin's (bin=a) and these (bin=b, c, ...)")
 	fs.StringVar(&c.OutDir, "out", "bench/results", "directory for the JSON lines file (\"\" writes none)")
 	fs.StringVar(&only, "only", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ","))
 	fs.StringVar(&ks, "k", "100,1000,5000,10000", "peer counts of the cold starts")
@@ -109,6 +110,11 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.Label, "label", "", "a note stored with every result (e.g. which binaries were measured)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	for dir := range strings.SplitSeq(binB, ",") {
+		if dir = strings.TrimSpace(dir); dir != "" {
+			c.BinB = append(c.BinB, dir)
+		}
 	}
 	var err error
 	if c.Ks, err = intList(ks); err != nil {
@@ -176,10 +182,10 @@ type runInfo struct {
 	CPU       string `json:"cpuModel"`
 	LoadStart string `json:"loadStart"`
 	LoadEnd   string `json:"loadEnd,omitempty"`
-	// With -bin-b: `overlayd version` of each binary measured.
-	BinA  string `json:"binA,omitempty"`
-	BinB  string `json:"binB,omitempty"`
-	Label string `json:"label,omitempty"`
+	// With -bin-b: `overlayd version` of each binary measured, by its
+	// name (bin=a, b, ...).
+	Binaries map[string]string `json:"binaries,omitempty"`
+	Label    string            `json:"label,omitempty"`
 }
 
 type bench struct {
@@ -211,7 +217,8 @@ func (b *bench) find(measure, metric string, params ...any) (result, bool) {
 			continue
 		}
 		_, unnamedFamily := r.Params["family"]
-		unnamedB := fmt.Sprint(r.Params["bin"]) == binB
+		bin, hasBin := r.Params["bin"]
+		unnamedB := hasBin && bin != binA
 		match := true
 		for i := 0; i+1 < len(params); i += 2 {
 			switch params[i] {
@@ -257,10 +264,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "overlay-bench needs root to create network namespaces: sudo make bench")
 		os.Exit(1)
 	}
-	for _, p := range []*string{&cfg.Root, &cfg.BinDir, &cfg.BinB} {
-		if *p == "" {
-			continue
-		}
+	paths := []*string{&cfg.Root, &cfg.BinDir}
+	for i := range cfg.BinB {
+		paths = append(paths, &cfg.BinB[i])
+	}
+	for _, p := range paths {
 		if *p, err = filepath.Abs(*p); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -275,8 +283,11 @@ func main() {
 	}
 	b.info = newRunInfo(cfg.Root)
 	b.info.Label = cfg.Label
-	if cfg.BinB != "" {
-		b.info.BinA, b.info.BinB = binaryVersion(cfg.BinDir), binaryVersion(cfg.BinB)
+	if len(cfg.BinB) > 0 {
+		b.info.Binaries = map[string]string{binA: binaryVersion(cfg.BinDir)}
+		for i, dir := range cfg.BinB {
+			b.info.Binaries[binName(i+1)] = binaryVersion(dir)
+		}
 	}
 	if cfg.ProfileDir != "" {
 		if err := b.profile(ctx); err != nil {

@@ -148,7 +148,7 @@ func (b *bench) printTables(w io.Writer) {
 	}
 	_ = tw.Flush()
 
-	if b.cfg.BinB != "" {
+	if len(b.cfg.BinB) > 0 {
 		b.printComparison(w)
 	}
 
@@ -178,12 +178,21 @@ func (b *bench) printTables(w io.Writer) {
 	}
 }
 
-// printComparison puts the two binaries' cold-start figures (-bin-b) side
-// by side: a is -bin's overlayd, b is -bin-b's.
+// printComparison puts the binaries' cold-start figures (-bin-b) side by
+// side: a is -bin's overlayd, b, c, ... -bin-b's.
 func (b *bench) printComparison(w io.Writer) {
-	fmt.Fprintf(w, "\ncold starts, two binaries alternated run by run (medians):\n  a = %s\n  b = %s\n", b.info.BinA, b.info.BinB)
+	n := 1 + len(b.cfg.BinB)
+	fmt.Fprintln(w, "\ncold starts, binaries alternated run by run (medians):")
+	head := "measure\tparameters\tmetric"
+	for i := range n {
+		fmt.Fprintf(w, "  %s = %s\n", binName(i), b.info.Binaries[binName(i)])
+		head += "\t" + binName(i)
+	}
+	for i := 1; i < n; i++ {
+		head += "\t" + binName(i) + " ÷ a"
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "measure\tparameters\tmetric\ta\tb\tb ÷ a")
+	fmt.Fprintln(tw, head)
 	for _, ra := range b.results {
 		if (ra.Measure != "cold_start" && ra.Measure != "cold_start_marginal") || fmt.Sprint(ra.Params["bin"]) != binA {
 			continue
@@ -202,12 +211,19 @@ func (b *bench) printComparison(w io.Writer) {
 			query = append(query, k, ra.Params[k])
 			ps = append(ps, fmt.Sprintf("%s=%v", k, ra.Params[k]))
 		}
-		rb, ok := b.find(ra.Measure, ra.Metric, append(query, "bin", binB)...)
-		if !ok {
-			continue
+		row := fmt.Sprintf("%s\t%s\t%s\t%s", ra.Measure, strings.Join(ps, " "), ra.Metric, fmtFig(ra.Median, ra.Unit))
+		ratios := ""
+		for i := 1; i < n; i++ {
+			rb, ok := b.find(ra.Measure, ra.Metric, append(slices.Clone(query), "bin", binName(i))...)
+			if !ok {
+				row += "\t-"
+				ratios += "\t-"
+				continue
+			}
+			row += "\t" + fmtFig(rb.Median, rb.Unit)
+			ratios += fmt.Sprintf("\t%.2f", rb.Median/ra.Median)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\n", ra.Measure, strings.Join(ps, " "), ra.Metric,
-			fmtFig(ra.Median, ra.Unit), fmtFig(rb.Median, rb.Unit), rb.Median/ra.Median)
+		fmt.Fprintln(tw, row+ratios)
 	}
 	_ = tw.Flush()
 }

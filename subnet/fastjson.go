@@ -175,7 +175,9 @@ func decodeAttrsFast(value []byte) (LeaseAttrs, bool) {
 		default:
 			return !foldsTo(m.name, attrsFields...) // others are ignored
 		}
-		*s = string(m.value)
+		if *s = string(m.value); string(m.value) == DefaultBackendType {
+			*s = DefaultBackendType // the same in every lease: not a copy each
+		}
 		return m.kind == 's'
 	})
 	return a, ok

@@ -37,30 +37,7 @@ var plainValues = []string{
 // does not, DecodeAttrs hands to encoding/json. Checked on a table of
 // plain and tricky values and on random corruptions of them.
 func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
-	check := func(v []byte) {
-		if got, ok := decodeAttrsFast(v); ok {
-			var want LeaseAttrs
-			if err := json.Unmarshal(v, &want); err != nil {
-				t.Errorf("fast path accepts %q, which encoding/json refuses: %v", v, err)
-			} else if !reflect.DeepEqual(got, want) {
-				t.Errorf("fast path decodes %q as %+v, encoding/json as %+v", v, got, want)
-			}
-		}
-		var a LeaseAttrs
-		if json.Unmarshal(v, &a) != nil {
-			return
-		}
-		for _, raw := range [][]byte{a.BackendData, a.BackendV6Data, v} {
-			if got, ok := decodeVXLANFast(raw); ok {
-				var want VXLANData
-				if err := json.Unmarshal(raw, &want); err != nil {
-					t.Errorf("fast path accepts backend data %q, which encoding/json refuses: %v", raw, err)
-				} else if got != want {
-					t.Errorf("fast path decodes backend data %q as %+v, encoding/json as %+v", raw, got, want)
-				}
-			}
-		}
-	}
+	check := func(v []byte) { fastAgrees(t, v) }
 	r := rand.New(rand.NewPCG(33, 1))
 	alphabet := []byte("{}[]\":,0123456789-.eE \\\nabcPIVNx\x00\xff")
 	for _, s := range plainValues {
@@ -107,4 +84,40 @@ func TestPlainLeaseValueDecodesCheaply(t *testing.T) {
 	if n > 6 {
 		t.Errorf("decoding a plain lease value: %.0f allocations, want at most 6", n)
 	}
+}
+
+// fastAgrees fails t if a fast decoder accepts v (or the backend data in
+// it) and decodes it otherwise than encoding/json.
+func fastAgrees(t *testing.T, v []byte) {
+	t.Helper()
+	if got, ok := decodeAttrsFast(v); ok {
+		var want LeaseAttrs
+		if err := json.Unmarshal(v, &want); err != nil {
+			t.Errorf("fast path accepts %q, which encoding/json refuses: %v", v, err)
+		} else if !reflect.DeepEqual(got, want) {
+			t.Errorf("fast path decodes %q as %+v, encoding/json as %+v", v, got, want)
+		}
+	}
+	var a LeaseAttrs
+	if json.Unmarshal(v, &a) != nil {
+		return
+	}
+	for _, raw := range [][]byte{a.BackendData, a.BackendV6Data, v} {
+		if got, ok := decodeVXLANFast(raw); ok {
+			var want VXLANData
+			if err := json.Unmarshal(raw, &want); err != nil {
+				t.Errorf("fast path accepts backend data %q, which encoding/json refuses: %v", raw, err)
+			} else if got != want {
+				t.Errorf("fast path decodes backend data %q as %+v, encoding/json as %+v", raw, got, want)
+			}
+		}
+	}
+}
+
+// FuzzFastDecodingAgreesWithEncodingJSON: arbitrary bytes, the same check.
+func FuzzFastDecodingAgreesWithEncodingJSON(f *testing.F) {
+	for _, v := range plainValues {
+		f.Add([]byte(v))
+	}
+	f.Fuzz(fastAgrees)
 }

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -669,4 +671,53 @@ func TestJournalKeepsValuesAsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameSet(t, f, got)
+}
+
+// A listing's journal is written as it is made, a lease at a time: at a
+// cold start it is written while the listing, the peers and the watch are
+// all in memory (issue 33), so it must not hold a record of every lease
+// besides. A set out of key order (or with invalid keys) is sorted first,
+// and both give the same file.
+func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
+	reg := NewRegistry(nil, DefaultPrefix)
+	const n = 2000
+	var leases []subnet.Lease
+	for i := range n {
+		l := subnet.Lease{Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24),
+			Attrs:     subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}, "", ""),
+			EtcdLease: 7, ModRevision: int64(10 + i)}
+		l.Value, _ = l.Attrs.Marshal()
+		leases = append(leases, l)
+	}
+	slices.SortFunc(leases, func(a, b subnet.Lease) int { return strings.Compare(a.Key(), b.Key()) })
+	dir := t.TempDir()
+	write := func(name string, snap Snapshot) (string, uint64) {
+		j, _, _ := OpenJournal(filepath.Join(dir, name), reg)
+		defer j.Close()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if err := j.Start(snap); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data), after.TotalAlloc - before.TotalAlloc
+	}
+	sorted, allocated := write("sorted", Snapshot{Leases: leases, Revision: 5000, ClusterID: 7})
+	// A key's string (16 bytes) and the writer's buffer: a record each
+	// (~100 bytes) would be 200 KB.
+	if limit := uint64(n*48 + 96<<10); allocated > limit {
+		t.Errorf("Start allocated %d bytes for %d leases, want at most %d", allocated, n, limit)
+	}
+	shuffled := slices.Clone(leases)
+	shuffled[0], shuffled[n-1] = shuffled[n-1], shuffled[0]
+	if got, _ := write("shuffled", Snapshot{Leases: shuffled, Revision: 5000, ClusterID: 7}); got != sorted {
+		t.Errorf("a set out of order gives another file")
+	}
+	if snap, err := loadJournal(filepath.Join(dir, "sorted"), reg); err != nil || len(snap.Leases) != n {
+		t.Fatalf("journal reads back %d leases, %v", len(snap.Leases), err)
+	}
 }

@@ -88,6 +88,16 @@ func Encode(h Header, recs []Record, rev int64) ([]byte, error) {
 // the checksum of what it wrote.
 func EncodeTo(w io.Writer, h Header, recs []Record, rev int64) (uint32, error) {
 	slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Key, b.Key) })
+	return EncodeSorted(w, h, len(recs), func(i int) (Record, error) { return recs[i], nil }, rev)
+}
+
+// ErrUnsorted is EncodeSorted's error for records out of key order.
+var ErrUnsorted = errors.New("records out of key order")
+
+// EncodeSorted is EncodeTo for n records that rec makes one at a time, in
+// key order, so that they need not all be in memory at once. It fails with
+// ErrUnsorted, having written part of a file, if they are not in order.
+func EncodeSorted(w io.Writer, h Header, n int, rec func(i int) (Record, error), rev int64) (uint32, error) {
 	line, err := json.Marshal(h)
 	if err != nil {
 		return 0, err
@@ -100,8 +110,18 @@ func EncodeTo(w io.Writer, h Header, recs []Record, rev int64) (uint32, error) {
 		_, _ = bw.Write(line) // the first error sticks; Flush returns it
 	}
 	put(line)
-	for _, r := range recs {
-		put(r.Append(line[:0]))
+	last := ""
+	for i := range n {
+		r, err := rec(i)
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 && r.Key < last {
+			return 0, fmt.Errorf("%w: %q after %q", ErrUnsorted, r.Key, last)
+		}
+		last = r.Key
+		line = r.Append(line[:0]) // one buffer for every line
+		put(line)
 	}
 	put(Seal(rev, sum).Append(line[:0]))
 	return sum, bw.Flush()

@@ -5,7 +5,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -148,5 +150,24 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	}
 	if v4, _ := s.peers(); len(v4) != 2 {
 		t.Errorf("peers after the claim = %+v, want 2", v4)
+	}
+}
+
+// A cold start records an arrival per listed lease (for the
+// event-to-programmed latency): with room made for them first, those
+// thousands of arrivals allocate (next to) nothing more (issue 33).
+func TestColdStartArrivalsFitTheRoomMade(t *testing.T) {
+	const n = 5000
+	m := newMetrics(&probe{})
+	m.expectEvents(n)
+	now := time.Now()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		m.eventArrived(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24), now)
+	}
+	runtime.ReadMemStats(&after)
+	if allocs := after.Mallocs - before.Mallocs; allocs > 8 {
+		t.Errorf("%d arrivals after expectEvents(%d): %d allocations, want next to none", n, n, allocs)
 	}
 }

@@ -175,8 +175,10 @@ func decodeAttrsFast(value []byte) (LeaseAttrs, bool) {
 		default:
 			return !foldsTo(m.name, attrsFields...) // others are ignored
 		}
-		if *s = string(m.value); string(m.value) == DefaultBackendType {
+		if string(m.value) == DefaultBackendType {
 			*s = DefaultBackendType // the same in every lease: not a copy each
+		} else {
+			*s = string(m.value)
 		}
 		return m.kind == 's'
 	})

@@ -155,7 +155,8 @@ func parseSubnet(key, part string, f family) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%w: key %q: %q is not <%s address>-<prefix length>", ErrInvalidLease, key, part, f.name())
 	}
 	addr, err := netip.ParseAddr(addrPart)
-	if err != nil || !f.is(addr) || addr.String() != addrPart {
+	var canonical [64]byte // an address's text fits; compared without a copy
+	if err != nil || !f.is(addr) || string(addr.AppendTo(canonical[:0])) != addrPart {
 		return netip.Prefix{}, fmt.Errorf("%w: key %q: %q is not an %s address in canonical form", ErrInvalidLease, key, addrPart, f.name())
 	}
 	bits, err := strconv.Atoi(bitsPart)

@@ -33,6 +33,11 @@ type Lease struct {
 	EtcdLease int64
 	// ModRevision is the etcd revision that last wrote the key.
 	ModRevision int64
+	// Value is the value as read from etcd, which Attrs was decoded
+	// from; nil for a lease not read from etcd. The lease journal keeps
+	// it as it is instead of encoding Attrs again. Code that changes
+	// Attrs builds a new Lease without it.
+	Value []byte
 }
 
 // LeaseAttrs is the lease value, flannel's LeaseAttrs plus our own optional
@@ -107,7 +112,14 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	// the common case is one pass of encoding/json into the struct — which
 	// reads members exactly as flanneld does. Only a value it rejects goes
 	// through decodeObject, which says which member is wrong and why.
-	err := json.Unmarshal(value, &a)
+	var err error
+	if fast, ok := decodeAttrsFast(value); ok {
+		a = fast
+	} else {
+		err = json.Unmarshal(value, &a)
+	}
+	// Both readers take the last of two members naming one field: such a
+	// value means two things to two readers, and is refused either way.
 	if twins := twinsError(value); twins != nil {
 		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, twins)
 	}
@@ -189,6 +201,9 @@ func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
 	var d VXLANData
 	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return d, missingData[name]
+	}
+	if fast, ok := decodeVXLANFast(raw); ok {
+		return fast, nil
 	}
 	if err := json.Unmarshal(raw, &d); err != nil { // as in DecodeAttrs
 		if _, err := vxlanByMember(name, raw); err != nil {

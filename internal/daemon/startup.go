@@ -179,6 +179,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// start the first pass is most of the time to converge.
 	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
 	now := time.Now()
+	d.m.expectEvents(len(d.snap.Leases))
 	for _, l := range d.snap.Leases {
 		d.m.eventArrived(l.Subnets().Primary(), now)
 	}

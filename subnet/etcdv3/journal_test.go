@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -629,5 +632,101 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	}
 	if _, err := loadJournal(filepath.Join(t.TempDir(), "none"), reg); !os.IsNotExist(err) {
 		t.Errorf("no journal: %v, want not-exist", err)
+	}
+}
+
+// A lease's value goes into the journal as etcd held it, decoded once where
+// it came in and never encoded again (at a cold start with 10,000 leases
+// encoding them again was a tenth of the daemon's CPU, issue 33): member
+// order, unknown members and spacing kept. A value that spans lines (JSON
+// may, a record may not) is written encoded again, on one line, and the
+// journal still reads back.
+func TestJournalKeepsValuesAsRead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testNetwork)
+	asRead := `{"BackendType":"vxlan", "PublicIP":"198.18.0.7","Zone":"b","BackendData":{"VtepMAC":"0e:00:00:00:00:07","VNI":1}}`
+	multiline := "{\n  \"PublicIP\": \"198.18.0.8\",\n  \"BackendType\": \"vxlan\",\n  \"BackendData\": {\"VNI\": 1, \"VtepMAC\": \"0e:00:00:00:00:08\"}\n}"
+	for key, v := range map[string]string{"10.244.7.0-24": asRead, "10.244.8.0-24": multiline} {
+		if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := f.reg.List(ctx(t))
+	if err != nil || len(snap.Leases) != 2 {
+		t.Fatalf("List: %d leases, %v", len(snap.Leases), err)
+	}
+	path := filepath.Join(t.TempDir(), "subnet.env.leases")
+	createJournal(t, path, f.reg, snap).Close()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `L "10.244.7.0-24" 0 ` + fmt.Sprint(snap.Leases[0].ModRevision) + " " + asRead + "\n"; !strings.Contains(string(data), want) {
+		t.Errorf("journal lacks the value as read:\n%s\nwant the line\n%s", data, want)
+	}
+	if want := `{"PublicIP":"198.18.0.8","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:08"}}`; !strings.Contains(string(data), want) {
+		t.Errorf("journal lacks the multi-line value on one line:\n%s\nwant %s", data, want)
+	}
+	got, err := loadJournal(path, f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSet(t, f, got)
+}
+
+// A listing's journal is written as it is made, a lease at a time: at a
+// cold start it is written while the listing, the peers and the watch are
+// all in memory (issue 33), so it must not hold a record of every lease
+// besides. A set out of key order (or with invalid keys) is sorted first,
+// and both give the same file.
+func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
+	reg := NewRegistry(nil, DefaultPrefix)
+	const n = 2000
+	var leases []subnet.Lease
+	for i := range n {
+		l := subnet.Lease{Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24),
+			Attrs:     subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}, "", ""),
+			EtcdLease: 7, ModRevision: int64(10 + i)}
+		l.Value, _ = l.Attrs.Marshal()
+		leases = append(leases, l)
+	}
+	slices.SortFunc(leases, func(a, b subnet.Lease) int { return strings.Compare(a.Key(), b.Key()) })
+	dir := t.TempDir()
+	// MemStats counts every goroutine's allocations (an etcd server of
+	// another test may still be stopping): the least of three rounds is
+	// this code's.
+	write := func(name string, snap Snapshot) (string, uint64) {
+		least := uint64(math.MaxUint64)
+		for range 3 {
+			j, _, _ := OpenJournal(filepath.Join(dir, name), reg)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			err := j.Start(snap)
+			runtime.ReadMemStats(&after)
+			j.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			least = min(least, after.TotalAlloc-before.TotalAlloc)
+		}
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data), least
+	}
+	sorted, allocated := write("sorted", Snapshot{Leases: leases, Revision: 5000, ClusterID: 7})
+	// A key's string (16 bytes) and the writer's buffer: a record each
+	// (~100 bytes) would be 200 KB.
+	if limit := uint64(n*48 + 96<<10); allocated > limit {
+		t.Errorf("Start allocated %d bytes for %d leases, want at most %d", allocated, n, limit)
+	}
+	shuffled := slices.Clone(leases)
+	shuffled[0], shuffled[n-1] = shuffled[n-1], shuffled[0]
+	if got, _ := write("shuffled", Snapshot{Leases: shuffled, Revision: 5000, ClusterID: 7}); got != sorted {
+		t.Errorf("a set out of order gives another file")
+	}
+	if snap, err := loadJournal(filepath.Join(dir, "sorted"), reg); err != nil || len(snap.Leases) != n {
+		t.Fatalf("journal reads back %d leases, %v", len(snap.Leases), err)
 	}
 }

@@ -217,7 +217,11 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
 }
 
 func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
-	var taken takenSubnets
+	n := len(snap.Leases) + len(snap.Invalid)
+	taken := newTakenSubnets(n, n)
+	if !m.cfg.EnableIPv6 {
+		taken = newTakenSubnets(n, 0)
+	}
 	var own *subnet.Lease
 	for i, l := range snap.Leases {
 		taken.add(l.Subnets())
@@ -256,6 +260,12 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 
 // takenSubnets are the subnets of each family some key names.
 type takenSubnets struct{ v4, v6 map[netip.Prefix]bool }
+
+// newTakenSubnets has room for v4 and v6 keys' subnets (a map grown key by key to
+// 10,000 keys allocates twice what it ends up holding).
+func newTakenSubnets(v4, v6 int) takenSubnets {
+	return takenSubnets{v4: make(map[netip.Prefix]bool, v4), v6: make(map[netip.Prefix]bool, v6)}
+}
 
 func (t *takenSubnets) add(s subnet.Subnets) {
 	if t.v4 == nil {

@@ -47,6 +47,9 @@ type Registry struct {
 	// ipv6Only: the network carries IPv6 only, and its leases live under
 	// <prefix>/subnets6/ in the IPv6-only key form (see For).
 	ipv6Only bool
+	// subnets is SubnetsPrefix, spelt out once: it is asked for at
+	// every key of a listing.
+	subnets string
 	// head is shared by every copy (For): the manager's keepalives feed
 	// it, the watches' stall checks read it.
 	head *storeHead
@@ -54,7 +57,9 @@ type Registry struct {
 
 // NewRegistry returns a registry for prefix (trailing slashes ignored).
 func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
-	return &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/"), head: &storeHead{}}
+	r := &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/"), head: &storeHead{}}
+	r.subnets = r.subnetsPrefix()
+	return r
 }
 
 // For returns the registry for the leases of network cfg. An IPv6-only
@@ -64,6 +69,7 @@ func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
 func (r *Registry) For(cfg *subnet.Config) *Registry {
 	c := *r
 	c.ipv6Only = !cfg.EnableIPv4
+	c.subnets = c.subnetsPrefix()
 	return &c
 }
 
@@ -86,7 +92,9 @@ func (r *Registry) Client() *clientv3.Client { return r.cli }
 func (r *Registry) ConfigKey() string { return r.prefix + "/config" }
 
 // SubnetsPrefix is the key prefix of all leases, with a trailing slash.
-func (r *Registry) SubnetsPrefix() string {
+func (r *Registry) SubnetsPrefix() string { return r.subnets }
+
+func (r *Registry) subnetsPrefix() string {
 	if r.ipv6Only {
 		return r.prefix + "/subnets6/"
 	}
@@ -241,7 +249,9 @@ func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Le
 		return subnet.Lease{}, err
 	}
 	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}
-	l.Attrs, err = subnet.DecodeAttrs(value)
+	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
+		l.Value = value
+	}
 	return l, err
 }
 

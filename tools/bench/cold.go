@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -42,6 +43,33 @@ func (c *coldSeries) addRun(k int, r coldRun) {
 	c.v6 = append(c.v6, secs(r.IPv6))
 }
 
+// binA names -bin's overlayd when cold starts compare binaries (-bin-b):
+// bin=a; those of -bin-b are b, c, ... in order. Without -bin-b the
+// figures have no bin.
+const binA = "a"
+
+// binName is the name of the i-th binary compared (0 is -bin's).
+func binName(i int) string { return string(rune('a' + i)) }
+
+// coldBinary is one overlayd a cold start runs.
+type coldBinary struct {
+	name     string // binName, or "" when only one is measured
+	overlayd string // path; "" is the lab's
+}
+
+// coldBinaries is the binaries the cold starts run, in the order of the
+// first run (the order rotates from run to run).
+func (b *bench) coldBinaries() []coldBinary {
+	if len(b.cfg.BinB) == 0 {
+		return []coldBinary{{}}
+	}
+	bins := []coldBinary{{name: binA}}
+	for i, dir := range b.cfg.BinB {
+		bins = append(bins, coldBinary{name: binName(i + 1), overlayd: filepath.Join(dir, "overlayd")})
+	}
+	return bins
+}
+
 // coldStacks is the stacks a cold start of K peers runs with: IPv4 only,
 // and dual stack too if K is in -dual (a dual-stack figure is always taken
 // beside the IPv4-only one it is compared with).
@@ -54,7 +82,10 @@ func (b *bench) coldStacks(k int) []stack {
 
 // benchCold measures cold convergence for every K: IPv4 only (-k and
 // -dual) and dual stack (-dual). At a K measured both ways the runs
-// alternate, IPv4 only first, so that both see the same machine.
+// alternate, IPv4 only first, so that both see the same machine. With
+// -bin-b every run is taken with every binary, in an order that rotates
+// from run to run (a b, then b a; a b c, then b c a, then c a b), so that
+// none always follows another.
 func (b *bench) benchCold(ctx context.Context) error {
 	l, err := b.newLab(ctx, "cold", benchNetwork)
 	if err != nil {
@@ -68,30 +99,68 @@ func (b *bench) benchCold(ctx context.Context) error {
 	defer cli.Close()
 
 	hostNum := 0
-	for _, k := range b.coldKs() {
+	bins := b.coldBinaries()
+	ks := b.coldKs()
+	// series[K][stack][binary]
+	all := make([][][]coldSeries, len(ks))
+	for ki, k := range ks {
 		stacks := b.coldStacks(k)
-		series := make([]coldSeries, len(stacks))
+		series := make([][]coldSeries, len(stacks))
+		for i := range series {
+			series[i] = make([]coldSeries, len(bins))
+		}
 		for run := range b.cfg.Runs {
 			for i, s := range stacks {
-				hostNum++
-				r, err := b.coldOnce(ctx, l, cli, s, k, hostNum, b.cfg.Trace && run == 0)
-				if err != nil {
-					return fmt.Errorf("cold start K=%d (%s) run %d: %w", k, s, run+1, err)
+				for j := range bins {
+					j = (j + run) % len(bins)
+					bin := bins[j]
+					hostNum++
+					r, err := b.coldOnce(ctx, l, cli, s, k, hostNum, bin.overlayd, b.cfg.Trace && run == 0)
+					if err != nil {
+						return fmt.Errorf("cold start K=%d (%s%s) run %d: %w", k, s, binNote(bin.name), run+1, err)
+					}
+					family := ""
+					if s == dualStack {
+						family = fmt.Sprintf(" (dual stack: IPv4 %.1f ms, IPv6 %.1f ms)", ms(r.IPv4), ms(r.IPv6))
+					}
+					b.logf("cold start K=%-5d run %d%s: %6.1f ms wall, %6.1f ms CPU, peak RSS %.1f MB, %d notifications%s",
+						k, run+1, binNote(bin.name), ms(r.Wall), ms(r.CPU), float64(r.PeakRSS)/1e6, r.Notified, family)
+					series[i][j].addRun(k, r)
 				}
-				family := ""
-				if s == dualStack {
-					family = fmt.Sprintf(" (dual stack: IPv4 %.1f ms, IPv6 %.1f ms)", ms(r.IPv4), ms(r.IPv6))
-				}
-				b.logf("cold start K=%-5d run %d: %6.1f ms wall, %6.1f ms CPU, peak RSS %.1f MB, %d notifications%s",
-					k, run+1, ms(r.Wall), ms(r.CPU), float64(r.PeakRSS)/1e6, r.Notified, family)
-				series[i].addRun(k, r)
 			}
 		}
 		for i, s := range stacks {
-			b.addCold(k, s, series[i])
+			for j, bin := range bins {
+				b.addCold(k, s, bin.name, series[i][j])
+			}
+		}
+		all[ki] = series
+	}
+	// The cost of one more peer: the slope of the IPv4-only medians
+	// between the smallest and the largest K (the fixed cost of a start,
+	// ~20 MB and tens of ms, drops out).
+	lo, hi := 0, 0
+	for i, k := range ks {
+		if k < ks[lo] {
+			lo = i
+		}
+		if k > ks[hi] {
+			hi = i
+		}
+	}
+	if ks[hi] > ks[lo] {
+		for j, bin := range bins {
+			b.addMarginal(ks[lo], ks[hi], bin.name, all[lo][0][j], all[hi][0][j])
 		}
 	}
 	return nil
+}
+
+func binNote(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " bin=" + name
 }
 
 // coldKs is every K of -k, then those of -dual not in -k.
@@ -108,10 +177,13 @@ func (b *bench) coldKs() []int {
 // addCold records the figures of one K and stack. IPv4-only figures have
 // the parameter k alone (as they always had); dual-stack ones also
 // family=dual, and the times at which each device was complete.
-func (b *bench) addCold(k int, s stack, c coldSeries) {
+func (b *bench) addCold(k int, s stack, bin string, c coldSeries) {
 	p := map[string]any{"k": k}
 	if s == dualStack {
 		p["family"] = s.String()
+	}
+	if bin != "" {
+		p["bin"] = bin
 	}
 	b.add(result{Measure: "cold_start", Metric: "wall", Unit: "s", Params: p}, c.walls)
 	b.add(result{Measure: "cold_start", Metric: "cpu", Unit: "s", Params: p}, c.cpus)
@@ -119,13 +191,39 @@ func (b *bench) addCold(k int, s stack, c coldSeries) {
 	b.add(result{Measure: "cold_start", Metric: "rss_anon_after", Unit: "MB", Params: p}, c.anon)
 	b.add(result{Measure: "cold_start", Metric: "rss_file_after", Unit: "MB", Params: p}, c.file)
 	b.add(result{Measure: "cold_start", Metric: "peers_per_second", Unit: "peers/s", Params: p}, c.rates)
+	// Per peer: everything the start cost, fixed part included, divided
+	// by K (cold_start_marginal has the cost of one more peer).
+	perPeer := func(xs []float64, scale float64) []float64 {
+		out := make([]float64, len(xs))
+		for i, x := range xs {
+			out[i] = x * scale / float64(k)
+		}
+		return out
+	}
+	b.add(result{Measure: "cold_start", Metric: "cpu_per_peer", Unit: "µs", Params: p}, perPeer(c.cpus, 1e6))
+	b.add(result{Measure: "cold_start", Metric: "peak_rss_per_peer", Unit: "B", Params: p}, perPeer(c.rss, 1e6))
 	if s == dualStack {
 		b.add(result{Measure: "cold_start", Metric: "ipv4_device_complete", Unit: "s", Params: p}, c.v4)
 		b.add(result{Measure: "cold_start", Metric: "ipv6_device_complete", Unit: "s", Params: p}, c.v6)
 	}
 }
 
-func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, s stack, k, hostNum int, trace bool) (coldRun, error) {
+// addMarginal records what one more peer costs a cold start: the
+// difference of the medians at K = hi and K = lo over hi - lo.
+func (b *bench) addMarginal(lo, hi int, bin string, a, z coldSeries) {
+	p := map[string]any{"k_from": lo, "k_to": hi}
+	if bin != "" {
+		p["bin"] = bin
+	}
+	slope := func(xa, xz []float64, scale float64) []float64 {
+		return []float64{(summarize(xz, false).Median - summarize(xa, false).Median) * scale / float64(hi-lo)}
+	}
+	b.add(result{Measure: "cold_start_marginal", Metric: "cpu_per_peer", Unit: "µs", Params: p}, slope(a.cpus, z.cpus, 1e6))
+	b.add(result{Measure: "cold_start_marginal", Metric: "peak_rss_per_peer", Unit: "B", Params: p}, slope(a.rss, z.rss, 1e6))
+	b.add(result{Measure: "cold_start_marginal", Metric: "rss_anon_per_peer", Unit: "B", Params: p}, slope(a.anon, z.anon, 1e6))
+}
+
+func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, s stack, k, hostNum int, overlayd string, trace bool) (coldRun, error) {
 	var r coldRun
 	if err := resetLeases(ctx, cli); err != nil {
 		return r, err
@@ -144,6 +242,7 @@ func (b *bench) coldOnce(ctx context.Context, l *lab.Lab, cli etcdClient, s stac
 	defer func() {
 		_ = l.RemoveNode(n)
 	}()
+	n.Overlayd = overlayd
 	w, err := watchKernel(n.NS)
 	if err != nil {
 		return r, err

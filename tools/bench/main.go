@@ -57,23 +57,27 @@ type etcdClient = *clientv3.Client
 // config is the command line.
 type config struct {
 	Root, BinDir, OutDir string
-	Sections             []string
-	Ks                   []int
-	DualKs               []int // peer counts of the dual-stack cold starts
-	Runs                 int   // repetitions of cheap figures (cold starts, streams, restarts)
-	EventBase            []int
-	Batches              int // 100-lease add/delete rounds
-	Events               int // single add and delete events each
-	CNIRuns              int // sequential ADD/DEL per mode
-	CNIConc              int // concurrency of the parallel ADD/DEL
-	CNIBatches           int // parallel rounds per mode
-	Stream               time.Duration
-	Pings                int
-	ColdTimeout          time.Duration
-	ProfileDir           string
-	Quiet                bool
-	Label                string
-	Trace                bool
+	// BinB, if set, is more directories of binaries: the cold starts
+	// then alternate run by run between BinDir's overlayd (bin=a) and
+	// these (bin=b, c, ...), so commits are compared in one sitting.
+	BinB        []string
+	Sections    []string
+	Ks          []int
+	DualKs      []int // peer counts of the dual-stack cold starts
+	Runs        int   // repetitions of cheap figures (cold starts, streams, restarts)
+	EventBase   []int
+	Batches     int // 100-lease add/delete rounds
+	Events      int // single add and delete events each
+	CNIRuns     int // sequential ADD/DEL per mode
+	CNIConc     int // concurrency of the parallel ADD/DEL
+	CNIBatches  int // parallel rounds per mode
+	Stream      time.Duration
+	Pings       int
+	ColdTimeout time.Duration
+	ProfileDir  string
+	Quiet       bool
+	Label       string
+	Trace       bool
 }
 
 var allSections = []string{"cold", "events", "cni", "net", "restart"}
@@ -84,6 +88,8 @@ func parseFlags(args []string) (config, error) {
 	var ks, dual, base, only string
 	fs.StringVar(&c.Root, "root", ".", "repository root (for deploy/cni/10-overlay.conflist)")
 	fs.StringVar(&c.BinDir, "bin", "bin", "directory with overlayd, overlay-cni and cni/ (make build plugins)")
+	var binB string
+	fs.StringVar(&binB, "bin-b", "", "more directories with overlayd, comma-separated: the cold starts alternate run by run between -bin's (bin=a) and these (bin=b, c, ...)")
 	fs.StringVar(&c.OutDir, "out", "bench/results", "directory for the JSON lines file (\"\" writes none)")
 	fs.StringVar(&only, "only", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ","))
 	fs.StringVar(&ks, "k", "100,1000,5000,10000", "peer counts of the cold starts")
@@ -104,6 +110,11 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.Label, "label", "", "a note stored with every result (e.g. which binaries were measured)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	for dir := range strings.SplitSeq(binB, ",") {
+		if dir = strings.TrimSpace(dir); dir != "" {
+			c.BinB = append(c.BinB, dir)
+		}
 	}
 	var err error
 	if c.Ks, err = intList(ks); err != nil {
@@ -171,7 +182,10 @@ type runInfo struct {
 	CPU       string `json:"cpuModel"`
 	LoadStart string `json:"loadStart"`
 	LoadEnd   string `json:"loadEnd,omitempty"`
-	Label     string `json:"label,omitempty"`
+	// With -bin-b: `overlayd version` of each binary measured, by its
+	// name (bin=a, b, ...).
+	Binaries map[string]string `json:"binaries,omitempty"`
+	Label    string            `json:"label,omitempty"`
 }
 
 type bench struct {
@@ -194,23 +208,30 @@ func (b *bench) add(r result, samples []float64) {
 
 // find returns the figure measure/metric with the given params. A figure
 // with a family (a dual-stack cold start) is found only by a query that
-// names it: the IPv4-only figure of the same measure and K has none.
+// names it: the IPv4-only figure of the same measure and K has none. A
+// figure of the second binary (bin=b, -bin-b) is found only by a query
+// that names it too: the headlines are the first binary's.
 func (b *bench) find(measure, metric string, params ...any) (result, bool) {
 	for _, r := range b.results {
 		if r.Measure != measure || r.Metric != metric {
 			continue
 		}
 		_, unnamedFamily := r.Params["family"]
+		bin, hasBin := r.Params["bin"]
+		unnamedB := hasBin && bin != binA
 		match := true
 		for i := 0; i+1 < len(params); i += 2 {
-			if params[i] == "family" {
+			switch params[i] {
+			case "family":
 				unnamedFamily = false
+			case "bin":
+				unnamedB = false
 			}
 			if fmt.Sprint(r.Params[params[i].(string)]) != fmt.Sprint(params[i+1]) {
 				match = false
 			}
 		}
-		if match && !unnamedFamily {
+		if match && !unnamedFamily && !unnamedB {
 			return r, true
 		}
 	}
@@ -243,7 +264,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "overlay-bench needs root to create network namespaces: sudo make bench")
 		os.Exit(1)
 	}
-	for _, p := range []*string{&cfg.Root, &cfg.BinDir} {
+	paths := []*string{&cfg.Root, &cfg.BinDir}
+	for i := range cfg.BinB {
+		paths = append(paths, &cfg.BinB[i])
+	}
+	for _, p := range paths {
 		if *p, err = filepath.Abs(*p); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -258,6 +283,12 @@ func main() {
 	}
 	b.info = newRunInfo(cfg.Root)
 	b.info.Label = cfg.Label
+	if len(cfg.BinB) > 0 {
+		b.info.Binaries = map[string]string{binA: binaryVersion(cfg.BinDir)}
+		for i, dir := range cfg.BinB {
+			b.info.Binaries[binName(i+1)] = binaryVersion(dir)
+		}
+	}
 	if cfg.ProfileDir != "" {
 		if err := b.profile(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "overlay-bench: profile:", err)
@@ -304,6 +335,15 @@ func main() {
 	if len(b.errs) > 0 || ctx.Err() != nil {
 		os.Exit(1)
 	}
+}
+
+// binaryVersion is what `overlayd version` of dir's overlayd prints.
+func binaryVersion(dir string) string {
+	out, err := exec.Command(filepath.Join(dir, "overlayd"), "version").Output()
+	if err != nil {
+		return fmt.Sprintf("%s (version: %v)", dir, err)
+	}
+	return dir + ": " + strings.TrimSpace(string(out))
 }
 
 func newRunInfo(root string) runInfo {

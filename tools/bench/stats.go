@@ -76,6 +76,10 @@ func fmtFig(v float64, unit string) string {
 		return fmt.Sprintf("%.2f Gbit/s", v)
 	case "peers/s":
 		return fmt.Sprintf("%.0f/s", v)
+	case "µs":
+		return fmt.Sprintf("%.1f µs", v)
+	case "B":
+		return fmt.Sprintf("%.0f B", v)
 	case "probes":
 		return fmt.Sprintf("%.0f", v)
 	}

@@ -148,6 +148,10 @@ func (b *bench) printTables(w io.Writer) {
 	}
 	_ = tw.Flush()
 
+	if len(b.cfg.BinB) > 0 {
+		b.printComparison(w)
+	}
+
 	fmt.Fprintln(w, "\nevery figure (median [min–max] over n runs; p50/p99 where n ≥ 20):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "measure\tparameters\tmetric\tmedian\tmin\tmax\tp99\tn")
@@ -172,4 +176,54 @@ func (b *bench) printTables(w io.Writer) {
 	for s, err := range b.errs {
 		fmt.Fprintf(w, "\nsection %s failed: %v\n", s, err)
 	}
+}
+
+// printComparison puts the binaries' cold-start figures (-bin-b) side by
+// side: a is -bin's overlayd, b, c, ... -bin-b's.
+func (b *bench) printComparison(w io.Writer) {
+	n := 1 + len(b.cfg.BinB)
+	fmt.Fprintln(w, "\ncold starts, binaries alternated run by run (medians):")
+	head := "measure\tparameters\tmetric"
+	for i := range n {
+		fmt.Fprintf(w, "  %s = %s\n", binName(i), b.info.Binaries[binName(i)])
+		head += "\t" + binName(i)
+	}
+	for i := 1; i < n; i++ {
+		head += "\t" + binName(i) + " ÷ a"
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, head)
+	for _, ra := range b.results {
+		if (ra.Measure != "cold_start" && ra.Measure != "cold_start_marginal") || fmt.Sprint(ra.Params["bin"]) != binA {
+			continue
+		}
+		var query []any
+		var ps []string
+		keys := make([]string, 0, len(ra.Params))
+		for k := range ra.Params {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if k == "bin" {
+				continue
+			}
+			query = append(query, k, ra.Params[k])
+			ps = append(ps, fmt.Sprintf("%s=%v", k, ra.Params[k]))
+		}
+		row := fmt.Sprintf("%s\t%s\t%s\t%s", ra.Measure, strings.Join(ps, " "), ra.Metric, fmtFig(ra.Median, ra.Unit))
+		ratios := ""
+		for i := 1; i < n; i++ {
+			rb, ok := b.find(ra.Measure, ra.Metric, append(slices.Clone(query), "bin", binName(i))...)
+			if !ok {
+				row += "\t-"
+				ratios += "\t-"
+				continue
+			}
+			row += "\t" + fmtFig(rb.Median, rb.Unit)
+			ratios += fmt.Sprintf("\t%.2f", rb.Median/ra.Median)
+		}
+		fmt.Fprintln(tw, row+ratios)
+	}
+	_ = tw.Flush()
 }

@@ -40,6 +40,9 @@ type Node struct {
 	LogFile    string
 	// ExtraArgs are appended to this host's `overlayd run` (after the lab's).
 	ExtraArgs []string
+	// Overlayd, if set, is the overlayd binary this host runs instead of
+	// the lab's (a benchmark comparing two builds in one lab).
+	Overlayd string
 	// NetworkName, if set, replaces the conflist's network name in this
 	// host's pods' CNI config (a host taken over from flannel keeps
 	// flannel's, so host-local's store stays the same), and
@@ -169,7 +172,11 @@ func (n *Node) Start() error {
 	}
 	defer log.Close() // the child holds its own descriptor
 	args := n.RunArgs()
-	cmd := exec.Command(n.lab.Binary("overlayd"), args...)
+	bin := n.lab.Binary("overlayd")
+	if n.Overlayd != "" {
+		bin = n.Overlayd
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = testenv.ProgramEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{

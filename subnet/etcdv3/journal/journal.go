@@ -20,11 +20,13 @@
 package journal
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -74,16 +76,55 @@ func Seal(rev int64, sum uint32) Record { return Record{Kind: KindRev, Rev: rev,
 // Encode is a whole file: the header, recs (sorted by key, in place) and
 // the R record of revision rev.
 func Encode(h Header, recs []Record, rev int64) ([]byte, error) {
-	slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Key, b.Key) })
-	buf, err := json.Marshal(h)
-	if err != nil {
+	var buf bytes.Buffer
+	if _, err := EncodeTo(&buf, h, recs, rev); err != nil {
 		return nil, err
 	}
-	buf = append(buf, '\n')
-	for _, r := range recs {
-		buf = r.Append(buf)
+	return buf.Bytes(), nil
+}
+
+// EncodeTo writes what Encode returns to w, a line at a time (a file of
+// 10,000 leases is 2 MB, which need not be in memory at once), and returns
+// the checksum of what it wrote.
+func EncodeTo(w io.Writer, h Header, recs []Record, rev int64) (uint32, error) {
+	slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Key, b.Key) })
+	return EncodeSorted(w, h, len(recs), func(i int) (Record, error) { return recs[i], nil }, rev)
+}
+
+// ErrUnsorted is EncodeSorted's error for records out of key order.
+var ErrUnsorted = errors.New("records out of key order")
+
+// EncodeSorted is EncodeTo for n records that rec makes one at a time, in
+// key order, so that they need not all be in memory at once. It fails with
+// ErrUnsorted, having written part of a file, if they are not in order.
+func EncodeSorted(w io.Writer, h Header, n int, rec func(i int) (Record, error), rev int64) (uint32, error) {
+	line, err := json.Marshal(h)
+	if err != nil {
+		return 0, err
 	}
-	return Seal(rev, Checksum(0, buf)).Append(buf), nil
+	line = append(line, '\n')
+	bw := bufio.NewWriterSize(w, 64<<10)
+	var sum uint32
+	put := func(line []byte) {
+		sum = Checksum(sum, line)
+		_, _ = bw.Write(line) // the first error sticks; Flush returns it
+	}
+	put(line)
+	last := ""
+	for i := range n {
+		r, err := rec(i)
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 && r.Key < last {
+			return 0, fmt.Errorf("%w: %q after %q", ErrUnsorted, r.Key, last)
+		}
+		last = r.Key
+		line = r.Append(line[:0]) // one buffer for every line
+		put(line)
+	}
+	put(Seal(rev, sum).Append(line[:0]))
+	return sum, bw.Flush()
 }
 
 // Append appends r's line to buf.

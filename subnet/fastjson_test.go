@@ -1,0 +1,123 @@
+package subnet
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+)
+
+var plainValues = []string{
+	`{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"}}`,
+	`{"PublicIP":"198.18.0.7","PublicIPv6":"2001:db8::7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:01:00:07"},"NodeID":"n7","Hostname":"h7"}`,
+	" {\n \"PublicIP\" : \"198.18.0.7\" ,\t\"BackendData\" : { \"VtepMAC\" : \"x\" , \"VNI\" : -0 } , \"Zone\" : {\"a\":1} } ",
+	`{"PublicIP":"a","PublicIP":"b","BackendData":{},"BackendData":{"VNI":2}}`,
+	`{}`,
+	`{"publicip":"198.18.0.7"}`,
+	`{"PublicIP":"198.18.0.7","BackendData":null}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":1.0}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":01}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":99999999999999999999}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"vni":1,"VNI":2}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":"1"}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":1,"VtepMAC":7}}`,
+	`{"PublicIP":"198.1\u0038.0.7"}`,
+	`{"PublicIP":"198.18.0.7","Hostname":"h\u00e9"}`,
+	"{\"PublicIP\":\"198.18.0.7\",\"Hostname\":\"h\xc3\xa9\"}",
+	"{\"PublicIP\":\"198.18.0.7\",\"Hostname\":\"h\xff\"}",
+	`{"PublicIP":7}`,
+	`{"PublicIP":"198.18.0.7",}`,
+	`{"PublicIP":"198.18.0.7"} x`,
+	`{"PublicIP":"198.18.0.7","Tags":["a"],"On":true,"Off":null}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":1,"Extra":{"Deep":1}}}`,
+	`{"PublicIP":"198.18.0.7","BackendData":{"VNI":-9223372036854775808}}`,
+}
+
+// What the fast path accepts, it decodes as encoding/json does; what it
+// does not, DecodeAttrs hands to encoding/json. Checked on a table of
+// plain and tricky values and on random corruptions of them.
+func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
+	check := func(v []byte) { fastAgrees(t, v) }
+	r := rand.New(rand.NewPCG(33, 1))
+	alphabet := []byte("{}[]\":,0123456789-.eE \\\nabcPIVNx\x00\xff")
+	for _, s := range plainValues {
+		check([]byte(s))
+		for range 3000 {
+			v := []byte(s)
+			for range 1 + r.IntN(3) {
+				i := r.IntN(len(v))
+				switch r.IntN(3) {
+				case 0:
+					v[i] = alphabet[r.IntN(len(alphabet))]
+				case 1:
+					v = append(v[:i], v[i+1:]...)
+				default:
+					v = append(v[:i], append([]byte{alphabet[r.IntN(len(alphabet))]}, v[i:]...)...)
+				}
+				if len(v) == 0 {
+					break
+				}
+			}
+			check(v)
+		}
+	}
+	if _, ok := decodeAttrsFast([]byte(plainValues[1])); !ok {
+		t.Error("the fast path refuses a plain dual-stack value")
+	}
+}
+
+// A plain lease value, the one in nearly every lease, is decoded without
+// encoding/json's reflection: the allocations are the fields' own.
+func TestPlainLeaseValueDecodesCheaply(t *testing.T) {
+	v := []byte(plainValues[0])
+	n := testing.AllocsPerRun(100, func() {
+		a, err := DecodeAttrs(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.VXLAN(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// PublicIP, BackendData's copy, VtepMAC, and the two decoders'
+	// results; not BackendType, "vxlan" in every lease.
+	if n > 5 {
+		t.Errorf("decoding a plain lease value: %.0f allocations, want at most 5", n)
+	}
+}
+
+// fastAgrees fails t if a fast decoder accepts v (or the backend data in
+// it) and decodes it otherwise than encoding/json.
+func fastAgrees(t *testing.T, v []byte) {
+	t.Helper()
+	if got, ok := decodeAttrsFast(v); ok {
+		var want LeaseAttrs
+		if err := json.Unmarshal(v, &want); err != nil {
+			t.Errorf("fast path accepts %q, which encoding/json refuses: %v", v, err)
+		} else if !reflect.DeepEqual(got, want) {
+			t.Errorf("fast path decodes %q as %+v, encoding/json as %+v", v, got, want)
+		}
+	}
+	var a LeaseAttrs
+	if json.Unmarshal(v, &a) != nil {
+		return
+	}
+	for _, raw := range [][]byte{a.BackendData, a.BackendV6Data, v} {
+		if got, ok := decodeVXLANFast(raw); ok {
+			var want VXLANData
+			if err := json.Unmarshal(raw, &want); err != nil {
+				t.Errorf("fast path accepts backend data %q, which encoding/json refuses: %v", raw, err)
+			} else if got != want {
+				t.Errorf("fast path decodes backend data %q as %+v, encoding/json as %+v", raw, got, want)
+			}
+		}
+	}
+}
+
+// FuzzFastDecodingAgreesWithEncodingJSON: arbitrary bytes, the same check.
+func FuzzFastDecodingAgreesWithEncodingJSON(f *testing.F) {
+	for _, v := range plainValues {
+		f.Add([]byte(v))
+	}
+	f.Fuzz(fastAgrees)
+}

@@ -33,9 +33,9 @@ func (e portInUse) Error() string        { return string(e) }
 func (e portInUse) Is(target error) bool { return target == ErrPortInUse }
 
 // DataPath is what the data path of this run needs from the host: the
-// VXLAN VNI and UDP port, the address families, and the devices it will
-// create or take over (which may hold the port already: a restart, or
-// flanneld's devices with --adopt-flannel).
+// VXLAN VNI and UDP port, the address families, and the devices that may
+// hold the port already and are this run's to keep, take over or remove
+// (overlayd's own of an earlier run, flanneld's with --adopt-flannel).
 type DataPath struct {
 	VNI, Port  int
 	IPv4, IPv6 bool
@@ -47,18 +47,14 @@ type DataPath struct {
 func (d *daemon) dataPath() DataPath {
 	nc := d.netCfg
 	p := DataPath{VNI: nc.Backend.VNI, Port: nc.Backend.Port, IPv4: nc.EnableIPv4, IPv6: nc.EnableIPv6}
-	v4, v6 := vxlan.DeviceName(p.VNI), vxlan.DeviceNameV6(p.VNI)
-	if d.flannel4.name != "" {
-		v4 = d.flannel4.name
-	}
-	if d.flannel6.name != "" {
-		v6 = d.flannel6.name
-	}
-	if p.IPv4 {
-		p.Devices = append(p.Devices, v4)
-	}
-	if p.IPv6 {
-		p.Devices = append(p.Devices, v6)
+	// overlayd's own devices of an earlier run, of either family: one of
+	// a family the network no longer carries (IPv6 turned off) holds the
+	// port until start-up removes it.
+	p.Devices = []string{vxlan.DeviceName(p.VNI), vxlan.DeviceNameV6(p.VNI)}
+	for _, f := range []flannelDevice{d.flannel4, d.flannel6} {
+		if f.name != "" {
+			p.Devices = append(p.Devices, f.name)
+		}
 	}
 	return p
 }

@@ -417,6 +417,106 @@ func TestManagerResumesAfterCompactionWithoutSpinning(t *testing.T) {
 	t.Logf("lease keeping interrupted %d time(s) by the outage and compaction", interrupted.Load())
 }
 
+// levelCounter counts the records whose message contains match, at a
+// level, and keeps the "failures" attribute of the last one.
+type levelCounter struct {
+	slog.Handler
+	match    string
+	mu       *sync.Mutex
+	n        map[slog.Level]int
+	failures *int64
+}
+
+func (h levelCounter) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.mu.Lock()
+		h.n[r.Level]++
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "failures" {
+				*h.failures = a.Value.Int64()
+			}
+			return true
+		})
+		h.mu.Unlock()
+	}
+	return nil
+}
+
+func (h levelCounter) lastFailures() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return *h.failures
+}
+
+func (h levelCounter) count(l slog.Level) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[l]
+}
+
+func (h levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h levelCounter) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h levelCounter) WithGroup(string) slog.Handler            { return h }
+
+// An outage in which a re-claim failed ends when etcd answers the lease's
+// keepalive again, even though no re-claim succeeds (the key and its etcd
+// lease outlived the outage): "lease keeping resumed" is logged, and the
+// next outage is warned of at once, its failures counted from one. Before,
+// only a successful re-claim ended the run of failures: the next outage's
+// warnings went on counting the last one's and were held back as repeats.
+func TestOutageEndsWhenEtcdAnswersTheHold(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
+	srv, _, _, cfg := startServer(t)
+	proxy := newProxy(t, srv.Endpoint)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	var mu sync.Mutex
+	handler := func(match string) levelCounter {
+		return levelCounter{match: match, mu: &mu, n: map[slog.Level]int{}, failures: new(int64)}
+	}
+	failed, interrupted, resumed := handler("re-claim failed"), handler("lease keeping interrupted"), handler("lease keeping resumed")
+	log := slog.New(multiHandler{failed, interrupted, resumed})
+	// The stall check's window (10 s) outlasts the client's reconnect
+	// after the outage, so the hold, not a re-claim, is what etcd answers.
+	m := etcdv3.NewManager(reg, cfg, me(), etcdv3.ManagerOptions{Logger: log, RetryInterval: 100 * time.Millisecond,
+		ProgressInterval: 5 * time.Second, StallTimeout: 5 * time.Second})
+	if _, _, err := m.Acquire(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	runManager(t, m)
+
+	proxy.Set(lab.ProxyDown)
+	// A re-claim is bounded by etcdv3.DefaultRequestTimeout; the failures
+	// after the first warning are logged at debug.
+	testenv.WaitFor(t, 10*time.Second+etcdv3.DefaultRequestTimeout+testenv.Slack, "a re-claim to fail while etcd is out of reach",
+		func() bool { return failed.count(slog.LevelWarn)+failed.count(slog.LevelDebug) > 0 })
+	proxy.Set(lab.ProxyUp)
+	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "lease keeping resumed to be logged", func() bool { return resumed.count(slog.LevelInfo) == 1 })
+
+	proxy.Set(lab.ProxyDown)
+	// The stall check may wait longer after an outage (slow answers are
+	// not stalls), so the second outage takes up to 30 s to be noticed.
+	testenv.WaitFor(t, 30*time.Second+testenv.Slack, "the second outage to be warned of",
+		func() bool { return interrupted.count(slog.LevelWarn)+interrupted.count(slog.LevelDebug) >= 2 })
+	if n := interrupted.lastFailures(); n != 1 {
+		t.Errorf("the second outage's warning counts %d failures, want 1: the first outage's went on", n)
+	}
+	proxy.Set(lab.ProxyUp)
+}
+
+// multiHandler hands each record to every handler.
+type multiHandler []slog.Handler
+
+func (h multiHandler) Handle(ctx context.Context, r slog.Record) error {
+	for _, x := range h {
+		_ = x.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h multiHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h multiHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h multiHandler) WithGroup(string) slog.Handler            { return h }
+
 // A watch cut off from etcd (a leader change, a partition, a restarted
 // member) resumes from the last revision it saw once etcd is back: the add,
 // delete and change made meanwhile arrive as events, and the lease set is

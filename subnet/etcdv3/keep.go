@@ -42,7 +42,9 @@ func (m *Manager) keepLease(ctx context.Context) error {
 	var warn repeatWarn
 	for ctx.Err() == nil {
 		held := time.Now()
-		err := m.holdLease(ctx)
+		// etcd answering the hold ends a run of failures, whether or not
+		// a re-claim was needed: the next outage is news again.
+		err := m.holdLease(ctx, func() { warn.recovered(m.log, "lease keeping resumed", "subnets", m.Lease().Subnets()) })
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -80,8 +82,10 @@ func (m *Manager) keepLease(ctx context.Context) error {
 }
 
 // holdLease runs while the lease is intact: it drains KeepAlive responses and
-// watches the lease key. It returns why it stopped holding.
-func (m *Manager) holdLease(ctx context.Context) error {
+// watches the lease key. It calls answered once, at etcd's first answer
+// (a keepalive reply, or a watch response for a reservation), and returns
+// why it stopped holding.
+func (m *Manager) holdLease(ctx context.Context, answered func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A store that was re-created (wiped, restored from a backup) holds
@@ -109,6 +113,7 @@ func (m *Manager) holdLease(ctx context.Context) error {
 	}
 	stall := newStallCheck(m.reg.cli, wctx, wch, m.reg.head, m.seenRev, m.opts.ProgressInterval, m.opts.StallTimeout)
 	defer stall.stop()
+	once := sync.OnceFunc(answered)
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,10 +130,14 @@ func (m *Manager) holdLease(ctx context.Context) error {
 				return keyGone("lease expired: etcd lease %x of %s was revoked or not renewed within its TTL (etcd unreachable?)", l.EtcdLease, key)
 			}
 			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
+			once()
 		case resp, ok := <-wch:
 			stall.heard()
 			if !ok || resp.Err() != nil {
 				return fmt.Errorf("watch of %s broke: %v", key, resp.Err())
+			}
+			if l.Reserved {
+				once() // no etcd lease to renew: the watch is etcd's answer
 			}
 			for _, ev := range after(resp.Events, from) {
 				if ev.Type == clientv3.EventTypeDelete {

@@ -11,7 +11,8 @@ import (
 const WarnEvery = 30 * time.Second
 
 // repeatWarn logs the warnings of one retry loop: the first at once, then
-// at most one every WarnEvery, each with the number of failures so far.
+// at most one every WarnEvery, each with the number of failures so far;
+// the failures between them at debug.
 type repeatWarn struct {
 	last     time.Time
 	failures int
@@ -19,11 +20,13 @@ type repeatWarn struct {
 
 func (r *repeatWarn) warn(log *slog.Logger, msg string, args ...any) {
 	r.failures++
+	args = append(args, "failures", r.failures)
 	if !r.last.IsZero() && time.Since(r.last) < WarnEvery {
+		log.Debug(msg, args...)
 		return
 	}
 	r.last = time.Now()
-	log.Warn(msg, append(args, "failures", r.failures)...)
+	log.Warn(msg, args...)
 }
 
 // recovered ends a run of failures, saying so if more than one was seen.

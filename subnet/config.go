@@ -298,6 +298,22 @@ func (b *rawBackend) resolve() (BackendConfig, error) {
 	return out, nil
 }
 
+// CheckStorable applies what a config must meet to be stored, beyond what
+// every reader of a stored one applies (ParseConfig): no network in the
+// class E range, which a cluster may already use (see specialRange).
+// `config put` and `config validate` call it.
+func (c *Config) CheckStorable() error {
+	if c.EnableIPv4 {
+		if err := ipv4.checkRange(c.Network, true); err != nil {
+			return err
+		}
+	}
+	if c.EnableIPv6 {
+		return ipv6.checkRange(c.IPv6.Network, true)
+	}
+	return nil
+}
+
 // NetworkHolding names the network of c that holds ip, as the config
 // writes it ("Network 10.244.0.0/16", "IPv6Network fd00:10:244::/48"),
 // or returns "" if none does. A host's underlay address must lie outside

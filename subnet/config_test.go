@@ -303,7 +303,10 @@ func TestParseConfigRefusesRangesThatCanNeverBeAClusterNetwork(t *testing.T) {
 		{v6("ff00::/16"), []string{"IPv6Network ff00::/16 is inside the multicast range ff00::/8"}},
 		{v6("8000::/1"), []string{"IPv6Network 8000::/1 contains the link-local range fe80::/10"}},
 	} {
-		_, err := ParseConfig([]byte(tt.json))
+		cfg, err := ParseConfig([]byte(tt.json))
+		if err == nil {
+			err = cfg.CheckStorable()
+		}
 		if !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("ParseConfig(%s) = %v, want ErrInvalidConfig", tt.json, err)
 			continue
@@ -319,5 +322,22 @@ func TestParseConfigRefusesRangesThatCanNeverBeAClusterNetwork(t *testing.T) {
 		if _, err := ParseConfig([]byte(ok)); err != nil {
 			t.Errorf("ParseConfig(%s) = %v, want it accepted", ok, err)
 		}
+	}
+}
+
+// A stored network in the class E range is read: Linux routes it as
+// unicast, some clusters carry pods in it and flanneld reads it, so a
+// reader refusing it would turn an upgrade into an outage. Only storing a
+// new one is refused.
+func TestStoredClassENetworkIsStillRead(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"240.10.0.0/16"}`))
+	if err != nil {
+		t.Fatalf("ParseConfig of a stored class E network: %v", err)
+	}
+	if err := cfg.CheckStorable(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "240.0.0.0/4 (class E") {
+		t.Errorf("CheckStorable = %v, want the class E rule named", err)
+	}
+	if err := mustConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/48"}`).CheckStorable(); err != nil {
+		t.Errorf("CheckStorable of an ordinary dual-stack network: %v", err)
 	}
 }

@@ -75,7 +75,7 @@ func (f family) resolve(network string, subnetLen int, subnetMin, subnetMax stri
 	if n != n.Masked() {
 		return Pool{}, fmt.Errorf("%w: %s %q has host bits set; did you mean %s?", ErrInvalidConfig, f.network, network, n.Masked())
 	}
-	if err := f.checkRange(n); err != nil {
+	if err := f.checkRange(n, false); err != nil {
 		return Pool{}, err
 	}
 	p := Pool{Network: n, SubnetLen: subnetLen}
@@ -101,21 +101,26 @@ func (f family) resolve(network string, subnetLen int, subnetMin, subnetMax stri
 type specialRange struct {
 	prefix netip.Prefix
 	what   string
+	// newOnly: refused in a config being stored, read in one stored
+	// already. Linux routes class E as unicast and some clusters carry
+	// pods in it (flanneld accepts it): refusing it when reading would
+	// turn an upgrade into an outage.
+	newOnly bool
 }
 
 var (
 	special4 = []specialRange{
-		{netip.MustParsePrefix("0.0.0.0/8"), "the \"this network\" range 0.0.0.0/8 (source addresses only)"},
-		{netip.MustParsePrefix("127.0.0.0/8"), "the loopback range 127.0.0.0/8"},
-		{netip.MustParsePrefix("169.254.0.0/16"), "the link-local range 169.254.0.0/16"},
-		{netip.MustParsePrefix("224.0.0.0/4"), "the multicast range 224.0.0.0/4"},
-		{netip.MustParsePrefix("240.0.0.0/4"), "the reserved range 240.0.0.0/4 (class E and the broadcast address)"},
+		{prefix: netip.MustParsePrefix("0.0.0.0/8"), what: "the \"this network\" range 0.0.0.0/8 (source addresses only)"},
+		{prefix: netip.MustParsePrefix("127.0.0.0/8"), what: "the loopback range 127.0.0.0/8"},
+		{prefix: netip.MustParsePrefix("169.254.0.0/16"), what: "the link-local range 169.254.0.0/16"},
+		{prefix: netip.MustParsePrefix("224.0.0.0/4"), what: "the multicast range 224.0.0.0/4"},
+		{prefix: netip.MustParsePrefix("240.0.0.0/4"), what: "the reserved range 240.0.0.0/4 (class E and the broadcast address)", newOnly: true},
 	}
 	special6 = []specialRange{
-		{netip.MustParsePrefix("::1/128"), "the loopback address ::1"},
-		{netip.MustParsePrefix("::/128"), "the unspecified address ::"},
-		{netip.MustParsePrefix("fe80::/10"), "the link-local range fe80::/10"},
-		{netip.MustParsePrefix("ff00::/8"), "the multicast range ff00::/8"},
+		{prefix: netip.MustParsePrefix("::1/128"), what: "the loopback address ::1"},
+		{prefix: netip.MustParsePrefix("::/128"), what: "the unspecified address ::"},
+		{prefix: netip.MustParsePrefix("fe80::/10"), what: "the link-local range fe80::/10"},
+		{prefix: netip.MustParsePrefix("ff00::/8"), what: "the multicast range ff00::/8"},
 	}
 )
 
@@ -123,8 +128,8 @@ var (
 // default route (every address, the hosts' own underlay among them), or
 // one that overlaps a range hosts do not route. It is part of parsing, so
 // every reader of a config (the CLI, each daemon, any other lease source)
-// applies it.
-func (f family) checkRange(n netip.Prefix) error {
+// applies it; storing, the newOnly ranges too (Config.CheckStorable).
+func (f family) checkRange(n netip.Prefix, storing bool) error {
 	if n.Bits() == 0 {
 		return fmt.Errorf("%w: %s %s is the default route, every address (the hosts' own among them), and can never be a cluster network: choose a range of its own, such as %s",
 			ErrInvalidConfig, f.network, n, f.example)
@@ -134,7 +139,7 @@ func (f family) checkRange(n netip.Prefix) error {
 		ranges = special6
 	}
 	for _, r := range ranges {
-		if !n.Overlaps(r.prefix) {
+		if !n.Overlaps(r.prefix) || r.newOnly && !storing {
 			continue
 		}
 		rel := "contains"

@@ -149,6 +149,9 @@ func loadConfigFile(cmd *cobra.Command, file string) ([]byte, *subnet.Config, er
 		return nil, nil, err
 	}
 	cfg, err := subnet.ParseConfig(data)
+	if err == nil {
+		err = cfg.CheckStorable()
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", file, err)
 	}

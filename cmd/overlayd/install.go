@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -8,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/spf13/cobra"
 
 	"github.com/overlaynet/overlay/internal/lib/atomicfile"
@@ -144,6 +144,11 @@ func readPlugin(path string) ([]byte, error) {
 	return os.ReadFile(path)
 }
 
+// pluginConfig is what install-cni reads of a conflist's plugin.
+type pluginConfig struct {
+	Type string `json:"type"`
+}
+
 // readConflist reads a conflist and refuses one a runtime would refuse, or
 // one that would not run overlay-cni.
 func readConflist(path string) ([]byte, error) {
@@ -159,11 +164,20 @@ func readConflist(path string) ([]byte, error) {
 	if len(data) > maxConflistSize {
 		return nil, usagef("--conflist: %s is larger than %d bytes", path, maxConflistSize)
 	}
-	list, err := libcni.ConfListFromBytes(data)
-	if err != nil {
+	// What a runtime's libcni needs to load the list, read without libcni:
+	// its code would add to the resident size of every running overlayd.
+	var list struct {
+		CNIVersion string         `json:"cniVersion"`
+		Name       string         `json:"name"`
+		Plugins    []pluginConfig `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
 		return nil, usagef("--conflist: %s is not a CNI network config list: %w", path, err)
 	}
-	if !slices.ContainsFunc(list.Plugins, func(p *libcni.PluginConfig) bool { return p.Network.Type == "overlay-cni" }) {
+	if list.Name == "" || list.CNIVersion == "" {
+		return nil, usagef("--conflist: %s is not a CNI network config list: it needs a name and a cniVersion", path)
+	}
+	if !slices.Contains(list.Plugins, pluginConfig{Type: "overlay-cni"}) {
 		return nil, usagef("--conflist: %s has no plugin of type overlay-cni", path)
 	}
 	return data, nil

@@ -89,6 +89,7 @@ func TestInstallCNIRefusesWhatARuntimeCouldNotUse(t *testing.T) {
 	notOurs := write("bridge.conflist", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}`, 0o644)
 	broken := write("broken.conflist", `{"cniVersion":"1.0.0","name":"n","plugins":[`, 0o644)
 	noPlugins := write("empty.conflist", `{"cniVersion":"1.0.0","name":"n"}`, 0o644)
+	noName := write("noname.conflist", `{"cniVersion":"1.0.0","plugins":[{"type":"overlay-cni"}]}`, 0o644)
 	plain := write("overlay-cni", "not executable", 0o644)
 	for _, tc := range []struct {
 		name string
@@ -98,6 +99,7 @@ func TestInstallCNIRefusesWhatARuntimeCouldNotUse(t *testing.T) {
 		{"a conflist without overlay-cni", fx.args("--conflist", notOurs), "has no plugin of type overlay-cni"},
 		{"a conflist that does not parse", fx.args("--conflist", broken), "is not a CNI network config list"},
 		{"a conflist without plugins", fx.args("--conflist", noPlugins), "has no plugin of type overlay-cni"},
+		{"a conflist without a name", fx.args("--conflist", noName), "it needs a name and a cniVersion"},
 		{"a missing conflist", fx.args("--conflist", filepath.Join(dir, "nope")), "want a CNI network config list file"},
 		{"a plugin that is not executable", append(fx.args(), "--plugin", plain), "want an executable file"},
 		{"a missing plugin", append(fx.args(), "--plugin", filepath.Join(dir, "nope")), "want an executable file"},

@@ -41,12 +41,27 @@ func scanObject(d []byte, i, nest int, visit func(plainMember) bool) (int, bool)
 	if i < len(d) && d[i] == '}' {
 		return i + 1, true
 	}
+	// A plain object names each field once: twin members (the same name
+	// twice, or in another case) are left to the slow path, which refuses
+	// them (twinsError). Plain names are ASCII, so EqualFold is exact.
+	var names [16][]byte
+	seen := 0
 	for {
 		nameEnd, ok := scanString(d, i)
 		if !ok {
 			return 0, false
 		}
 		m := plainMember{name: d[i+1 : nameEnd-1]}
+		if seen == len(names) {
+			return 0, false
+		}
+		for _, n := range names[:seen] {
+			if bytes.EqualFold(n, m.name) {
+				return 0, false
+			}
+		}
+		names[seen] = m.name
+		seen++
 		i = skipSpace(d, nameEnd)
 		if i >= len(d) || d[i] != ':' {
 			return 0, false

@@ -108,22 +108,18 @@ func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
 		return a, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
 	}
-	// Every host decodes every lease at start-up and on each re-list, so
-	// the common case is one pass of encoding/json into the struct — which
-	// reads members exactly as flanneld does. Only a value it rejects goes
-	// through decodeObject, which says which member is wrong and why.
-	var err error
+	// Every host decodes every lease at start-up and on each re-list: a
+	// plain value (nearly all of them) is read in one pass by
+	// decodeAttrsFast, which reads it exactly as encoding/json (and so
+	// flanneld) does and never one with twin members. Any other value goes
+	// through encoding/json; one it rejects through decodeObject, which
+	// says which member is wrong and why; one with twin members, which
+	// readers may read two ways, is refused.
 	if fast, ok := decodeAttrsFast(value); ok {
 		a = fast
-	} else {
-		err = json.Unmarshal(value, &a)
-	}
-	// Both readers take the last of two members naming one field: such a
-	// value means two things to two readers, and is refused either way.
-	if twins := twinsError(value); twins != nil {
+	} else if twins := twinsError(value); twins != nil {
 		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, twins)
-	}
-	if err != nil {
+	} else if err := json.Unmarshal(value, &a); err != nil {
 		if _, err := attrsByMember(value); err != nil {
 			return LeaseAttrs{}, err
 		}

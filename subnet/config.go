@@ -362,11 +362,15 @@ func (c Config) MarshalJSON() ([]byte, error) {
 		out.v6 = &v6{true, c.IPv6.Network.String(), c.IPv6.SubnetLen, c.IPv6.SubnetMin.String(), c.IPv6.SubnetMax.String()}
 	}
 	out.Backend = c.Backend
-	data, err := json.Marshal(out)
-	if err != nil {
+	// Without HTML escaping: Marshal would rewrite a kept member of
+	// Backend ("&" as "\u0026"), and it is to be written back as given.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
 		return nil, err
 	}
-	return appendMembers(data, c.Extra)
+	return appendMembers(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), c.Extra)
 }
 
 // MarshalJSON renders the "Backend" object: the fields overlay reads, then

@@ -53,6 +53,9 @@ func Write(w io.Writer, f Format, out Output) error {
 	case JSON:
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
+		// Values are written back as printed (config get -w json, then
+		// config put): "&", "<" and ">" stay as they are stored.
+		enc.SetEscapeHTML(false)
 		return enc.Encode(out.JSON)
 	case Simple:
 		for _, r := range out.Rows {

@@ -433,7 +433,7 @@ type writeResult struct {
 	PublicIP   string `json:"publicIP,omitempty"`
 	PublicIPv6 string `json:"publicIPv6,omitempty"`
 	NodeID     string `json:"nodeID,omitempty"`
-	Alive      string `json:"alive,omitempty"` // --dry-run: yes or no
+	Alive      string `json:"alive,omitempty"` // --dry-run: yes, no, or unknown (a lease that names no node)
 }
 
 func (r writeResult) with(s subnet.Subnets, a subnet.LeaseAttrs) writeResult {

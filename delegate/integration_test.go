@@ -578,7 +578,9 @@ func TestIntegrationCorruptCache(t *testing.T) {
 // plugin directory.
 func (l *lab) buildTestPlugin(name string) {
 	l.t.Helper()
-	out, err := exec.Command("go", "build", "-o", filepath.Join(l.binDir, name), "./testdata/"+name).CombinedOutput()
+	cmd := exec.Command("go", "build", "-o", filepath.Join(l.binDir, name), "./testdata/"+name)
+	cmd.Env = testenv.ProgramEnv()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		l.t.Fatalf("build testdata/%s: %v\n%s", name, err, out)
 	}
@@ -1080,7 +1082,7 @@ func TestIntegrationRejectsBadIDs(t *testing.T) {
 				args := &invoke.Args{Command: verb, ContainerID: tc.cid, NetNS: pod.Path(), IfName: tc.ifname,
 					Path: strings.Join(l.cni.Path, ":")}
 				err := l.inHost(func() error {
-					_, err := invoke.ExecPluginWithResult(context.Background(), bin, []byte(conf), args, nil)
+					_, err := invoke.ExecPluginWithResult(context.Background(), bin, []byte(conf), args, newExec())
 					return err
 				})
 				if code := codeOf(t, err); code != types.ErrInvalidEnvironmentVariables {
@@ -1123,6 +1125,7 @@ func BenchmarkAddDel(b *testing.B) {
 	hostNS, pod := testenv.NewNS(b), testenv.NewNS(b)
 
 	cniPath := strings.Join([]string{filepath.Dir(overlayCNI), plugins}, ":")
+	cniExec := newExec()
 	for _, tc := range []struct {
 		name, plugin string
 		conf         []byte
@@ -1135,11 +1138,11 @@ func BenchmarkAddDel(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
 					args := &invoke.Args{ContainerID: fmt.Sprintf("bench%d", i), NetNS: pod.Path(), IfName: "eth0", Path: cniPath}
 					args.Command = "ADD"
-					if _, err := invoke.ExecPluginWithResult(context.Background(), tc.plugin, tc.conf, args, nil); err != nil {
+					if _, err := invoke.ExecPluginWithResult(context.Background(), tc.plugin, tc.conf, args, cniExec); err != nil {
 						return err
 					}
 					args.Command = "DEL"
-					if err := invoke.ExecPluginWithoutResult(context.Background(), tc.plugin, tc.conf, args, nil); err != nil {
+					if err := invoke.ExecPluginWithoutResult(context.Background(), tc.plugin, tc.conf, args, cniExec); err != nil {
 						return err
 					}
 				}
@@ -1191,7 +1194,7 @@ func TestIntegrationAddRefusesWhatIsNoNetNS(t *testing.T) {
 			args := &invoke.Args{Command: "CHECK", ContainerID: "bad", NetNS: tc.netns, IfName: "eth0", Path: strings.Join(l.cni.Path, ":")}
 			conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"overlay","type":"overlay-cni","subnetFile":%q,"dataDir":%q,"prevResult":{"cniVersion":"1.1.0"}}`, l.subnetFile, l.dataDir)
 			err = l.inHost(func() error {
-				return invoke.ExecPluginWithoutResult(context.Background(), filepath.Join(l.binDir, "overlay-cni"), []byte(conf), args, nil)
+				return invoke.ExecPluginWithoutResult(context.Background(), filepath.Join(l.binDir, "overlay-cni"), []byte(conf), args, newExec())
 			})
 			if !errors.As(err, &te) || te.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(te.Msg, tc.want) {
 				t.Errorf("CHECK with CNI_NETNS %s = %v, want code 4", tc.netns, err)

@@ -162,16 +162,34 @@ func notSpecial(fi fs.FileInfo) error {
 	return nil
 }
 
+// notNetNSError is networkNamespace's definite answer that there is no
+// network namespace at the path: nothing is there (ENOENT, or ENOTDIR: a
+// component of the path is no directory, so the path names nothing), or
+// the file there is not on nsfs, or it is a namespace of another kind.
+// Any other error (the file cannot be stat'ed, inspected or opened, say
+// EACCES or EIO) says nothing about the namespace: it may be a pod's that
+// still runs.
+type notNetNSError struct{ reason string }
+
+func (e *notNetNSError) Error() string { return e.reason }
+
 // networkNamespace says why path is not a network namespace: a network
 // namespace is a file of the kernel's nsfs (a bind mount such as
 // /var/run/netns/NAME, or the link /proc/PID/ns/net), of the network
 // kind. The path is stat'ed first, so a FIFO or a device is never opened,
-// and only a file of nsfs is opened (to ask its kind).
+// and only a file of nsfs is opened (to ask its kind). A *notNetNSError
+// is a definite answer; any other error is not.
 func networkNamespace(path string) error {
-	fi, err := os.Stat(path)
+	return probeNetNS(path, os.Stat, unix.Statfs)
+}
+
+// probeNetNS is networkNamespace with its stat and statfs (unit tests give
+// failing ones: as root, EACCES or EIO cannot be provoked on a real file).
+func probeNetNS(path string, stat func(string) (fs.FileInfo, error), statfs func(string, *unix.Statfs_t) error) error {
+	fi, err := stat(path)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return errors.New("no such file: the container's network namespace is gone, or the runtime passed a wrong path")
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR):
+		return &notNetNSError{"no such file: the container's network namespace is gone, or the runtime passed a wrong path"}
 	case err != nil:
 		return fmt.Errorf("cannot be read: %w", err)
 	}
@@ -179,7 +197,7 @@ func networkNamespace(path string) error {
 		return err
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
+	if err := statfs(path, &st); err != nil {
 		return fmt.Errorf("cannot be inspected: %w", err)
 	}
 	if st.Type != unix.NSFS_MAGIC {
@@ -190,7 +208,7 @@ func networkNamespace(path string) error {
 		case !fi.Mode().IsRegular():
 			kind = "a special file"
 		}
-		return fmt.Errorf("it is %s, not a network namespace", kind)
+		return &notNetNSError{fmt.Sprintf("it is %s, not a network namespace", kind)}
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -199,7 +217,7 @@ func networkNamespace(path string) error {
 	defer f.Close()
 	// NS_GET_NSTYPE needs Linux 4.11; older kernels are taken at their word.
 	if kind, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err == nil && kind != unix.CLONE_NEWNET {
-		return errors.New("it is a namespace of another kind, not a network namespace")
+		return &notNetNSError{"it is a namespace of another kind, not a network namespace"}
 	}
 	return nil
 }
@@ -320,7 +338,7 @@ func joinDetails(a, b string) string {
 // delegate's DEL; with neither there is nothing it could release, and it
 // succeeds. An empty CNI_NETNS is passed on, and so is, as empty, one that
 // is gone or no network namespace (the bridge plugin then only releases
-// the address).
+// the address); one that cannot be looked at fails DEL with code 11.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, att, err := loadAttachment(args)
 	if err != nil {
@@ -335,8 +353,17 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		// A namespace that is gone, or a path that is none, is passed on
 		// empty: the delegate then only releases the address (bridge
 		// fails a DEL with a path that is not a namespace, and the
-		// runtime would retry it for ever).
+		// runtime would retry it for ever). Only a definite answer does
+		// that: a path that cannot be looked at (EACCES, EIO) may be the
+		// namespace of a pod that still runs, whose interface would stay
+		// while host-local gave its address to another pod. That DEL
+		// fails with "try again later", before the cache is touched.
 		if err := p.netns(rt.NetNS); err != nil {
+			var gone *notNetNSError
+			if !errors.As(err, &gone) {
+				return cniError(types.ErrTryAgainLater, err,
+					"DEL of %s: CNI_NETNS %q %v, so whether the container's network namespace is still there is unknown; nothing was released (the cache entry is kept; DEL can be retried)", att, rt.NetNS, err)
+			}
 			p.logf("DEL of %s: CNI_NETNS %q: %v: releasing the address without entering it", att, rt.NetNS, err)
 			rt.NetNS = ""
 		}

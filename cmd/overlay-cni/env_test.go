@@ -30,7 +30,7 @@ func TestSubnetEnvWithBothFormats(t *testing.T) {
 	pod := testenv.NewNS(t) // ADD needs a network namespace before it reads subnet.env
 	for verb, code := range map[string]uint{"ADD": types.ErrTryAgainLater, "STATUS": types.ErrPluginNotAvailable} {
 		args := &invoke.Args{Command: verb, ContainerID: "c1", NetNS: pod.Path(), IfName: "eth0", Path: dir}
-		err := invoke.ExecPluginWithoutResult(context.Background(), binary(t), []byte(conf), args, nil)
+		err := invoke.ExecPluginWithoutResult(context.Background(), binary(t), []byte(conf), args, testenv.CNIExec(os.Stderr))
 		var te *types.Error
 		if !errors.As(err, &te) || te.Code != code || !strings.Contains(te.Details, "(FLANNEL_MTU)") ||
 			!strings.Contains(te.Details, "(OVERLAY_NETWORK, OVERLAY_SUBNET, OVERLAY_MTU, OVERLAY_IPMASQ)") {

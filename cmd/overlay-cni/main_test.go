@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -101,7 +102,7 @@ func TestStatusAndGCAreImplemented(t *testing.T) {
 	for verb, code := range map[string]uint{"STATUS": types.ErrPluginNotAvailable, "GC": types.ErrInvalidNetworkConfig} {
 		t.Run(verb, func(t *testing.T) {
 			err := invoke.ExecPluginWithoutResult(context.Background(), binary(t), []byte(conf),
-				&invoke.Args{Command: verb, Path: dir}, nil)
+				&invoke.Args{Command: verb, Path: dir}, testenv.CNIExec(os.Stderr))
 			var te *types.Error
 			if !errors.As(err, &te) || te.Code != code {
 				t.Errorf("%s = %v, want CNI error code %d", verb, err, code)

@@ -49,17 +49,10 @@ func jsonLogs(cmd *cobra.Command, args, environ []string) bool {
 	return false
 }
 
-// logLevel is cmd's --log-level if it is a valid one, else info.
-func logLevel(cmd *cobra.Command) slog.Level {
-	var lvl slog.Level
-	if f := cmd.Flags().Lookup("log-level"); f != nil && lvl.UnmarshalText([]byte(f.Value.String())) == nil {
-		return lvl
-	}
-	return slog.LevelInfo
-}
-
 // writeWarnings writes the "warning: …" lines of text to w, as they are
-// or, for a command logging JSON, one WARN record each.
+// or, for a command logging JSON, one WARN record each. Like the text
+// lines, and like writeExitError's record, they do not depend on
+// --log-level: "--log-level error" would drop them silently.
 func writeWarnings(w io.Writer, cmd *cobra.Command, environ []string, text string) {
 	if text == "" {
 		return
@@ -68,7 +61,7 @@ func writeWarnings(w io.Writer, cmd *cobra.Command, environ []string, text strin
 		_, _ = io.WriteString(w, text)
 		return
 	}
-	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: logLevel(cmd)}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		log.Warn(strings.TrimPrefix(line, "warning: "))
 	}

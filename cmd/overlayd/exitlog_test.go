@@ -47,6 +47,12 @@ func TestFatalErrorsAndWarningsReachJSONLogs(t *testing.T) {
 			exitError, "acquire a lease: no free subnet", "ignoring unknown environment variable OVERLAY_NOPE"},
 		{"fatal error, environment", []string{"OVERLAY_LOG_FORMAT=json", "FLANNELD_NOPE=1"}, []string{"run", "--node-name", "h1"},
 			exitError, "acquire a lease: no free subnet", "ignoring FLANNELD_NOPE: flanneld v0.28 has no such flag"},
+		// --log-level is the daemon's: the warnings before it ran are
+		// printed whatever it says, as in text.
+		{"warnings with --log-level error", []string{"OVERLAY_NOPE=1"}, []string{"run", "--log-format", "json", "--log-level", "error", "--node-name", "h1"},
+			exitError, "acquire a lease: no free subnet", "ignoring unknown environment variable OVERLAY_NOPE"},
+		{"warnings with OVERLAY_LOG_LEVEL=error", []string{"OVERLAY_LOG_FORMAT=json", "OVERLAY_LOG_LEVEL=error", "FLANNELD_NOPE=1"}, []string{"run", "--node-name", "h1"},
+			exitError, "acquire a lease: no free subnet", "ignoring FLANNELD_NOPE: flanneld v0.28 has no such flag"},
 		{"usage error before --log-format is parsed", nil, []string{"run", "--lease-ttl", "1s", "--log-format=JSON"},
 			exitUsage, "--lease-ttl", ""},
 		{"usage error, environment", []string{"OVERLAY_LOG_FORMAT=json", "OVERLAY_LEASE_TTL=forever"}, []string{"run"},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,15 +94,13 @@ func regularFile(s string) error {
 // install checks the inputs, then writes the plugin and the conflist, and
 // returns the paths written.
 func (f *installFlags) install() ([]string, error) {
-	plugin := f.plugin
-	if plugin == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find overlay-cni beside overlayd: %w: give --plugin", err)
-		}
-		plugin = filepath.Join(filepath.Dir(self), "overlay-cni")
+	var bin []byte
+	var err error
+	if f.plugin != "" {
+		bin, err = readPlugin(f.plugin)
+	} else {
+		bin, err = readDefaultPlugin()
 	}
-	bin, err := readPlugin(plugin)
 	if err != nil {
 		return nil, err
 	}
@@ -123,23 +122,46 @@ func (f *installFlags) install() ([]string, error) {
 		if w.data == nil {
 			continue
 		}
+		// atomicfile's errors name the path already (write
+		// /opt/cni/bin/overlay-cni: …), and so do MkdirAll's when the
+		// directory itself failed; one about a parent gets the directory.
 		if err := os.MkdirAll(w.dir, 0o755); err != nil {
-			return installed, fmt.Errorf("create %s: %w", w.dir, err)
+			var pe *fs.PathError
+			if !errors.As(err, &pe) || pe.Path != w.dir {
+				err = fmt.Errorf("create %s: %w", w.dir, err)
+			}
+			return installed, err
 		}
 		path := filepath.Join(w.dir, w.name)
 		if err := atomicfile.Write(path, w.data, w.perm); err != nil {
-			return installed, fmt.Errorf("install %s: %w", path, err)
+			return installed, err
 		}
 		installed = append(installed, path)
 	}
 	return installed, nil
 }
 
-// readPlugin reads the plugin binary, which must be a regular executable
-// file (checked again for the default, beside this overlayd).
+// readPlugin reads the --plugin binary, which must be a regular executable
+// file (a bad value is a usage error, exit 2; a file that cannot be read is
+// exit 1, and its error names it).
 func readPlugin(path string) ([]byte, error) {
 	if err := executableFile(path); err != nil {
 		return nil, usagef("--plugin %s: %w", path, err)
+	}
+	return os.ReadFile(path)
+}
+
+// readDefaultPlugin reads the overlay-cni beside this overlayd. The user
+// gave no --plugin, so its absence is no usage error (exit 1), and the
+// message says where it was looked for and what to do.
+func readDefaultPlugin() ([]byte, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find overlay-cni beside overlayd (%w): give --plugin", err)
+	}
+	path := filepath.Join(filepath.Dir(self), "overlay-cni")
+	if executableFile(path) != nil {
+		return nil, fmt.Errorf("no executable overlay-cni beside overlayd (%s): give --plugin", path)
 	}
 	return os.ReadFile(path)
 }
@@ -150,16 +172,21 @@ type pluginConfig struct {
 }
 
 // readConflist reads a conflist and refuses one a runtime would refuse, or
-// one that would not run overlay-cni.
+// one that would not run overlay-cni. A missing file, or content that does
+// not parse or lacks overlay-cni, is a usage error (exit 2: a bad value
+// the user gave); a file that exists but cannot be read (EACCES, EIO) is
+// exit 1.
 func readConflist(path string) ([]byte, error) {
 	file, err := os.Open(path)
-	if err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, usagef("--conflist: %w", err)
+	} else if err != nil {
+		return nil, fmt.Errorf("--conflist: %w", err)
 	}
 	defer file.Close()
 	data, err := io.ReadAll(io.LimitReader(file, maxConflistSize+1))
 	if err != nil {
-		return nil, usagef("--conflist: read %s: %w", path, err)
+		return nil, fmt.Errorf("--conflist: %w", err) // read PATH: …
 	}
 	if len(data) > maxConflistSize {
 		return nil, usagef("--conflist: %s is larger than %d bytes", path, maxConflistSize)

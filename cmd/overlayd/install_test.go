@@ -118,3 +118,61 @@ func TestInstallCNIRefusesWhatARuntimeCouldNotUse(t *testing.T) {
 		})
 	}
 }
+
+// Without --plugin, a missing overlay-cni beside overlayd is no usage error:
+// the user gave no flag to blame. The message says where it was looked for.
+func TestInstallCNIWithoutPluginBesideOverlayd(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside := filepath.Join(filepath.Dir(self), "overlay-cni")
+	if _, err := os.Stat(beside); err == nil {
+		t.Skipf("%s exists", beside)
+	}
+	fx := newInstallFixture(t)
+	r := run(t, "", "", "install-cni", "--cni-bin-dir", fx.binDir, "--cni-conf-dir", fx.confDir)
+	want := "no executable overlay-cni beside overlayd (" + beside + "): give --plugin"
+	if r.code != exitError || !strings.Contains(r.err, want) || strings.Contains(r.err, "--plugin "+beside) {
+		t.Errorf("exit %d, stderr %q; want exit %d saying %q", r.code, r.err, exitError, want)
+	}
+	if _, err := os.Stat(fx.binDir); !os.IsNotExist(err) {
+		t.Errorf("%s exists after a refused install-cni", fx.binDir)
+	}
+}
+
+// A conflist that exists but cannot be read is exit 1, not a usage error:
+// the value given was right. As root, EACCES cannot be had; /proc/self/mem
+// is a regular file whose read at offset 0 fails with EIO.
+func TestInstallCNIConflistReadErrorIsNoUsageError(t *testing.T) {
+	fx := newInstallFixture(t)
+	r := run(t, "", "", fx.args("--conflist", "/proc/self/mem")...)
+	if r.code != exitError || !strings.Contains(r.err, "--conflist: read /proc/self/mem: ") || strings.Count(r.err, "/proc/self/mem") != 1 {
+		t.Errorf("exit %d, stderr %q; want exit %d naming the read error and the file once", r.code, r.err, exitError)
+	}
+}
+
+// Errors of writing name the path once (MkdirAll's and atomicfile's errors
+// name it already).
+func TestInstallCNIWriteErrorsNameThePathOnce(t *testing.T) {
+	fx := newInstallFixture(t)
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inFile := filepath.Join(file, "bin")
+	taken := t.TempDir()
+	if err := os.Mkdir(filepath.Join(taken, "overlay-cni"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ binDir, path string }{
+		{inFile, inFile}, // a parent fails: create DIR: mkdir PARENT: …
+		{"/proc/overlay-test", "/proc/overlay-test"}, // the directory itself fails: mkdir DIR: …
+		{taken, filepath.Join(taken, "overlay-cni")},
+	} {
+		r := run(t, "", "", "install-cni", "--plugin", fx.plugin, "--cni-bin-dir", tc.binDir, "--cni-conf-dir", fx.confDir)
+		if r.code != exitError || strings.Count(r.err, tc.path) != 1 {
+			t.Errorf("--cni-bin-dir %s: exit %d, stderr %q; want exit %d naming %s once", tc.binDir, r.code, r.err, exitError, tc.path)
+		}
+	}
+}

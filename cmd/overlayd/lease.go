@@ -116,7 +116,7 @@ func leaseTable(cfg *subnet.Config, rows []leaseRow) printer.Output {
 		out := printer.Output{Header: ipv6OnlyHeader}
 		for _, r := range rows {
 			cells := r.cells()
-			cells[0], cells[1], cells[2] = orDash(r.IPv6Subnet), orDash(r.PublicIPv6), orDash(r.VtepMACv6)
+			cells[0], cells[1], cells[2] = orNone(r.IPv6Subnet), orNone(r.PublicIPv6), orNone(r.VtepMACv6)
 			out.Rows = append(out.Rows, cells)
 		}
 		return out
@@ -129,7 +129,7 @@ func leaseTable(cfg *subnet.Config, rows []leaseRow) printer.Output {
 	for _, r := range rows {
 		cells := r.cells()
 		if v6 {
-			cells = append(cells, orDash(r.IPv6Subnet), orDash(r.PublicIPv6), orDash(r.VtepMACv6))
+			cells = append(cells, orNone(r.IPv6Subnet), orNone(r.PublicIPv6), orNone(r.VtepMACv6))
 		}
 		out.Rows = append(out.Rows, cells)
 	}
@@ -144,7 +144,7 @@ func (r leaseRow) cells() []string {
 			ttl = "expired"
 		}
 	}
-	return []string{orDash(r.Subnet), orDash(r.PublicIP), orDash(r.VtepMAC), orDash(r.NodeID), ttl, r.Alive, r.State}
+	return []string{orNone(r.Subnet), orNone(r.PublicIP), orNone(r.VtepMAC), orNone(r.NodeID), ttl, r.Alive, r.State}
 }
 
 // subnets names the row's key as people read it: "10.244.7.0/24", or
@@ -161,9 +161,19 @@ func prefixString(p netip.Prefix) string {
 	return p.String()
 }
 
+// orDash is s, or "-" for none, within a cell's text.
 func orDash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return s
+}
+
+// orNone is s as a whole cell, or printer.None (printed "-") for none: a
+// value that is literally "-" is then told from none in -w simple.
+func orNone(s string) string {
+	if s == "" {
+		return printer.None
 	}
 	return s
 }

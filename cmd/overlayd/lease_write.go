@@ -424,7 +424,7 @@ that fits the network config.
 // writeResult is what lease reserve and revoke did: a sentence for people
 // (table), its fields for programs (-w json, and -w simple in the order
 // action, subnet, IPv6 subnet, public IP, public IPv6, node ID, alive; "-"
-// for none).
+// for none, and a value that is "-" quoted).
 type writeResult struct {
 	Action     string `json:"action"` // reserved, revoked or wouldRevoke (--dry-run)
 	Key        string `json:"key"`
@@ -433,7 +433,7 @@ type writeResult struct {
 	PublicIP   string `json:"publicIP,omitempty"`
 	PublicIPv6 string `json:"publicIPv6,omitempty"`
 	NodeID     string `json:"nodeID,omitempty"`
-	Alive      string `json:"alive,omitempty"` // --dry-run: yes or no
+	Alive      string `json:"alive,omitempty"` // --dry-run: yes, no, or unknown (a lease that names no node)
 }
 
 func (r writeResult) with(s subnet.Subnets, a subnet.LeaseAttrs) writeResult {
@@ -447,7 +447,7 @@ func (r writeResult) print(w io.Writer, format printer.Format, sentence string) 
 		_, err := fmt.Fprintln(w, sentence)
 		return err
 	}
-	row := []string{r.Action, orDash(r.Subnet), orDash(r.IPv6Subnet), orDash(r.PublicIP), orDash(r.PublicIPv6), orDash(r.NodeID), orDash(r.Alive)}
+	row := []string{r.Action, orNone(r.Subnet), orNone(r.IPv6Subnet), orNone(r.PublicIP), orNone(r.PublicIPv6), orNone(r.NodeID), orNone(r.Alive)}
 	return printer.Write(w, format, printer.Output{Rows: [][]string{row}, JSON: r})
 }
 

@@ -50,6 +50,35 @@ func TestRevokeDryRunAliveAsLeaseListSays(t *testing.T) {
 	}
 }
 
+// In -w simple a node ID that is literally "-" (anyone with write access
+// to the prefix can store one) is quoted, so it does not read as a lease
+// without a node ID, whose NODE is a bare "-"; revoke --dry-run too.
+func TestSimpleTellsADashNodeFromNone(t *testing.T) {
+	srv, reg := cluster(t)
+	seed(t, reg)
+	for _, tc := range []struct{ subnet, node, want string }{
+		{"10.244.51.0/24", "-", `"-"`},
+		{"10.244.52.0/24", "", "-"},
+	} {
+		id, err := reg.Client().Grant(ctx(t), 3600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attrs := subnet.NewVXLANAttrs(netip.MustParseAddr("198.18.0.51"), 1, net.HardwareAddr{0x0e, 0, 0, 0, 0, 0x51}, tc.node, "")
+		if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix(tc.subnet)}, attrs, int64(id.ID)); err != nil {
+			t.Fatal(err)
+		}
+		list := run(t, srv.Endpoint, "", "lease", "list", "-w", "simple")
+		if f := row(t, list.out, tc.subnet); f[3] != tc.want {
+			t.Errorf("lease list row %q: NODE %s, want %s", f, f[3], tc.want)
+		}
+		r := run(t, srv.Endpoint, "", "lease", "revoke", tc.subnet, "--force", "--dry-run", "-w", "simple")
+		if f := strings.Fields(r.out); r.code != exitOK || len(f) != 7 || f[5] != tc.want {
+			t.Errorf("revoke --dry-run -w simple: %+v, want node ID %s", r, tc.want)
+		}
+	}
+}
+
 // In an IPv6-only network lease list fills its address columns with the
 // IPv6 values, the IPv6 VTEP MAC included, instead of a row of dashes.
 func TestLeaseListIPv6OnlyShowsItsAddresses(t *testing.T) {

@@ -377,8 +377,8 @@ func TestConfigRefusesANetworkHoldingTheHostsUnderlay(t *testing.T) {
 	// An etcd that cannot be reached: the file alone is checked, and a
 	// warning says the cluster was not.
 	var out, errOut bytes.Buffer
-	code := execute([]string{"--endpoints", "unix://" + filepath.Join(t.TempDir(), "none.sock"), "--dial-timeout", "500ms", "config", "validate", "-f", "-"},
-		strings.NewReader(`{"Network":"198.18.0.0/16"}`), &out, &errOut)
+	code := executeEnv([]string{"--endpoints", "unix://" + filepath.Join(t.TempDir(), "none.sock"), "--dial-timeout", "500ms", "config", "validate", "-f", "-"},
+		testenv.ProgramEnv(), strings.NewReader(`{"Network":"198.18.0.0/16"}`), &out, &errOut)
 	if code != exitOK || !strings.Contains(errOut.String(), "warning: the file is valid, but it was not checked against the cluster: ") ||
 		!strings.Contains(out.String(), "198.18.0.0/16") {
 		t.Errorf("config validate against an unreachable etcd: exit %d, %q, %q", code, out.String(), errOut.String())

@@ -33,6 +33,12 @@ func ParseFormat(s string) (Format, error) {
 	return "", fmt.Errorf("unknown output format %q: use table, json or simple", s)
 }
 
+// None is the cell for "no value": table and simple print it as "-". A
+// cell that is literally "-" (a node ID anyone could write to etcd) is
+// printed quoted by simple, so that it cannot read as none. None is no
+// valid UTF-8, which no value decoded from JSON can be.
+const None = "\xff(none)"
+
 // Output is what a command prints: rows for table and simple, a value for JSON.
 // Cells may hold what anyone could write to etcd (a hostname, a node ID):
 // table and simple print a cell with a tab, a newline, an escape or any
@@ -40,7 +46,10 @@ func ParseFormat(s string) (Format, error) {
 // the terminal raw. Simple also quotes a cell that holds a space or a
 // double quote or is empty, so that every row splits into its fields by
 // position (a shell's read or awk see one word per field unless a value
-// needs quoting, and shlex-style readers always do).
+// needs quoting, and shlex-style readers always do). It quotes a cell
+// with a backslash or a single quote too (a shell's read and shlex-style
+// readers would take them for escapes or quotes), and a cell that is
+// literally "-", which would read as None.
 type Output struct {
 	Header []string
 	Rows   [][]string
@@ -76,24 +85,32 @@ func Write(w io.Writer, f Format, out Output) error {
 	}
 }
 
-// simpleCells is cells, with a cell that holds a space or a double quote,
-// or is empty, quoted too: a field of -w simple is one word.
+// simpleCells is cells, with a cell that holds a space, a double or
+// single quote or a backslash, is empty, or is literally "-", quoted too:
+// a field of -w simple is one word, and "-" alone means None.
 func simpleCells(row []string) []string {
 	out := cells(row)
 	for i, c := range out {
-		if c == "" || c == row[i] && strings.ContainsAny(c, " \"") {
+		if row[i] == None || c != row[i] {
+			continue // "-", or quoted already
+		}
+		if c == "" || c == "-" || strings.ContainsAny(c, " \"'\\") {
 			out[i] = strconv.Quote(c)
 		}
 	}
 	return out
 }
 
-// cells returns row with every cell that holds an unprintable rune quoted.
+// cells returns row with every cell that holds an unprintable rune quoted,
+// and None as "-".
 func cells(row []string) []string {
 	out := make([]string, len(row))
 	for i, c := range row {
 		out[i] = c
-		if strings.ContainsFunc(c, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		switch {
+		case c == None:
+			out[i] = "-"
+		case strings.ContainsFunc(c, func(r rune) bool { return !unicode.IsPrint(r) }):
 			out[i] = strconv.Quote(c)
 		}
 	}

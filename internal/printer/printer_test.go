@@ -106,3 +106,32 @@ func TestUnplainCellsAreQuoted(t *testing.T) {
 		}
 	}
 }
+
+// In -w simple a cell with a backslash or a single quote is quoted (a
+// shell's read or a shlex-style reader would take them for an escape or a
+// quote), and so is a cell that is literally "-", which would read as
+// None; None itself prints as a bare "-" in simple and table.
+func TestSimpleQuotesEscapesQuotesAndALiteralDash(t *testing.T) {
+	out := Output{Rows: [][]string{{`a\b`, "it's", "-", None, "x-y", "-"}}}
+	for f, want := range map[Format]string{
+		Simple: `"a\\b" "it's" "-" - x-y "-"` + "\n",
+		Table:  `a\b  it's  -  -  x-y  -` + "\n",
+	} {
+		var b bytes.Buffer
+		if err := Write(&b, f, out); err != nil {
+			t.Fatal(err)
+		}
+		if b.String() != want {
+			t.Errorf("%s:\n got %q\nwant %q", f, b.String(), want)
+		}
+	}
+	var b bytes.Buffer
+	if err := Write(&b, Simple, out); err != nil {
+		t.Fatal(err)
+	}
+	fields := splitQuoted(t, strings.TrimSuffix(b.String(), "\n"))
+	want := []string{`a\b`, "it's", "-", "-", "x-y", "-"}
+	if !slices.Equal(fields, want) {
+		t.Errorf("simple splits into %q, want %q", fields, want)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
 // withoutNetAdmin is the variable that makes the test binary a launcher:
@@ -50,6 +52,8 @@ func execWithoutNetAdmin(prog string) error {
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("drop CAP_NET_ADMIN: %w", err)
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, withoutNetAdmin+"=") })
+	// The test set the environment (testenv.ProgramEnv); the program gets
+	// it less the launcher's own variable, and less any caller setting.
+	env := slices.DeleteFunc(testenv.ProgramEnv(), func(kv string) bool { return strings.HasPrefix(kv, withoutNetAdmin+"=") })
 	return syscall.Exec(prog, append([]string{prog}, os.Args[1:]...), env)
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -149,7 +148,7 @@ func TestWithoutNetAdminNothingIsPublished(t *testing.T) {
 	}{
 		{"capability withheld", func(l *lab.Lab, args []string) *exec.Cmd {
 			cmd := exec.Command(os.Args[0], args...)
-			cmd.Env = append(cmd.Environ(), withoutNetAdmin+"="+l.Binary("overlayd"))
+			cmd.Env = testenv.ProgramEnv(withoutNetAdmin + "=" + l.Binary("overlayd"))
 			return cmd
 		}, "Error: overlayd needs CAP_NET_ADMIN to create its VXLAN device"},
 		{"user namespace of its own", func(l *lab.Lab, args []string) *exec.Cmd {
@@ -157,6 +156,7 @@ func TestWithoutNetAdminNothingIsPublished(t *testing.T) {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
 				UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
 				GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}}
+			cmd.Env = testenv.ProgramEnv()
 			return cmd
 		}, "Error: overlayd needs CAP_NET_ADMIN in the user namespace that owns its network namespace"},
 	} {
@@ -169,7 +169,6 @@ func TestWithoutNetAdminNothingIsPublished(t *testing.T) {
 			}
 			var out strings.Builder
 			cmd := tc.launch(l, h.RunArgs())
-			cmd.Env = slices.DeleteFunc(cmd.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OVERLAY_") })
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if cmd.SysProcAttr == nil {
 				cmd.SysProcAttr = &syscall.SysProcAttr{}

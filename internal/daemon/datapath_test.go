@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -231,5 +232,30 @@ func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
 	}
 	if keys := leases(); !slices.Equal(keys, held) {
 		t.Errorf("a failed restart changed the leases from %q to %q: the lease it held before must stay", held, keys)
+	}
+
+	// The network starts carrying IPv6 (a roll): the restart re-keys the
+	// lease to add an IPv6 subnet, keeping its IPv4 subnet, and then
+	// fails. The re-keyed lease is the one the host held, its pods hold
+	// addresses from its IPv4 subnet: it stays.
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(tctx(t),
+		[]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	withIPv6 := func(c *Config) {
+		k := c.Kernel.(*fakeKernel)
+		eth0, err := k.nl.LinkByName("eth0")
+		if err == nil {
+			err = k.nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wait(startWiring(t, srv, withIPv6, failing)); !errors.Is(err, noMasq) {
+		t.Fatalf("restart with IPv6 = %v, want %v", err, noMasq)
+	}
+	if keys := leases(); len(keys) != 1 || !strings.HasPrefix(keys[0], held[0]+"&fd00:10:244:") {
+		t.Errorf("a failed restart that re-keyed the lease %q for IPv6 left %q: the re-keyed lease, with its IPv4 subnet, must stay", held, keys)
 	}
 }

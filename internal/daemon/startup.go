@@ -85,7 +85,6 @@ func (d *daemon) join(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.claimed = !holds(d.snap, d.lease)
 	d.st.set(func(p *probe) { p.mgr = d.mgr })
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
@@ -118,24 +117,14 @@ func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) err
 	return nil
 }
 
-// holds reports whether the listing snap has lease l's key: a lease that
-// this start adopted or resumed rather than created.
-func holds(snap etcdv3.Snapshot, l subnet.Lease) bool {
-	for _, x := range snap.Leases {
-		if x.Subnets() == l.Subnets() {
-			return true
-		}
-	}
-	return false
-}
-
 // releaseUnserved gives up the lease this start created, when the start
 // failed before the data path was in place: kept, it would have every
 // peer route pods' traffic to a host that cannot receive it, for the
 // lease's TTL. A lease this host held before (adopted, resumed, a
-// reservation) is kept: pods may hold addresses from it.
+// reservation, or re-keyed to add or drop its IPv6 subnet) is kept: pods
+// may hold addresses from it.
 func (d *daemon) releaseUnserved() {
-	if !d.claimed || d.mgr == nil {
+	if d.mgr == nil || !d.mgr.Created() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout(d.cfg.Etcd))

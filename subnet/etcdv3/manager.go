@@ -99,6 +99,7 @@ type Manager struct {
 	liveSince time.Time  // zero while the liveness key is not held
 	liveErr   error      // why the liveness key is not held, once it was lost
 	keyErr    error      // why the lease key is not known to be ours, while re-claiming
+	created   bool       // Acquire created the lease key (Created)
 }
 
 // NewManager returns a Manager for host in the network cfg.
@@ -134,6 +135,16 @@ func (m *Manager) Lease() subnet.Lease {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.lease
+}
+
+// Created reports whether Acquire (or AcquireFrom) created this host's
+// lease key: no key named this host, and it claimed a free subnet. A lease
+// it adopted, resumed or re-keyed (adding or dropping the IPv6 subnet of a
+// lease this host held) is not created: pods may hold addresses from it.
+func (m *Manager) Created() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.created
 }
 
 // Expires returns when the held lease expires unless renewed; zero for a
@@ -244,6 +255,9 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 	if err != nil {
 		return subnet.Lease{}, err
 	}
+	m.mu.Lock()
+	m.created = true
+	m.mu.Unlock()
 	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
 }
 

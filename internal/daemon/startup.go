@@ -167,12 +167,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
 	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
-	now := time.Now()
-	d.m.expectEvents(len(d.snap.Leases))
-	for _, l := range d.snap.Leases {
-		d.m.eventArrived(l.Subnets().Primary(), now)
-	}
-	d.m.rejected(d.peers.reset(d.snap), d.log)
+	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	if err := d.catchUp(ctx); err != nil {
 		return err
@@ -215,6 +210,23 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// seedPeers fills the peer set from the lease snapshot, and records that
+// each peer's lease arrived at now, for the event latency measured when it
+// is programmed. Only peers are recorded: the own lease, a reservation, an
+// invalid or orphaned lease is never programmed, and an arrival of one
+// would stay pending for good, keeping the map of a cold start's
+// thousands of arrivals resident (it is replaced once nothing is pending).
+func (d *daemon) seedPeers(now time.Time) {
+	rejected := d.peers.reset(d.snap)
+	d.m.expectEvents(d.peers.size())
+	for _, l := range d.snap.Leases {
+		if d.peers.isPeer(l.ID()) {
+			d.m.eventArrived(l.Subnets().Primary(), now)
+		}
+	}
+	d.m.rejected(rejected, d.log)
 }
 
 // removeOldIPv6 removes the IPv6 data path a run in a network that carried

@@ -259,3 +259,55 @@ func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
 		t.Errorf("a failed restart that re-keyed the lease %q for IPv6 left %q: the re-keyed lease, with its IPv4 subnet, must stay", held, keys)
 	}
 }
+
+// The walk up a network namespace owner's user namespaces closes every fd
+// it opens: the one it started from, and each parent, also when it gives
+// up (an inode it cannot read, a parent it may not open).
+func TestUserNSAncestryClosesEveryFD(t *testing.T) {
+	const self = 100
+	for _, c := range []struct {
+		name string
+		// inodes of the namespaces from the owner (fd 3) up; 0: unreadable
+		chain []uint64
+		want  bool
+	}{
+		{"owned by this user namespace", []uint64{self}, true},
+		{"owned by a descendant of this user namespace", []uint64{7, 8, self}, true},
+		{"ancestry leaves this user namespace", []uint64{7, 8}, false},
+		{"an inode that cannot be read", []uint64{7, 0, self}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			open := map[int]bool{3: true}
+			sys := nsSyscalls{
+				inode: func(fd int) (uint64, error) {
+					if !open[fd] {
+						t.Fatalf("fstat of fd %d, not open", fd)
+					}
+					if c.chain[fd-3] == 0 {
+						return 0, unix.EIO
+					}
+					return c.chain[fd-3], nil
+				},
+				parent: func(fd int) (int, error) {
+					if fd-3+1 >= len(c.chain) {
+						return -1, unix.EPERM
+					}
+					open[fd+1] = true
+					return fd + 1, nil
+				},
+				close: func(fd int) {
+					if !open[fd] {
+						t.Errorf("close of fd %d, not open", fd)
+					}
+					delete(open, fd)
+				},
+			}
+			if got := userNSAncestry(3, self, sys); got != c.want {
+				t.Errorf("userNSAncestry = %v, want %v", got, c.want)
+			}
+			if len(open) != 0 {
+				t.Errorf("fds left open: %v", open)
+			}
+		})
+	}
+}

@@ -100,19 +100,17 @@ func (d *daemon) join(ctx context.Context) error {
 // included, would skip its lease (its VXLAN packets would be routed into
 // the overlay itself), and it would program no peer.
 func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) error {
-	for _, f := range []struct {
-		on              bool
-		addr            netip.Addr
-		network         netip.Prefix
-		field, addrFlag string
-	}{
-		{cfg.EnableIPv4, ul.PublicIP, cfg.Network, "Network", "--public-ip"},
-		{cfg.EnableIPv6, ul.PublicIPv6, cfg.IPv6.Network, "IPv6Network", "--public-ipv6"},
-	} {
-		if f.on && f.addr.IsValid() && f.network.Contains(f.addr) {
-			return fmt.Errorf("this host's public address %s (interface %s) is inside %s %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
-				f.addr, ul.Iface, f.field, f.network, configKey, f.field, f.addrFlag)
+	for _, a := range []struct {
+		addr netip.Addr
+		flag string
+	}{{ul.PublicIP, "--public-ip"}, {ul.PublicIPv6, "--public-ipv6"}} {
+		network := cfg.NetworkHolding(a.addr) // "Network 10.244.0.0/16"
+		if !a.addr.IsValid() || network == "" {
+			continue
 		}
+		field, _, _ := strings.Cut(network, " ")
+		return fmt.Errorf("this host's public address %s (interface %s) is inside %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
+			a.addr, ul.Iface, network, configKey, field, a.flag)
 	}
 	return nil
 }

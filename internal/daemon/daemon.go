@@ -218,8 +218,6 @@ type daemon struct {
 	env                *envKeeper
 	journal            *etcdv3.Journal // nil if it cannot be kept
 	batches            <-chan etcdv3.Batch
-	// claimed: this start created the lease (none named this host before).
-	claimed bool
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

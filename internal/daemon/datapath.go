@@ -118,19 +118,47 @@ func ownsNetns() error {
 	case err != nil:
 		return nil // a kernel before 4.9: cannot tell; the device creation will
 	}
+	if !userNSAncestry(fd, self, nsSyscalls{
+		inode: func(fd int) (uint64, error) {
+			var st unix.Stat_t
+			err := unix.Fstat(fd, &st)
+			return st.Ino, err
+		},
+		parent: func(fd int) (int, error) { return unix.IoctlRetInt(fd, nsGetParent) },
+		close:  func(fd int) { unix.Close(fd) },
+	}) {
+		return notOwner
+	}
+	return nil
+}
+
+// nsSyscalls are the system calls userNSAncestry makes (tests fake them).
+type nsSyscalls struct {
+	inode  func(fd int) (uint64, error)
+	parent func(fd int) (int, error) // NS_GET_PARENT: a new fd
+	close  func(fd int)
+}
+
+// userNSAncestry reports whether the user namespace open as fd, or one of
+// its ancestors, is the one of inode self. It closes fd and every fd it
+// opens.
+func userNSAncestry(fd int, self uint64, sys nsSyscalls) bool {
 	for {
-		var st unix.Stat_t
-		err := unix.Fstat(fd, &st)
-		if err == nil && st.Ino == self {
-			unix.Close(fd)
-			return nil
+		ino, err := sys.inode(fd)
+		if err == nil && ino == self {
+			sys.close(fd)
+			return true
 		}
-		parent, perr := unix.IoctlRetInt(fd, nsGetParent)
-		unix.Close(fd)
-		if err != nil || perr != nil {
+		parent, perr := sys.parent(fd)
+		sys.close(fd)
+		switch {
+		case perr != nil:
 			// EPERM: the owner's ancestry leaves this process's user
 			// namespace without passing through it.
-			return notOwner
+			return false
+		case err != nil:
+			sys.close(parent) // opened, but the namespace it came from is unknown
+			return false
 		}
 		fd = parent
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -231,5 +232,82 @@ func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
 	}
 	if keys := leases(); !slices.Equal(keys, held) {
 		t.Errorf("a failed restart changed the leases from %q to %q: the lease it held before must stay", held, keys)
+	}
+
+	// The network starts carrying IPv6 (a roll): the restart re-keys the
+	// lease to add an IPv6 subnet, keeping its IPv4 subnet, and then
+	// fails. The re-keyed lease is the one the host held, its pods hold
+	// addresses from its IPv4 subnet: it stays.
+	if _, err := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix).PutConfig(tctx(t),
+		[]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	withIPv6 := func(c *Config) {
+		k := c.Kernel.(*fakeKernel)
+		eth0, err := k.nl.LinkByName("eth0")
+		if err == nil {
+			err = k.nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wait(startWiring(t, srv, withIPv6, failing)); !errors.Is(err, noMasq) {
+		t.Fatalf("restart with IPv6 = %v, want %v", err, noMasq)
+	}
+	if keys := leases(); len(keys) != 1 || !strings.HasPrefix(keys[0], held[0]+"&fd00:10:244:") {
+		t.Errorf("a failed restart that re-keyed the lease %q for IPv6 left %q: the re-keyed lease, with its IPv4 subnet, must stay", held, keys)
+	}
+}
+
+// The walk up a network namespace owner's user namespaces closes every fd
+// it opens: the one it started from, and each parent, also when it gives
+// up (an inode it cannot read, a parent it may not open).
+func TestUserNSAncestryClosesEveryFD(t *testing.T) {
+	const self = 100
+	for _, c := range []struct {
+		name string
+		// inodes of the namespaces from the owner (fd 3) up; 0: unreadable
+		chain []uint64
+		want  bool
+	}{
+		{"owned by this user namespace", []uint64{self}, true},
+		{"owned by a descendant of this user namespace", []uint64{7, 8, self}, true},
+		{"ancestry leaves this user namespace", []uint64{7, 8}, false},
+		{"an inode that cannot be read", []uint64{7, 0, self}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			open := map[int]bool{3: true}
+			sys := nsSyscalls{
+				inode: func(fd int) (uint64, error) {
+					if !open[fd] {
+						t.Fatalf("fstat of fd %d, not open", fd)
+					}
+					if c.chain[fd-3] == 0 {
+						return 0, unix.EIO
+					}
+					return c.chain[fd-3], nil
+				},
+				parent: func(fd int) (int, error) {
+					if fd-3+1 >= len(c.chain) {
+						return -1, unix.EPERM
+					}
+					open[fd+1] = true
+					return fd + 1, nil
+				},
+				close: func(fd int) {
+					if !open[fd] {
+						t.Errorf("close of fd %d, not open", fd)
+					}
+					delete(open, fd)
+				},
+			}
+			if got := userNSAncestry(3, self, sys); got != c.want {
+				t.Errorf("userNSAncestry = %v, want %v", got, c.want)
+			}
+			if len(open) != 0 {
+				t.Errorf("fds left open: %v", open)
+			}
+		})
 	}
 }

@@ -85,7 +85,6 @@ func (d *daemon) join(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.claimed = !holds(d.snap, d.lease)
 	d.st.set(func(p *probe) { p.mgr = d.mgr })
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
@@ -101,41 +100,29 @@ func (d *daemon) join(ctx context.Context) error {
 // included, would skip its lease (its VXLAN packets would be routed into
 // the overlay itself), and it would program no peer.
 func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) error {
-	for _, f := range []struct {
-		on              bool
-		addr            netip.Addr
-		network         netip.Prefix
-		field, addrFlag string
-	}{
-		{cfg.EnableIPv4, ul.PublicIP, cfg.Network, "Network", "--public-ip"},
-		{cfg.EnableIPv6, ul.PublicIPv6, cfg.IPv6.Network, "IPv6Network", "--public-ipv6"},
-	} {
-		if f.on && f.addr.IsValid() && f.network.Contains(f.addr) {
-			return fmt.Errorf("this host's public address %s (interface %s) is inside %s %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
-				f.addr, ul.Iface, f.field, f.network, configKey, f.field, f.addrFlag)
+	for _, a := range []struct {
+		addr netip.Addr
+		flag string
+	}{{ul.PublicIP, "--public-ip"}, {ul.PublicIPv6, "--public-ipv6"}} {
+		network := cfg.NetworkHolding(a.addr) // "Network 10.244.0.0/16"
+		if !a.addr.IsValid() || network == "" {
+			continue
 		}
+		field, _, _ := strings.Cut(network, " ")
+		return fmt.Errorf("this host's public address %s (interface %s) is inside %s of %s: every host would skip its lease, as VXLAN to it would be routed into the overlay; store a config whose %s holds no host's underlay address (`overlayd config put`), or give this host another %s",
+			a.addr, ul.Iface, network, configKey, field, a.flag)
 	}
 	return nil
-}
-
-// holds reports whether the listing snap has lease l's key: a lease that
-// this start adopted or resumed rather than created.
-func holds(snap etcdv3.Snapshot, l subnet.Lease) bool {
-	for _, x := range snap.Leases {
-		if x.Subnets() == l.Subnets() {
-			return true
-		}
-	}
-	return false
 }
 
 // releaseUnserved gives up the lease this start created, when the start
 // failed before the data path was in place: kept, it would have every
 // peer route pods' traffic to a host that cannot receive it, for the
 // lease's TTL. A lease this host held before (adopted, resumed, a
-// reservation) is kept: pods may hold addresses from it.
+// reservation, or re-keyed to add or drop its IPv6 subnet) is kept: pods
+// may hold addresses from it.
 func (d *daemon) releaseUnserved() {
-	if !d.claimed || d.mgr == nil {
+	if d.mgr == nil || !d.mgr.Created() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout(d.cfg.Etcd))
@@ -178,12 +165,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
 	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
-	now := time.Now()
-	d.m.expectEvents(len(d.snap.Leases))
-	for _, l := range d.snap.Leases {
-		d.m.eventArrived(l.Subnets().Primary(), now)
-	}
-	d.m.rejected(d.peers.reset(d.snap), d.log)
+	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	if err := d.catchUp(ctx); err != nil {
 		return err
@@ -226,6 +208,23 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// seedPeers fills the peer set from the lease snapshot, and records that
+// each peer's lease arrived at now, for the event latency measured when it
+// is programmed. Only peers are recorded: the own lease, a reservation, an
+// invalid or orphaned lease is never programmed, and an arrival of one
+// would stay pending for good, keeping the map of a cold start's
+// thousands of arrivals resident (it is replaced once nothing is pending).
+func (d *daemon) seedPeers(now time.Time) {
+	rejected := d.peers.reset(d.snap)
+	d.m.expectEvents(d.peers.size())
+	for _, l := range d.snap.Leases {
+		if d.peers.isPeer(l.ID()) {
+			d.m.eventArrived(l.Subnets().Primary(), now)
+		}
+	}
+	d.m.rejected(rejected, d.log)
 }
 
 // removeOldIPv6 removes the IPv6 data path a run in a network that carried

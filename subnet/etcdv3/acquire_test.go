@@ -62,30 +62,74 @@ func TestAcquireReturnsTheListingItChoseFrom(t *testing.T) {
 	}
 }
 
-// Acquiring a lease notes the subnet of every listed key: in maps sized for
-// the listing, which then never grow (at 10,000 keys, growing them step by
-// step allocated twice what they end up holding, at the start-up's peak).
+// Acquiring a lease (Acquire, and AcquireFrom resuming a saved set) notes
+// the subnet of every listed key, in Manager.listed: in maps sized for the
+// listing, which then never grow (at 10,000 keys, growing them step by step
+// allocated twice what they end up holding, at the start-up's peak), and
+// only for the families the network carries (a map sized for IPv6 subnets
+// in an IPv4-only network was as much again, for nothing).
 func TestTakenSubnetsAreSizedForTheListing(t *testing.T) {
 	const n = 4096
-	subnets := make([]subnet.Subnets, n)
-	for i := range subnets {
-		subnets[i] = subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)}
+	var v4, dual, v6 Snapshot
+	for i := range n {
+		s4 := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 4), byte(i << 4)}), 28)
+		s6 := netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x44, 0, 0, byte(i >> 8), byte(i)}), 64)
+		v4.Leases = append(v4.Leases, subnet.Lease{Subnet: s4})
+		dual.Leases = append(dual.Leases, subnet.Lease{Subnet: s4, IPv6Subnet: s6})
+		v6.Leases = append(v6.Leases, subnet.Lease{IPv6Subnet: s6})
 	}
-	// MemStats counts every goroutine's allocations (an etcd server of
-	// another test may still be stopping): the fewest of three rounds is
-	// this code's.
-	least := uint64(math.MaxUint64)
-	for range 3 {
-		taken := newTakenSubnets(n, 0)
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for _, s := range subnets {
-			taken.add(s)
+	// MemStats counts every goroutine's allocations: the least of three
+	// rounds is this code's.
+	measure := func(f func()) (mallocs, bytes uint64) {
+		mallocs, bytes = math.MaxUint64, math.MaxUint64
+		for range 3 {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			f()
+			runtime.ReadMemStats(&after)
+			mallocs, bytes = min(mallocs, after.Mallocs-before.Mallocs), min(bytes, after.TotalAlloc-before.TotalAlloc)
 		}
-		runtime.ReadMemStats(&after)
-		least = min(least, after.Mallocs-before.Mallocs)
+		return mallocs, bytes
 	}
-	if least > 4 {
-		t.Errorf("%d subnets noted: %d allocations, want next to none", n, least)
+	// What one family's map of n subnets takes, made for n.
+	var sink map[netip.Prefix]bool
+	oneMapMallocs, oneMap := measure(func() {
+		sink = make(map[netip.Prefix]bool, n)
+		for _, l := range v4.Leases {
+			sink[l.Subnet] = true
+		}
+	})
+	for _, c := range []struct {
+		name, network string
+		snap          Snapshot
+		maps          uint64
+	}{
+		{"IPv4 only", `{"Network":"10.244.0.0/16","SubnetLen":28}`, v4, 1},
+		{"dual stack", `{"Network":"10.244.0.0/16","SubnetLen":28,"EnableIPv6":true,"IPv6Network":"fd00:10:44::/48"}`, dual, 2},
+		{"IPv6 only", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:44::/48"}`, v6, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := subnet.ParseConfig([]byte(c.network))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := NewManager(NewRegistry(nil, DefaultPrefix).For(cfg), cfg, Host{}, ManagerOptions{})
+			var taken takenSubnets
+			mallocs, bytes := measure(func() { taken = m.listed(c.snap) })
+			t.Logf("%d allocations, %d bytes", mallocs, bytes)
+			if len(taken.v4)+len(taken.v6) != int(c.maps)*n {
+				t.Fatalf("noted %d IPv4 and %d IPv6 subnets, want %d subnets of each family the network carries", len(taken.v4), len(taken.v6), n)
+			}
+			// A map grown key by key allocates dozens of times more than
+			// one made for n.
+			if limit := c.maps*oneMapMallocs + 4; mallocs > limit {
+				t.Errorf("%d keys noted: %d allocations, want at most %d (%d map(s) made for them, %d each): a map grown key by key?", n, mallocs, limit, c.maps, oneMapMallocs)
+			}
+			if limit := c.maps*oneMap + oneMap/4; bytes > limit {
+				t.Errorf("%d keys noted: %d bytes allocated, want at most %d (%d map(s) of %d bytes): a map grown key by key, or one for a family the network does not carry?", n, bytes, limit, c.maps, oneMap)
+			}
+		})
 	}
+	_ = sink
+	t.Logf("one map of %d subnets: %d allocations, %d bytes", n, oneMapMallocs, oneMap)
 }

@@ -171,9 +171,13 @@ func TestConcurrentDualStackHostsGetDistinctSubnets(t *testing.T) {
 func TestAdoptRekeysForTheNetworksFamilies(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	h := dualHost(1)
-	first, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	m := f.manager(h, ManagerOptions{})
+	first, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !m.Created() {
+		t.Errorf("the first Acquire claimed a free subnet, but Created is false")
 	}
 	if first.IPv6Subnet.IsValid() {
 		t.Fatalf("IPv4-only network gave %s", first.Subnets())
@@ -184,9 +188,15 @@ func TestAdoptRekeysForTheNetworksFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Previous = subnets("10.244.200.0/24", "fd00:10:244:3::/64") // the IPv6 half is free: reused
-	second, _, err := NewManager(f.reg, dual, h, ManagerOptions{}).Acquire(ctx(t))
+	m = NewManager(f.reg, dual, h, ManagerOptions{})
+	second, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The daemon releases a created lease if its start fails: a re-keyed
+	// one is the lease the host held, whose IPv4 subnet its pods use.
+	if m.Created() {
+		t.Errorf("re-keying this host's lease for IPv6 counts as creating it")
 	}
 	if second.Subnet != first.Subnet || second.IPv6Subnet != h.Previous.IPv6 || second.EtcdLease != first.EtcdLease {
 		t.Fatalf("after enabling IPv6: %s (etcd lease %x), want %s&%s (etcd lease %x)", second.Subnets(), second.EtcdLease, first.Subnet, h.Previous.IPv6, first.EtcdLease)
@@ -196,9 +206,13 @@ func TestAdoptRekeysForTheNetworksFamilies(t *testing.T) {
 		t.Fatalf("keys after enabling IPv6: %v, want only %s", keys, second.Key())
 	}
 
-	third, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t))
+	m = f.manager(h, ManagerOptions{})
+	third, _, err := m.Acquire(ctx(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m.Created() {
+		t.Errorf("re-keying this host's lease without IPv6 counts as creating it")
 	}
 	if third.Subnets() != subnets(first.Subnet.String(), "") || third.Attrs.PublicIPv6 != "" {
 		t.Fatalf("after disabling IPv6: %s %+v", third.Subnets(), third.Attrs)

@@ -360,6 +360,10 @@ func TestJournalWithoutOwnLeaseResumesFromPreviousSubnet(t *testing.T) {
 		t.Fatalf("AcquireFrom = %s (etcd lease %x) from %d, %v, %d listings; want %s (%x) from %d without listing",
 			again.Subnet, again.EtcdLease, from.Revision, err, listings.n.Load(), first.Subnet, first.EtcdLease, saved.Revision)
 	}
+	// The key is not in the saved set, but this start did not create it.
+	if m.Created() {
+		t.Errorf("resuming this host's lease from the previous subnet file counts as creating it")
+	}
 }
 
 // A journal etcd cannot vouch for is not used: the host says why, lists

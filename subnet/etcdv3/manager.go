@@ -99,6 +99,7 @@ type Manager struct {
 	liveSince time.Time  // zero while the liveness key is not held
 	liveErr   error      // why the liveness key is not held, once it was lost
 	keyErr    error      // why the lease key is not known to be ours, while re-claiming
+	created   bool       // Acquire created the lease key (Created)
 }
 
 // NewManager returns a Manager for host in the network cfg.
@@ -134,6 +135,16 @@ func (m *Manager) Lease() subnet.Lease {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.lease
+}
+
+// Created reports whether Acquire (or AcquireFrom) created this host's
+// lease key: no key named this host, and it claimed a free subnet. A lease
+// it adopted, resumed or re-keyed (adding or dropping the IPv6 subnet of a
+// lease this host held) is not created: pods may hold addresses from it.
+func (m *Manager) Created() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.created
 }
 
 // Expires returns when the held lease expires unless renewed; zero for a
@@ -217,26 +228,15 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
 }
 
 func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
-	n := len(snap.Leases) + len(snap.Invalid)
-	taken := newTakenSubnets(n, n)
-	if !m.cfg.EnableIPv6 {
-		taken = newTakenSubnets(n, 0)
-	}
+	taken := m.listed(snap)
 	var own *subnet.Lease
 	for i, l := range snap.Leases {
-		taken.add(l.Subnets())
 		switch {
 		case !l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
 		case !m.fits(l):
 			return subnet.Lease{}, m.stranded(l)
 		case own == nil:
 			own = &snap.Leases[i]
-		}
-	}
-	for _, inv := range snap.Invalid {
-		// A key whose value is garbage still occupies its subnets.
-		if s, err := m.reg.ParseKey(inv.Key); err == nil {
-			taken.add(s)
 		}
 	}
 	if own != nil {
@@ -255,26 +255,49 @@ func (m *Manager) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, 
 	if err != nil {
 		return subnet.Lease{}, err
 	}
+	m.mu.Lock()
+	m.created = true
+	m.mu.Unlock()
 	return subnet.Lease{Subnet: want.IPv4, IPv6Subnet: want.IPv6, Attrs: attrs, EtcdLease: int64(id), ModRevision: rev}, nil
 }
 
 // takenSubnets are the subnets of each family some key names.
 type takenSubnets struct{ v4, v6 map[netip.Prefix]bool }
 
-// newTakenSubnets has room for v4 and v6 keys' subnets (a map grown key by key to
-// 10,000 keys allocates twice what it ends up holding).
-func newTakenSubnets(v4, v6 int) takenSubnets {
-	return takenSubnets{v4: make(map[netip.Prefix]bool, v4), v6: make(map[netip.Prefix]bool, v6)}
+// listed notes the subnets of every key of the listing snap, a key whose
+// value is garbage included (it still occupies its subnets). Each
+// family's map is sized for the listing if the network carries that
+// family, and is left empty otherwise: a map grown key by key to 10,000
+// keys allocates twice what it ends up holding, and one sized for a family
+// the network does not carry is as much again for nothing, both at the
+// start-up's peak.
+func (m *Manager) listed(snap Snapshot) takenSubnets {
+	n := len(snap.Leases) + len(snap.Invalid)
+	var taken takenSubnets
+	if m.cfg.EnableIPv4 {
+		taken.v4 = make(map[netip.Prefix]bool, n)
+	}
+	if m.cfg.EnableIPv6 {
+		taken.v6 = make(map[netip.Prefix]bool, n)
+	}
+	for _, l := range snap.Leases {
+		taken.add(l.Subnets())
+	}
+	for _, inv := range snap.Invalid {
+		if s, err := m.reg.ParseKey(inv.Key); err == nil {
+			taken.add(s)
+		}
+	}
+	return taken
 }
 
+// add notes the subnets of s of each family t has a map for (pick never
+// looks at the other family's).
 func (t *takenSubnets) add(s subnet.Subnets) {
-	if t.v4 == nil {
-		t.v4, t.v6 = map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
-	}
-	if s.IPv4.IsValid() {
+	if s.IPv4.IsValid() && t.v4 != nil {
 		t.v4[s.IPv4] = true
 	}
-	if s.IPv6.IsValid() {
+	if s.IPv6.IsValid() && t.v6 != nil {
 		t.v6[s.IPv6] = true
 	}
 }

@@ -57,20 +57,14 @@ func stale(format string, args ...any) error { return staleJournal{fmt.Sprintf(f
 // checksums catch a file changed since it was written; the periodic
 // re-list catches what no cheap check could.
 func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {
-	var taken takenSubnets
+	taken := m.listed(saved)
 	var own, atPrevious *subnet.Lease
 	for i, l := range saved.Leases {
-		taken.add(l.Subnets())
 		if own == nil && l.Attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) {
 			own = &saved.Leases[i]
 		}
 		if l.Subnets() == m.host.Previous {
 			atPrevious = &saved.Leases[i]
-		}
-	}
-	for _, inv := range saved.Invalid {
-		if s, err := m.reg.ParseKey(inv.Key); err == nil {
-			taken.add(s)
 		}
 	}
 	// This host's key: the one the saved set names it in or, if the set was

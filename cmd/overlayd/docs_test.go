@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,41 +11,6 @@ import (
 
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
-
-// repoFile returns a file of the repository, by its path from the root.
-func repoFile(t *testing.T, path string) string {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(data)
-}
-
-// docTable returns the cells of each row of the first Markdown table of doc
-// whose header row starts with header (header and separator left out).
-func docTable(t *testing.T, doc, header string) [][]string {
-	t.Helper()
-	var rows [][]string
-	in := false
-	for _, line := range strings.Split(doc, "\n") {
-		switch {
-		case !in && strings.HasPrefix(line, header):
-			in = true
-		case in && strings.HasPrefix(line, "|---"):
-		case in && strings.HasPrefix(line, "|"):
-			cells := strings.Split(strings.Trim(line, "|"), "|")
-			for i := range cells {
-				cells[i] = strings.TrimSpace(cells[i])
-			}
-			rows = append(rows, cells)
-		case in:
-			return rows
-		}
-	}
-	t.Fatalf("no table with the header %q", header)
-	return nil
-}
 
 var quotedInCell = regexp.MustCompile("`([^`]+)`")
 
@@ -128,14 +91,14 @@ func checkFlagTable(t *testing.T, what string, fs *pflag.FlagSet, rows [][]strin
 // flags list exactly the flags --help shows, with their variables and
 // defaults.
 func TestFlagTablesMatchTheFlags(t *testing.T) {
-	doc := repoFile(t, "Documentation/configuration.md")
+	doc := testenv.RepoFile(t, "Documentation/configuration.md")
 	root := newRootCommand(streams{}, nil)
-	checkFlagTable(t, "the global flags", root.PersistentFlags(), docTable(t, doc, "| flag | environment | default | meaning |"), 2, 1)
+	checkFlagTable(t, "the global flags", root.PersistentFlags(), testenv.MarkdownTable(t, doc, "| flag | environment | default | meaning |"), 2, 1)
 	run, _, err := root.Find([]string{"run"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkFlagTable(t, "overlayd run", run.LocalNonPersistentFlags(), docTable(t, doc, "| flag | default | meaning |"), 1, 0)
+	checkFlagTable(t, "overlayd run", run.LocalNonPersistentFlags(), testenv.MarkdownTable(t, doc, "| flag | default | meaning |"), 1, 0)
 }
 
 // The shipped unit, its environment file and the DaemonSet set only
@@ -163,7 +126,7 @@ func TestShippedFilesSetKnownVariables(t *testing.T) {
 	variable := regexp.MustCompile(`\bOVERLAY_[A-Z0-9_]+`)
 	files := map[string]string{}
 	for _, path := range []string{"deploy/systemd/overlayd.service", "deploy/systemd/overlayd.env", "deploy/kubernetes/overlay.yaml"} {
-		files[path] = repoFile(t, path)
+		files[path] = testenv.RepoFile(t, path)
 		for _, v := range variable.FindAllString(files[path], -1) {
 			if !known[v] && v != "OVERLAY_<FLAG>" {
 				t.Errorf("%s sets %s, which overlayd run does not read", path, v)
@@ -187,7 +150,7 @@ func TestShippedFilesSetKnownVariables(t *testing.T) {
 // status that is read from the environment (beside the global flags), and
 // no other (issue 28: --iface-regex and --iface-can-reach were missing).
 func TestEnvironmentSectionNamesTeardownAndStatusVariables(t *testing.T) {
-	doc := repoFile(t, "Documentation/configuration.md")
+	doc := testenv.RepoFile(t, "Documentation/configuration.md")
 	const lead = "read the same variables for the flags they share with\n`run` ("
 	_, after, ok := strings.Cut(doc, lead)
 	if !ok {
@@ -222,7 +185,7 @@ func TestEnvironmentSectionNamesTeardownAndStatusVariables(t *testing.T) {
 // configuration.md does (issue 28: it left out unixs://).
 func TestEndpointsHelpNamesEveryScheme(t *testing.T) {
 	usage := newRootCommand(streams{}, nil).PersistentFlags().Lookup("endpoints").Usage
-	doc := repoFile(t, "Documentation/configuration.md")
+	doc := testenv.RepoFile(t, "Documentation/configuration.md")
 	for scheme, example := range map[string]string{
 		"http://": "http://127.0.0.1:2379", "https://": "https://127.0.0.1:2379", "unix://": "unix:///run/etcd.sock", "unixs://": "unixs:///run/etcd.sock",
 	} {

@@ -12,50 +12,18 @@ import (
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
 
+var backticked = regexp.MustCompile("`([^`]+)`")
+
 // readDoc returns a file of Documentation/.
 func readDoc(t *testing.T, name string) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "Documentation", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(data)
+	return testenv.RepoFile(t, "Documentation/"+name)
 }
-
-// tableAfter returns the rows ("| ... |" lines) of the first Markdown
-// table whose header row starts with header, without the header and the
-// separator.
-func tableAfter(t *testing.T, doc, header string) []string {
-	t.Helper()
-	var rows []string
-	in := false
-	for _, line := range strings.Split(doc, "\n") {
-		switch {
-		case !in && strings.HasPrefix(line, header):
-			in = true
-		case in && strings.HasPrefix(line, "|---"):
-		case in && strings.HasPrefix(line, "|"):
-			rows = append(rows, line)
-		case in:
-			return rows
-		}
-	}
-	if !in {
-		t.Fatalf("no table with the header %q", header)
-	}
-	return rows
-}
-
-var backticked = regexp.MustCompile("`([^`]+)`")
 
 // firstCell returns the backticked strings of a table row's first cell.
-func firstCell(row string) []string {
-	cells := strings.Split(row, "|")
-	if len(cells) < 2 {
-		return nil
-	}
+func firstCell(row []string) []string {
 	var out []string
-	for _, m := range backticked.FindAllStringSubmatch(cells[1], -1) {
+	for _, m := range backticked.FindAllStringSubmatch(row[0], -1) {
 		out = append(out, m[1])
 	}
 	return out
@@ -66,7 +34,7 @@ func firstCell(row string) []string {
 // renamed or removed step fails here (issue 28: "setting up the VXLAN
 // device" and a "trying to list leases" that no start-up step says).
 func TestStartupReasonsAreDocumented(t *testing.T) {
-	rows := tableAfter(t, readDoc(t, "operations.md"), "| `startup` reason |")
+	rows := testenv.MarkdownTable(t, readDoc(t, "operations.md"), "| `startup` reason |")
 	var quoted []string
 	for _, row := range rows {
 		quoted = append(quoted, firstCell(row)...)
@@ -118,13 +86,12 @@ func TestMetricsAreDocumented(t *testing.T) {
 		t.Fatal("no overlay_* metric registered")
 	}
 	documented := map[string]string{}
-	for _, row := range tableAfter(t, readDoc(t, "operations.md"), "| metric | type |") {
-		cells := strings.Split(row, "|")
-		if len(cells) < 3 {
+	for _, row := range testenv.MarkdownTable(t, readDoc(t, "operations.md"), "| metric | type |") {
+		if len(row) < 2 {
 			t.Fatalf("metrics row %q has no type", row)
 		}
 		for _, name := range firstCell(row) {
-			documented[name] = strings.TrimSpace(cells[2])
+			documented[name] = row[1]
 		}
 	}
 	for name, typ := range registered {

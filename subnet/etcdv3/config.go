@@ -37,13 +37,6 @@ func (r *Registry) configErr(exists bool, err error) error {
 	return nil
 }
 
-// ConfigUpdate is the network config as read after <prefix>/config changed:
-// Config, or Err if it is gone (ErrNoConfig) or invalid.
-type ConfigUpdate struct {
-	Config *subnet.Config
-	Err    error
-}
-
 // WatchConfig delivers the network config as it is now, then again each
 // time <prefix>/config changes, until ctx ends (then the channel closes).
 // A broken watch is re-established after retry, delivering the config as

@@ -111,28 +111,15 @@ func (r *Registry) NodesPrefix() string { return r.prefix + "/nodes/" }
 // NodeKey is the liveness key of one node.
 func (r *Registry) NodeKey(nodeID string) string { return r.NodesPrefix() + nodeID }
 
-// Invalid is a key under subnets/ that could not be decoded.
-type Invalid struct {
-	Key         string
-	ModRevision int64
-	Err         error
-}
-
-// Snapshot is every lease at one etcd revision.
-type Snapshot struct {
-	Leases   []subnet.Lease
-	Invalid  []Invalid
-	Revision int64
-	// ClusterID is the etcd cluster's ID, which a lease journal checks
-	// before it is used (AcquireFrom).
-	ClusterID uint64
-	// Saved: read from a lease journal (OpenJournal), not from etcd.
-	Saved bool
-	// Head is, for a saved set that AcquireFrom resumed from, etcd's
-	// revision when it checked the set: the set is current once the
-	// watch has delivered that far (a watch from it says when, see Watch).
-	Head int64
-}
+// Invalid, Snapshot, Batch and ConfigUpdate are the lease source's types,
+// which the daemon consumes through subnet.Source; the names stay here for
+// the registry's other users (the admin commands, the tools).
+type (
+	Invalid      = subnet.Invalid
+	Snapshot     = subnet.Snapshot
+	Batch        = subnet.Batch
+	ConfigUpdate = subnet.ConfigUpdate
+)
 
 // listPage is how many leases one range request of List reads. etcd
 // builds each response in memory: with every host cold-starting at once,

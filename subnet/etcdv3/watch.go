@@ -15,32 +15,6 @@ import (
 	"github.com/overlaynet/overlay/subnet"
 )
 
-// Batch is what the watcher delivers: the events of one etcd watch response
-// (or of one re-list), the keys that failed to decode, the invalid keys
-// that were deleted, and the revision the lease set is now at. A consumer
-// applies a batch's Events, then its Deleted keys, then its Invalid keys;
-// so that this order is always the order of the revisions, a key with an
-// Invalid or Deleted entry never shares a batch with a later change of the
-// same key (a watch response holding both is delivered as two batches).
-// With WatchOptions.Progress a batch may hold nothing but a newer Revision.
-type Batch struct {
-	Events  []subnet.Event
-	Invalid []Invalid
-	// Deleted are keys deleted while they held an invalid value (or were
-	// not lease keys at all): no lease was removed, but whoever counted
-	// them invalid can stop.
-	Deleted  []string
-	Revision int64
-	// Resync is true when the batch comes from a re-list (after a
-	// compaction passed the watch, the store was re-created, or the
-	// periodic check) rather than from watch events; Periodic too when it
-	// was the periodic check. A re-list's Revision is the listing's: below
-	// the batches before it when etcd's store was re-created.
-	Resync, Periodic bool
-	// ClusterID is the etcd cluster a re-list read (Resync only).
-	ClusterID uint64
-}
-
 // Defaults of WatchOptions (and of ManagerOptions' stall detection).
 const (
 	DefaultResyncInterval   = 30 * time.Minute
@@ -90,6 +64,12 @@ type WatchOptions struct {
 	Logger   *slog.Logger
 	// OnRestart is called each time the watch has to be re-established.
 	OnRestart func(reason string)
+	// Journal, if set, is started already (Journal.Start) and gets every
+	// batch (Journal.Apply) before it is delivered; the watch owns it from
+	// then on and closes it when it ends. After a failure (a full disk)
+	// the journal stops, and what it holds, the lease set at an earlier
+	// revision, is still true for a restart to resume from.
+	Journal *Journal
 }
 
 func (o *WatchOptions) defaults() {
@@ -128,7 +108,11 @@ func (o *WatchOptions) defaults() {
 // it has, an empty one if no lease changed.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases)),
+		journal: opts.Journal}
+	if snap.Head > snap.Revision {
+		w.catchUp = snap.Head
+	}
 	w.epoch, _ = r.head.rebaseSignal()
 	for _, l := range snap.Leases {
 		w.known[l.ID()] = subnet.KnownOf(l)
@@ -137,6 +121,7 @@ func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) 
 	out := make(chan Batch)
 	go func() {
 		defer close(out)
+		defer w.stopJournal()
 		w.run(ctx, out)
 	}()
 	return out
@@ -165,6 +150,11 @@ type watcher struct {
 	// one, nothing at rev or below means anything, and only a re-list can
 	// tell what the new store holds.
 	epoch uint64
+	// catchUp is the head a watch from a saved set must reach before the
+	// set is current (Snapshot.Head), 0 once a batch said so (CaughtUp).
+	catchUp int64
+	// journal gets each batch before it is sent; nil if none is kept.
+	journal *Journal
 }
 
 // setInvalid replaces the invalid keys with a listing's.
@@ -327,7 +317,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 			}
 			switch {
 			case resp.IsProgressNotify():
-				if w.reports(resp.Header.Revision) && !send(ctx, out, Batch{Revision: resp.Header.Revision}) {
+				if w.reports(resp.Header.Revision) && !w.send(ctx, out, Batch{Revision: resp.Header.Revision}) {
 					return "stopped", false
 				}
 				w.rev = max(w.rev, resp.Header.Revision)
@@ -348,7 +338,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Tim
 				batches = []Batch{{Revision: rev}}
 			}
 			for _, b := range batches {
-				if !send(ctx, out, b) {
+				if !w.send(ctx, out, b) {
 					return "stopped", false
 				}
 			}
@@ -465,16 +455,35 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Dur
 	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic, ClusterID: snap.ClusterID}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
-	send(ctx, out, b)
+	w.send(ctx, out, b)
 	return nil
 }
 
-func send(ctx context.Context, out chan<- Batch, b Batch) bool {
+// send journals b, marks it CaughtUp if it is the first to reach a
+// resumed watch's head, and delivers it.
+func (w *watcher) send(ctx context.Context, out chan<- Batch, b Batch) bool {
+	if w.journal != nil {
+		if err := w.journal.Apply(b); err != nil {
+			w.log.Warn("stopped keeping the lease journal; a restart will resume from an older revision", "err", err)
+			w.stopJournal()
+		}
+	}
+	if w.catchUp > 0 && b.Revision >= w.catchUp {
+		b.CaughtUp, w.catchUp = true, 0
+	}
 	select {
 	case out <- b:
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// stopJournal closes the journal, if one is kept.
+func (w *watcher) stopJournal() {
+	if w.journal != nil {
+		_ = w.journal.Close()
+		w.journal = nil
 	}
 }
 

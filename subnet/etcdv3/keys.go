@@ -90,4 +90,3 @@ func (k Keys) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, 
 func (k Keys) unchangedSince(rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(k.SubnetsPrefix()), "<", rev+1).WithPrefix()
 }
-

@@ -6,8 +6,12 @@
 //	<prefix>/subnets/10.244.7.0-24      a lease (with an etcd lease) or a reservation (without)
 //	<prefix>/nodes/<node-id>            liveness of a running overlayd (short TTL)
 //
-// Registry is the thin typed layer over those keys; Manager acquires and keeps
-// this host's lease; Watcher follows every lease.
+// Source is the lease source the daemon consumes (subnet.Source). Beneath
+// it, one job per type: Keys names the keys and decodes what they hold;
+// Registry is the thin typed layer over them (reads, the claim
+// transactions, the config); Manager acquires and keeps this host's lease
+// (held, nodeClaim, acquirer, keeper); the watcher follows every lease;
+// Journal saves what it followed for the next start.
 package etcdv3
 
 import (

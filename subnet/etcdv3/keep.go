@@ -150,19 +150,8 @@ func (m *keeper) holdLease(ctx context.Context, answered func()) error {
 				once() // no etcd lease to renew: the watch is etcd's answer
 			}
 			for _, ev := range after(resp.Events, from) {
-				if ev.Type == clientv3.EventTypeDelete {
-					return keyGone("lease key %s was deleted", key)
-				}
-				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
-				switch {
-				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !attrs.NamesAHost():
-					// Garbage is nobody's claim: reclaim restores ours.
-					return keyGone("lease key %s was overwritten with a value naming no host", key)
-				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
-					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
-				case !subnet.SameAttrs(attrs, m.host.Attrs):
-					return fmt.Errorf("%w: %s was rewritten with node ID %q from %s: give every host its own --node-name",
-						ErrDuplicateNode, key, attrs.NodeID, publicAddrs(attrs))
+				if err := m.stillOurs(key, ev); err != nil {
+					return err
 				}
 				l.ModRevision = ev.Kv.ModRevision
 				m.held.setLease(l)
@@ -177,6 +166,27 @@ func (m *keeper) holdLease(ctx context.Context, answered func()) error {
 			}
 		}
 	}
+}
+
+// stillOurs says why an event of the lease key means it no longer holds
+// this host's lease (nil if it still does): deleted, overwritten with
+// garbage (nobody's claim: reclaim restores ours), rewritten by another
+// host, or by a clone of this one (the same node ID from elsewhere).
+func (m *keeper) stillOurs(key string, ev *clientv3.Event) error {
+	if ev.Type == clientv3.EventTypeDelete {
+		return keyGone("lease key %s was deleted", key)
+	}
+	attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
+	switch {
+	case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !attrs.NamesAHost():
+		return keyGone("lease key %s was overwritten with a value naming no host", key)
+	case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
+		return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
+	case !subnet.SameAttrs(attrs, m.host.Attrs):
+		return fmt.Errorf("%w: %s was rewritten with node ID %q from %s: give every host its own --node-name",
+			ErrDuplicateNode, key, attrs.NodeID, publicAddrs(attrs))
+	}
+	return nil
 }
 
 // storeRecreated forgets the old store and says why the lease is

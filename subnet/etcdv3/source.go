@@ -51,6 +51,7 @@ type Source struct {
 	mgr     *Manager  // once Claim made it
 	journal *Journal  // nil if it cannot be kept; Watch's goroutine owns it from then on
 	opened  bool      // the journal was opened (once, at the first Acquire)
+	saved   Snapshot  // what it held, for every attempt of Acquire
 }
 
 var _ subnet.Source = (*Source)(nil)
@@ -113,10 +114,14 @@ func (s *Source) Claim(ctx context.Context, cfg *subnet.Config, host subnet.Host
 func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, error) {
 	saved := s.savedLeases()
 	l, snap, err := s.mgr.AcquireFrom(ctx, saved)
-	if err == nil && snap.Head > snap.Revision {
+	if err != nil {
+		return l, snap, err
+	}
+	s.saved = Snapshot{} // the caller has it now; with many leases it is megabytes
+	if snap.Head > snap.Revision {
 		snap.Behind = fmt.Sprintf(CatchUpReason, snap.Revision, snap.Head)
 	}
-	return l, snap, err
+	return l, snap, nil
 }
 
 // savedLeases opens the lease journal, once, and returns the lease set the
@@ -128,14 +133,14 @@ func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, er
 // host lock makes this daemon's alone.
 func (s *Source) savedLeases() Snapshot {
 	if s.opened || s.cfg.JournalFile == "" {
-		return Snapshot{}
+		return s.saved
 	}
 	s.opened = true
 	j, saved, err := OpenJournal(s.cfg.JournalFile, s.reg)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.cfg.Logger.Warn("ignoring the lease journal; listing every lease instead", "err", err)
 	}
-	s.journal = j
+	s.journal, s.saved = j, saved
 	return saved
 }
 

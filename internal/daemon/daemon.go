@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -122,7 +123,8 @@ func (c *Config) leaseSource(log *slog.Logger) subnet.Source {
 	if c.Source != nil {
 		return c.Source
 	}
-	return etcdv3.NewSource(etcdv3.SourceConfig{Etcd: c.Etcd, Prefix: c.Prefix, JournalFile: etcdv3.JournalFile(c.SubnetFile),
+	dial := func(ctx context.Context) (*clientv3.Client, error) { return etcdclient.Connect(ctx, c.Etcd) }
+	return etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: c.Etcd.Endpoints, Dial: dial, Prefix: c.Prefix, JournalFile: etcdv3.JournalFile(c.SubnetFile),
 		LeaseTTL: c.LeaseTTL, LivenessTTL: c.LivenessTTL, Resync: c.LeaseResync, ConfigRetry: retryInterval, Logger: log})
 }
 

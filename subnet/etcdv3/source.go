@@ -11,14 +11,17 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 )
 
 // SourceConfig is what the etcd lease source is told.
 type SourceConfig struct {
-	Etcd   etcdclient.Config
-	Prefix string
+	// Endpoints name the etcd members (for Where); Dial connects to them
+	// and checks that they answer (overlayd's client settings:
+	// internal/etcdclient.Connect).
+	Endpoints []string
+	Dial      func(context.Context) (*clientv3.Client, error)
+	Prefix    string
 	// JournalFile is where the lease journal is kept (JournalFile of the
 	// subnet file); "" keeps none.
 	JournalFile string
@@ -71,11 +74,11 @@ func NewSource(cfg SourceConfig) *Source {
 }
 
 // Where names the etcd endpoints.
-func (s *Source) Where() string { return "etcd at " + strings.Join(s.cfg.Etcd.Endpoints, ",") }
+func (s *Source) Where() string { return "etcd at " + strings.Join(s.cfg.Endpoints, ",") }
 
 // Connect dials etcd and checks that it answers.
 func (s *Source) Connect(ctx context.Context) error {
-	cli, err := etcdclient.Connect(ctx, s.cfg.Etcd)
+	cli, err := s.cfg.Dial(ctx)
 	if err != nil {
 		return err
 	}
@@ -190,10 +193,10 @@ func (s *Source) Release(ctx context.Context) (bool, error) {
 	return true, s.mgr.Release(ctx)
 }
 
-// IsFatal: the lease lost, a duplicate node ID, a stranded lease, bad
-// client settings.
+// IsFatal: the lease lost, a duplicate node ID, a stranded lease. (Bad
+// client settings are Dial's to call fatal: the daemon checks them.)
 func (s *Source) IsFatal(err error) bool {
-	for _, fatal := range []error{ErrLeaseLost, ErrDuplicateNode, ErrStranded, etcdclient.ErrConfig} {
+	for _, fatal := range []error{ErrLeaseLost, ErrDuplicateNode, ErrStranded} {
 		if errors.Is(err, fatal) {
 			return true
 		}

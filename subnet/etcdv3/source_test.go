@@ -5,7 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/overlaynet/overlay/internal/etcdclient"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -13,7 +14,10 @@ import (
 // daemon does, for host h against f's etcd, keeping its journal at path.
 func startSource(t *testing.T, f *fixture, h Host, path string) *Source {
 	t.Helper()
-	s := NewSource(SourceConfig{Etcd: etcdclient.Config{Endpoints: []string{f.srv.Endpoint}}, JournalFile: path})
+	s := NewSource(SourceConfig{Endpoints: []string{f.srv.Endpoint}, JournalFile: path,
+		Dial: func(context.Context) (*clientv3.Client, error) {
+			return clientv3.New(clientv3.Config{Endpoints: []string{f.srv.Endpoint}})
+		}})
 	t.Cleanup(s.Close)
 	if err := s.Connect(ctx(t)); err != nil {
 		t.Fatal(err)

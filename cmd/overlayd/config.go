@@ -6,11 +6,11 @@ import (
 	"io"
 	"math"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -205,13 +205,13 @@ between restarted hosts and the others meanwhile.`,
 			case err != nil:
 				return g.etcdHint(err)
 			}
-			stranded := strandedLeases(prev, next, snap.Leases)
+			stranded := leaseadmin.StrandedLeases(prev, next, snap.Leases)
 			for _, s := range stranded {
 				fmt.Fprintf(cmd.ErrOrStderr(), "stranded: %s\n", s)
 			}
 			if len(stranded) > 0 && !force {
 				return fmt.Errorf("refusing to store the config: it would strand %d %s held by %s (listed above); keep the old values, or stop overlayd on those hosts, run `overlayd config put --force`, revoke the stranded leases (`overlayd lease list` shows them as orphaned) and start overlayd again",
-					len(stranded), plural(len(stranded), "lease", "leases"), strandedHosts(stranded))
+					len(stranded), plural(len(stranded), "lease", "leases"), leaseadmin.StrandedHosts(stranded))
 			}
 			cfg, err := reg.PutConfigIfUnchanged(ctx, data, snap.Revision)
 			if errors.Is(err, etcdv3.ErrConflict) {
@@ -253,50 +253,6 @@ func ipv6ToggleAdvice(prev, next *subnet.Config) string {
 		return fmt.Sprintf("note: EnableIPv6 false -> true: restart overlayd host by host (each host needs a global IPv6 address on its underlay, or --public-ipv6); each host's lease gains an IPv6 subnet of %s when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke", next.IPv6.Network)
 	}
 	return "note: EnableIPv6 true -> false: restart overlayd host by host; each host drops its lease's IPv6 subnet and removes its IPv6 device when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke"
-}
-
-// strandedLease is a lease that fits the stored config but not the new one.
-type strandedLease struct {
-	lease  subnet.Lease
-	reason string
-}
-
-func (s strandedLease) String() string {
-	return fmt.Sprintf("%s of %s: %s", s.lease.Subnets(), describeOwner(s.lease.Attrs), s.reason)
-}
-
-// strandedLeases returns the leases the change from prev (nil: none
-// stored) to next would strand: those next's Orphaned refuses, the same
-// check every daemon makes, and — when Backend.Port changes — every
-// lease a host has claimed, as hosts on different ports cannot reach
-// each other.
-func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []strandedLease {
-	var out []strandedLease
-	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
-	for _, l := range leases {
-		if prev != nil && prev.Orphaned(l) != nil {
-			continue // already orphaned: nothing changes for it
-		}
-		if err := next.Orphaned(l); err != nil {
-			out = append(out, strandedLease{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
-			continue
-		}
-		if prev != nil && prev.Backend.Port != next.Backend.Port && !l.Unclaimed() {
-			out = append(out, strandedLease{l, fmt.Sprintf("its host sends VXLAN to port %d, Backend.Port %d would be used by restarted hosts", prev.Backend.Port, next.Backend.Port)})
-		}
-	}
-	return out
-}
-
-func strandedHosts(ss []strandedLease) string {
-	var hosts []string
-	for _, s := range ss {
-		hosts = append(hosts, describeOwner(s.lease.Attrs))
-	}
-	if len(hosts) > 5 {
-		hosts = append(hosts[:5], fmt.Sprintf("%d more", len(hosts)-5))
-	}
-	return strings.Join(hosts, ", ")
 }
 
 func plural(n int, one, many string) string {
@@ -360,9 +316,9 @@ func (g *GlobalFlags) checkAgainstCluster(cmd *cobra.Command, cfg *subnet.Config
 	}
 	defer done()
 	if err := checkUnderlayOutside(ctx, reg, cfg, nil, cmd.ErrOrStderr()); err != nil {
-		var refused refusal
+		var refused leaseadmin.Refusal
 		if errors.As(err, &refused) {
-			return fmt.Errorf("the config does not fit the cluster at %s: %w", strings.Join(g.Endpoints, ","), refused.error)
+			return fmt.Errorf("the config does not fit the cluster at %s: %w", strings.Join(g.Endpoints, ","), refused.Err)
 		}
 		return warn(g.etcdHint(err))
 	}

@@ -22,14 +22,12 @@ import (
 func runConfig(t *testing.T, environ []string, args ...string) (daemon.Config, cliResult) {
 	t.Helper()
 	var got daemon.Config
-	saved := runDaemon
-	runDaemon = func(_ context.Context, cfg daemon.Config) error {
+	r := runEnvWith(t, func(_ context.Context, cfg daemon.Config) error {
 		cfg.Logger = nil
 		got = cfg
 		return nil
-	}
-	t.Cleanup(func() { runDaemon = saved })
-	return got, runEnv(t, environ, args...)
+	}, environ, args...)
+	return got, r
 }
 
 func mustRunConfig(t *testing.T, environ []string, args ...string) (daemon.Config, string) {
@@ -226,7 +224,7 @@ func TestFlanneldSingleDashArgs(t *testing.T) {
 // Every flag of flanneld's table is on run, reads its FLANNELD_* variable,
 // and only overlayd's names show in run's help; other commands have none.
 func TestFlanneldFlagsAreRunsOnly(t *testing.T) {
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	run, _, _ := root.Find([]string{"run"})
 	for _, ff := range flanneldFlags {
 		f := run.Flags().Lookup(ff.name)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -38,6 +39,18 @@ type streams struct {
 	out, err io.Writer
 }
 
+// daemonRunner runs the daemon until ctx ends: daemon.Run, or in tests a
+// function that records the Config run's flags built.
+type daemonRunner func(ctx context.Context, cfg daemon.Config) error
+
+// program is everything a command line runs with besides its arguments,
+// injected: the streams, the environment and the daemon runner.
+type program struct {
+	streams
+	environ   []string
+	runDaemon daemonRunner
+}
+
 // GlobalFlags are the etcdctl-style flags every command shares.
 type GlobalFlags struct {
 	Endpoints   []string
@@ -62,7 +75,14 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
-	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
+	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: daemon.Run})
+}
+
+// executeProgram runs the command line args with p and returns the exit
+// code.
+func executeProgram(args []string, p program) int {
+	environ, errOut := p.environ, p.err
+	root := newRootCommand(p)
 	args = flanneldArgs(args)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
@@ -120,7 +140,8 @@ func commandPath(root *cobra.Command, args []string) string {
 	return root.Name()
 }
 
-func newRootCommand(s streams, environ []string) *cobra.Command {
+func newRootCommand(p program) *cobra.Command {
+	s, environ := p.streams, p.environ
 	g := &GlobalFlags{}
 	root := &cobra.Command{
 		Use:   "overlayd",
@@ -177,7 +198,7 @@ are taken only from the command line.`,
 	pf.VisitAll(func(f *pflag.Flag) { fromEnv(pf, f.Name) })
 
 	root.AddCommand(
-		newRunCommand(g),
+		newRunCommand(g, p.runDaemon),
 		newTeardownCommand(g),
 		newStatusCommand(g),
 		newLeaseCommand(g),

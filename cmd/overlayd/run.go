@@ -83,7 +83,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: use text or json", format)
 }
 
-func newRunCommand(g *GlobalFlags) *cobra.Command {
+func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 	var (
 		h                         hostFlags
 		leaseTTL                  time.Duration

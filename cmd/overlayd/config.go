@@ -96,15 +96,12 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 		Short: "Show the network config with defaults filled in (--raw: exactly as stored)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
+			sess, err := g.open(cmd, false)
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			cfg, stored, err := reg.GetConfig(ctx)
 			if raw && stored != nil {
 				_, werr := cmd.OutOrStdout().Write(stored) // the stored bytes exactly: no newline added
@@ -178,19 +175,16 @@ gains or drops its IPv6 subnet at its restart, and IPv4 keeps flowing
 between restarted hosts and the others meanwhile.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			data, next, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return fmt.Errorf("%w; nothing was stored", err)
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			sess, err := g.open(cmd, false)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -310,11 +304,12 @@ func (g *GlobalFlags) checkAgainstCluster(cmd *cobra.Command, cfg *subnet.Config
 	if err := g.validateEtcdFlags(cmd.Flags()); err != nil {
 		return err
 	}
-	ctx, reg, done, err := g.connect(cmd)
+	sess, err := g.open(cmd, false)
 	if err != nil {
 		return warn(err)
 	}
-	defer done()
+	defer sess.close()
+	ctx, reg := sess.ctx, sess.reg
 	if err := checkUnderlayOutside(ctx, reg, cfg, nil, cmd.ErrOrStderr()); err != nil {
 		var refused leaseadmin.Refusal
 		if errors.As(err, &refused) {

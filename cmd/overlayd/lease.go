@@ -237,15 +237,12 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive, state (and the IPv6 subnet and public IPv6 in a dual-stack network)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -324,19 +321,16 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 		Short: "Show one lease (SUBNET as 10.244.7.0/24, 10.244.7.0-24, or its IPv6 subnet)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			p, err := parseSubnetArg(args[0])
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			l, err := lookup(ctx, reg, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return err

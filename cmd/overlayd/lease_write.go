@@ -42,10 +42,6 @@ network's first subnet among them, which no host leases, as in flannel —
 is refused unless --force.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			s, err := reservedSubnets(args[0], ipv6Subnet)
 			if err != nil {
 				return err
@@ -53,11 +49,12 @@ is refused unless --force.`,
 			if publicIP == "" && publicIPv6 == "" && node == "" {
 				return usagef("--public-ip is required: the address of the host the subnet is for (--public-ipv6 in an IPv6-only network, or --node-name alone, if its addresses are not known yet)")
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			attrs := subnet.LeaseAttrs{PublicIP: publicIP, PublicIPv6: publicIPv6, BackendType: subnet.DefaultBackendType, NodeID: node}
 			for attempt := 0; ; attempt++ {
 				err = leaseadmin.Reserve(ctx, reg, s, attrs, force, cmd.ErrOrStderr())
@@ -127,19 +124,16 @@ that fits the network config.
 --dry-run shows what would be deleted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			p, err := parseSubnetArg(args[0])
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			l, err := lookup(ctx, reg, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return err

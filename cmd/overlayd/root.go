@@ -321,34 +321,41 @@ func (g *GlobalFlags) clientConfig() etcdclient.Config {
 	}
 }
 
-// connect returns the command's context and a registry on a checked etcd
+// session is what every command that uses etcd starts with: the output
+// format (-w), the command's context, and a registry on a checked etcd
 // connection — so a wrong CA, a missing client certificate or a bad
 // password is reported precisely up front. Each request waits at most
 // --dial-timeout (boundRequests); the command as a whole is not bounded,
-// as it makes as many requests as its work needs. done closes the
+// as it makes as many requests as its work needs. close closes the
 // connection.
-func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etcdv3.Registry, done func(), err error) {
-	ctx = cmd.Context()
-	cli, err := etcdclient.Connect(ctx, g.clientConfig())
-	if err != nil {
-		return nil, nil, nil, g.settingsNote(err)
-	}
-	boundRequests(cli, g.DialTimeout)
-	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
+type session struct {
+	ctx    context.Context
+	format printer.Format
+	reg    *etcdv3.Registry
+	close  func()
 }
 
-// connectLeases is connect for the lease commands: the registry looks
+// open starts a command's session. With forLeases the registry looks
 // where the stored network keeps its leases (an IPv6-only network's are
 // under subnets6/), or where flannel's are if no config can be read.
-func (g *GlobalFlags) connectLeases(cmd *cobra.Command) (context.Context, *etcdv3.Registry, func(), error) {
-	ctx, reg, done, err := g.connect(cmd)
+func (g *GlobalFlags) open(cmd *cobra.Command, forLeases bool) (*session, error) {
+	format, err := g.format()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	if cfg, _, err := reg.GetConfig(ctx); err == nil {
-		reg = reg.For(cfg)
+	ctx := cmd.Context()
+	cli, err := etcdclient.Connect(ctx, g.clientConfig())
+	if err != nil {
+		return nil, g.settingsNote(err)
 	}
-	return ctx, reg, done, nil
+	boundRequests(cli, g.DialTimeout)
+	s := &session{ctx: ctx, format: format, reg: etcdv3.NewRegistry(cli, g.Prefix), close: func() { _ = cli.Close() }}
+	if forLeases {
+		if cfg, _, err := s.reg.GetConfig(ctx); err == nil {
+			s.reg = s.reg.For(cfg)
+		}
+	}
+	return s, nil
 }
 
 // etcdHint explains a failed etcd request: which endpoint, TLS or

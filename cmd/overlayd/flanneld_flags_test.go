@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/netip"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -185,31 +184,6 @@ func TestFlanneldInterfaceSelection(t *testing.T) {
 	if r.code != exitUsage || !strings.Contains(r.err, "--iface-can-reach 127.0.0.1: chooses lo, the loopback interface") ||
 		!strings.Contains(r.err, "FLANNELD_IFACE_CAN_REACH") {
 		t.Errorf("--iface-can-reach 127.0.0.1: exit %d, stderr %q", r.code, r.err)
-	}
-}
-
-// The address that chose the interface is the public address of its
-// family, unless --public-ip (--public-ipv6) is given.
-func TestInterfaceChosenByAddressGivesThePublicAddress(t *testing.T) {
-	for _, tc := range []struct {
-		h              hostFlags
-		choice         daemon.IfaceChoice
-		wantIP, wantV6 string
-	}{
-		{hostFlags{}, daemon.IfaceChoice{Iface: "eth0"}, "", ""},
-		{hostFlags{}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("198.18.0.7")}, "198.18.0.7", ""},
-		{hostFlags{publicIP: "198.18.0.8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("198.18.0.7")}, "198.18.0.8", ""},
-		{hostFlags{publicIP: "198.18.0.8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("2001:db8::7")}, "198.18.0.8", "2001:db8::7"},
-		{hostFlags{publicIPv6: "2001:db8::8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("2001:db8::7")}, "", "2001:db8::8"},
-	} {
-		h := tc.h
-		if err := h.use(tc.choice); err != nil || h.iface != tc.choice.Iface || h.publicIP != tc.wantIP || h.publicIPv6 != tc.wantV6 {
-			t.Errorf("%+v from %+v: iface %q, public IP %q, IPv6 %q, %v; want %q, %q", tc.h, tc.choice, h.iface, h.publicIP, h.publicIPv6, err, tc.wantIP, tc.wantV6)
-		}
-	}
-	h := hostFlags{}
-	if err := h.use(daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("169.254.0.7")}); err == nil || !strings.Contains(err.Error(), "set --public-ip") {
-		t.Errorf("a link-local address became the public address: %v", err)
 	}
 }
 

@@ -285,7 +285,7 @@ func report(ctx context.Context, w io.Writer, l *lab.Lab, o options, kept bool) 
 	hints = append(hints,
 		[2]string{"The leases in etcd (try also: lease get, config get):", overlayd + " --endpoints " + l.Endpoint() + " lease list"})
 	if _, err := exec.LookPath("curl"); err == nil {
-		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as JSON (also /readyz, /metrics), and as a table:", "ip netns exec " + n1.NSName + " curl -s 127.0.0.1:9436/status"})
+		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as JSON (also /readyz, /metrics), and as a table:", "ip netns exec " + n1.NSName + " curl -s " + lab.HealthAddr + "/status"})
 	} else {
 		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as a table:", ""})
 	}

@@ -220,7 +220,8 @@ func build(ctx context.Context, w io.Writer, binDir, dir string, dualStack bool)
 }
 
 // report prints the leases, routes, pings and how to explore (over IPv4,
-// and over IPv6 too in a dual-stack demo).
+// and over IPv6 too in a dual-stack demo). It is long (over 80 lines) as
+// the page it prints is: one section after another, top to bottom.
 func report(ctx context.Context, w io.Writer, l *lab.Lab, o options, kept bool) error {
 	section(w, "Leases in etcd", "bin/overlayd lease list")
 	table, err := l.CLI(ctx, "lease", "list")

@@ -155,12 +155,10 @@ that fits the network config.
 			// Name the key, both subnets of a dual-stack one, whichever
 			// one was given.
 			name, owner := l.Subnets(), leaseadmin.DescribeOwner(l.Attrs)
-			switch {
-			case force, garbage, stale:
-			case l.Attrs.NodeID == "" && !l.Reserved:
-				return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", name, owner)
-			case alive[l.Attrs.NodeID]:
-				return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", name, owner)
+			if !force && !garbage && !stale {
+				if err := leaseadmin.RefuseRevoke(l, alive); err != nil {
+					return err
+				}
 			}
 			res := writeResult{Key: reg.LeaseKey(name)}.with(name, l.Attrs)
 			if dryRun {

@@ -152,3 +152,20 @@ func UnusedByItsHost(ctx context.Context, st Store, l subnet.Lease) (bool, error
 	}
 	return false, nil
 }
+
+// RefuseRevoke says why revoking l would take a subnet from a host that
+// may be using it — its owner is alive (alive: the node IDs with a
+// liveness key), or cannot be told alive or dead (a lease written
+// without a node ID, e.g. by flanneld) — or nil. A key whose value names
+// no host, and a lease UnusedByItsHost, are the caller's to let through
+// first, as is --force.
+func RefuseRevoke(l subnet.Lease, alive map[string]bool) error {
+	name, owner := l.Subnets(), DescribeOwner(l.Attrs)
+	switch {
+	case l.Attrs.NodeID == "" && !l.Reserved:
+		return fmt.Errorf("refusing to revoke %s: cannot tell whether its owner %s is alive (it was written without a node ID, e.g. by flanneld); use --force if that host is gone", name, owner)
+	case alive[l.Attrs.NodeID]:
+		return fmt.Errorf("refusing to revoke %s: its owner %s is alive and would re-claim it; stop overlayd there first or use --force", name, owner)
+	}
+	return nil
+}

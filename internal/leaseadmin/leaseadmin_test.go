@@ -277,3 +277,26 @@ func TestOutsideRangeNamesEachFamily(t *testing.T) {
 		t.Errorf("rangeWanted = %q", got)
 	}
 }
+
+func TestRefuseRevoke(t *testing.T) {
+	flannels := hostLease(4, "")
+	alive := map[string]bool{"h5": true}
+	for _, tc := range []struct {
+		name string
+		l    subnet.Lease
+		want string // "" to allow
+	}{
+		{"a live owner's lease", hostLease(5, "h5"), "refusing to revoke 10.244.5.0/24: its owner node h5 (198.18.0.5) is alive and would re-claim it"},
+		{"a dead owner's lease", hostLease(6, "h6"), ""},
+		{"a lease without a node ID", flannels, "cannot tell whether its owner 198.18.0.4 is alive"},
+		{"a reservation without a node ID", reservationOf("10.244.7.0/24", "198.18.0.7", ""), ""},
+		{"a live node's reservation", reservationOf("10.244.7.0/24", "", "h5"), "its owner node h5 is alive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := RefuseRevoke(tc.l, alive)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("RefuseRevoke = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

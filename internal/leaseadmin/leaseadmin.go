@@ -1,9 +1,10 @@
 // Package leaseadmin holds the rules of `overlayd lease` and `overlayd
 // config put`: how a key is judged (State), whether a reservation may be
 // written (Reserve), whether a lease is unused by its host
-// (UnusedByItsHost), which leases a new network config strands
+// (UnusedByItsHost) or revoking it refused while its owner lives
+// (RefuseRevoke), which leases a new network config strands
 // (StrandedLeases), whose underlay a network would swallow
-// (UnderlayInside), and how a value's host is named (DescribeOwner).
+// (RefuseUnderlayInside), and how a value's host is named (DescribeOwner).
 //
 // The rules read and write the store through Store, a narrow view of
 // etcdv3.Registry, so they are tested against a fake without etcd; the

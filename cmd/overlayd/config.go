@@ -271,10 +271,7 @@ liveness key is refused. If that etcd cannot be used, it says so in a
 warning and checks the file alone.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
+			format := g.out
 			_, cfg, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return err

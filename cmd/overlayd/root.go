@@ -63,6 +63,9 @@ type GlobalFlags struct {
 	DialTimeout time.Duration
 	WriteOut    string
 
+	// out is -w's format, parsed once before any command runs.
+	out printer.Format
+
 	// flags are the running command's flags, to say which of the etcd
 	// settings came from the environment or flanneld's names.
 	flags *pflag.FlagSet
@@ -166,7 +169,7 @@ are taken only from the command line.`,
 			if err != nil {
 				return err
 			}
-			if _, err := g.format(); err != nil {
+			if g.out, err = g.format(); err != nil {
 				return err
 			}
 			if cmd.Annotations[usesEtcdAnnotation] != "" {
@@ -339,17 +342,13 @@ type session struct {
 // where the stored network keeps its leases (an IPv6-only network's are
 // under subnets6/), or where flannel's are if no config can be read.
 func (g *GlobalFlags) open(cmd *cobra.Command, forLeases bool) (*session, error) {
-	format, err := g.format()
-	if err != nil {
-		return nil, err
-	}
 	ctx := cmd.Context()
 	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
 		return nil, g.settingsNote(err)
 	}
 	boundRequests(cli, g.DialTimeout)
-	s := &session{ctx: ctx, format: format, reg: etcdv3.NewRegistry(cli, g.Prefix), close: func() { _ = cli.Close() }}
+	s := &session{ctx: ctx, format: g.out, reg: etcdv3.NewRegistry(cli, g.Prefix), close: func() { _ = cli.Close() }}
 	if forLeases {
 		if cfg, _, err := s.reg.GetConfig(ctx); err == nil {
 			s.reg = s.reg.For(cfg)

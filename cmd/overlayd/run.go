@@ -220,10 +220,7 @@ its TTL runs out. Only what was found is reported as removed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
-			format, ferr := g.format()
-			if ferr != nil {
-				return ferr
-			}
+			format := g.out
 			res, err := daemon.Teardown(ctx, cfg, daemon.TeardownOptions{VNI: vni, Force: force})
 			if format == printer.Table {
 				printTeardown(cmd.OutOrStdout(), res)

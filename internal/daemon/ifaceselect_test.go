@@ -238,6 +238,25 @@ func TestSelectIfaceInNamespace(t *testing.T) {
 	if _, err := selectIface(h, IfaceSelection{CanReach: a("192.0.2.1")}); err == nil || !strings.Contains(err.Error(), "no route to it") {
 		t.Errorf("unroutable --iface-can-reach: %v", err)
 	}
+
+	// The CLI's way in: Config.ChooseUnderlay, through the real Kernel in
+	// Config.NetNS, records the choice where Run and Teardown read it.
+	cfg := Config{NetNS: nsh}
+	if err := cfg.ChooseUnderlay(UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"198.18.0.7"}}}); err != nil || cfg.Iface != "under0" || cfg.PublicIP != a("198.18.0.7") {
+		t.Errorf("ChooseUnderlay(--iface 198.18.0.7) = %v: iface %q, public IP %s; want under0, 198.18.0.7", err, cfg.Iface, cfg.PublicIP)
+	}
+	for _, tc := range []struct {
+		f    UnderlayFlags
+		want string
+	}{
+		{UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"under0"}}, PublicIP: a("10.9.0.7")}, "--public-ip 10.9.0.7 is on under1, not on --iface under0"},
+		{UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"lo"}}}, `--iface "lo": chooses lo, the loopback interface`},
+	} {
+		cfg := Config{NetNS: nsh}
+		if err := cfg.ChooseUnderlay(tc.f); err == nil || !strings.Contains(err.Error(), tc.want) || cfg.Iface != "" {
+			t.Errorf("ChooseUnderlay(%+v) = %v, iface %q; want %q and nothing recorded", tc.f, err, cfg.Iface, tc.want)
+		}
+	}
 }
 
 // The address that chose the interface is the public address of its

@@ -57,7 +57,8 @@ type Source interface {
 	// WatchConfig delivers the stored network config, then each change of
 	// it, until ctx ends; then the channel closes.
 	WatchConfig(ctx context.Context) <-chan ConfigUpdate
-	// Held is the state of this host's lease, for readiness and metrics.
+	// Held is the state of this host's lease, for readiness and metrics;
+	// nil before Claim.
 	Held() LeaseState
 	// Release gives up a lease Acquire created (never one it adopted,
 	// resumed or re-keyed: pods may hold addresses from it), so that a
@@ -65,7 +66,8 @@ type Source interface {
 	// behind; it reports whether there was one to release.
 	Release(ctx context.Context) (bool, error)
 	// IsFatal reports whether a start-up step's error is one retrying
-	// cannot fix (lease lost, duplicate node ID, stranded lease, bad
+	// cannot fix (etcd: the lease lost, a duplicate node ID, a stranded
+	// lease; the daemon itself checks for no free subnet and for bad
 	// client settings).
 	IsFatal(err error) bool
 	// Close ends what the source holds (its claim if Keep never took it

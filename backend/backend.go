@@ -63,12 +63,47 @@ func (m MAC) String() string {
 	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
 }
 
-// Backend is what the daemon drives. SetPeers may be called from any
-// goroutine at any time, before or while Run runs; it never blocks on the
-// kernel.
-type Backend interface {
+// Family is an address family of the overlay: a plane carries either
+// the IPv4 overlay or the IPv6 one.
+type Family uint8
+
+// The two families. The zero Family means IPv4 wherever one is expected.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// Plane is one data plane the daemon drives: one backend's overlay of one
+// address family on this host (a dual-stack host drives two, one per
+// family, each with its own device and kernel state). The daemon builds
+// planes through one factory (daemon.Kernel.Plane), for running and for
+// `overlayd teardown` alike, and knows no backend by name.
+//
+// SetPeers may be called from any goroutine at any time, before or while
+// Run runs; it never blocks on the kernel. EnsureDevice, AdoptRoutes and
+// Teardown touch the kernel at once and may be called while Run runs: a
+// plane serialises its kernel work.
+type Plane interface {
+	// Family is the address family the plane carries.
+	Family() Family
+	// EnsureDevice creates the plane's device or adopts the one there,
+	// fixing what differs, and says what this host publishes (its MAC)
+	// and hands pods (its MTU).
+	EnsureDevice(ctx context.Context) (Device, error)
+	// AdoptRoutes makes the routes another program left on the plane's
+	// device ours, so that the first pass replaces each without a gap
+	// (taking over from flanneld), and returns how many it adopted.
+	AdoptRoutes(ctx context.Context) (int, error)
 	// SetPeers replaces the desired peer set and wakes the reconciler. The
-	// slice is copied; bursts of calls coalesce into one kernel pass.
+	// slice is not kept (the plane copies what it needs); bursts of calls
+	// coalesce into one kernel pass.
 	SetPeers(peers []Peer)
 	// Run reconciles the kernel with the peer set until ctx is cancelled,
 	// then returns nil. Failures are retried with backoff and reported
@@ -76,6 +111,21 @@ type Backend interface {
 	Run(ctx context.Context) error
 	// Status is a consistent snapshot for readiness checks and metrics.
 	Status() Status
+	// Teardown removes everything the plane programs, its device
+	// included, and keeps Run from touching the kernel again. The daemon
+	// calls it for `overlayd teardown` only: a shutdown leaves the data
+	// path in place, so a restart drops no packets.
+	Teardown(ctx context.Context) error
+}
+
+// Device is a plane's device after EnsureDevice.
+type Device struct {
+	Name  string
+	Index int
+	// MAC is the device's hardware address, which this host publishes in
+	// its lease (VXLAN's VTEP MAC); nil for a device without one.
+	MAC net.HardwareAddr
+	MTU int // hand to pods (OVERLAY_MTU)
 }
 
 // Status describes the data plane after its most recent reconcile pass.

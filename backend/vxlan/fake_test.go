@@ -103,7 +103,7 @@ fdb 0e:00:06:00:00:03 dst 2001:db8::3 dev overlay-v6.1
 		t.Run(fmt.Sprintf("IPv6=%t", tt.v6), func(t *testing.T) {
 			f, cfg, dev := fakeHostOf(t, tt.v6)
 			b := newBackend(t, cfg, f)
-			if info := ensure(t, b); info.MTU != tt.mtu || info.VtepMAC.String() != tt.mac || info.Name != dev {
+			if info := ensure(t, b); info.MTU != tt.mtu || info.MAC.String() != tt.mac || info.Name != dev {
 				t.Errorf("EnsureDevice = %+v, want %s with MTU %d and the derived MAC %s", info, dev, tt.mtu, tt.mac)
 			}
 			b.SetPeers(tt.peers(2, 3))

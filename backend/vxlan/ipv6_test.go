@@ -233,14 +233,14 @@ func TestRTNLEncodingRoundTrips(t *testing.T) {
 			}
 
 			_, p := msg(Write{Kind: RouteReplace, Route: route})
-			if got, ok := parseRoute(p, fam.af()); !ok || got != route {
+			if got, ok := parseRoute(p, famAF(fam)); !ok || got != route {
 				t.Errorf("route back: %v %v, want %v", got, ok, route)
 			}
-			if _, ok := parseRoute(p, otherFamily(fam).af()); ok {
+			if _, ok := parseRoute(p, famAF(otherFamily(fam))); ok {
 				t.Errorf("a route of the other family was parsed")
 			}
 			_, p = msg(Write{Kind: NeighSet, Neigh: neigh})
-			if af, link, state, ip, m, ok := parseNeigh(p); !ok || af != fam.af() || link != 10 || state != NUDPermanent || ip != hop || m != mac {
+			if af, link, state, ip, m, ok := parseNeigh(p); !ok || af != famAF(fam) || link != 10 || state != NUDPermanent || ip != hop || m != mac {
 				t.Errorf("neighbour back: family %d link %d state %#x %v %v %v", af, link, state, ip, m, ok)
 			}
 			_, p = msg(Write{Kind: FDBSet, FDB: fdb})

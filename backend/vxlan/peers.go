@@ -111,7 +111,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 	keys := make([]uint64, 0, len(peers))
 	for i, p := range peers {
 		switch {
-		case !fam.has(p.Subnet.Addr()) || !fam.has(p.PublicIP) || p.PublicIP.Zone() != "" || p.VtepMAC.IsZero():
+		case !famHas(fam, p.Subnet.Addr()) || !famHas(fam, p.PublicIP) || p.PublicIP.Zone() != "" || p.VtepMAC.IsZero():
 			reject(p, "not an "+fam.String()+" peer with a VTEP MAC")
 		case local.IsValid() && p.PublicIP == local:
 			reject(p, "public IP is our own")

@@ -75,7 +75,7 @@ func (rec *reconciler) ensureDevice() (DeviceInfo, error) {
 	if err != nil {
 		return DeviceInfo{}, err
 	}
-	return DeviceInfo{Name: dev.Name, Index: dev.Index, VtepMAC: dev.MAC.HardwareAddr(), MTU: dev.MTU}, nil
+	return DeviceInfo{Name: dev.Name, Index: dev.Index, MAC: dev.MAC.HardwareAddr(), MTU: dev.MTU}, nil
 }
 
 // pass is one reconcile pass on want (generation gen): find out what the

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -120,12 +119,8 @@ func (d *daemon) onBatch(b etcdv3.Batch) {
 
 // publishPeers hands the peer set to the backends and records its size.
 func (d *daemon) publishPeers() {
-	v4, v6 := d.peers.peers()
-	if d.be != nil {
-		d.be.SetPeers(v4)
-	}
-	if d.be6 != nil {
-		d.be6.SetPeers(v6)
+	for _, fp := range d.planes {
+		fp.plane.SetPeers(d.peers.peers(fp.family))
 	}
 	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
 	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
@@ -218,11 +213,11 @@ func drain[T any](ch <-chan T) {
 // device's is 20 bytes smaller over an IPv6 underlay), 0 if none is known.
 func (d *daemon) podMTU() int {
 	mtu := 0
-	for _, be := range []*vxlan.Backend{d.be, d.be6} {
-		if be == nil {
+	for _, fp := range d.planes {
+		if fp.plane == nil {
 			continue
 		}
-		if m := be.Status().MTU; m > 0 && (mtu == 0 || m < mtu) {
+		if m := fp.plane.Status().MTU; m > 0 && (mtu == 0 || m < mtu) {
 			mtu = m
 		}
 	}

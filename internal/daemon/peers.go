@@ -242,14 +242,19 @@ func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, ki
 	return out
 }
 
-// peers returns the valid peers as the IPv4 and the IPv6 data plane take
-// them (nil for a family the network does not carry), in no particular
-// order (the backends sort and check them), in slices reused by the next
-// call: the backends copy what they keep, and with thousands of peers fresh
-// slices at every lease event would be most of the daemon's garbage.
-func (s *peerSet) peers() (v4, v6 []backend.Peer) {
-	s.out4, s.out6 = values(s.out4, s.valid), values(s.out6, s.valid6)
-	return s.out4, s.out6
+// peers returns the valid peers as the data plane of fam takes them (none
+// for a family the network does not carry), in no particular order (the
+// planes sort and check them), in a slice reused by the next call for
+// that family: the planes copy what they keep, and with thousands of
+// peers fresh slices at every lease event would be most of the daemon's
+// garbage.
+func (s *peerSet) peers(fam backend.Family) []backend.Peer {
+	if fam == backend.IPv6 {
+		s.out6 = values(s.out6, s.valid6)
+		return s.out6
+	}
+	s.out4 = values(s.out4, s.valid)
+	return s.out4
 }
 
 // values puts m's values in buf, emptied and grown as needed.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -38,7 +39,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 	if len(rej) != 3 || s.rejected() != 3 {
 		t.Fatalf("reset: %d rejections (%v), %d rejected; want 3", len(rej), rej, s.rejected())
 	}
-	peers, _ := s.peers()
+	peers := s.peers(backend.IPv4)
 	if len(peers) != 1 || peers[0].Subnet != netip.MustParsePrefix("10.244.2.0/24") {
 		t.Fatalf("peers = %+v, want only 10.244.2.0/24", peers)
 	}
@@ -57,7 +58,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Errorf("apply rejections = %v, want 10.244.2.0-24 only", rej)
 	}
 	got := map[string]bool{}
-	v4, _ := s.peers()
+	v4 := s.peers(backend.IPv4)
 	for _, p := range v4 {
 		got[p.Subnet.String()] = true
 	}
@@ -129,7 +130,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	if kinds[invalidLease] != 1 || kinds[orphanedLease] != 3 {
 		t.Errorf("reported %v, want 1 invalid and 3 orphaned", rej)
 	}
-	if peers, _ := s.peers(); len(peers) != 1 || peers[0].Subnet != claimed.Subnet {
+	if peers := s.peers(backend.IPv4); len(peers) != 1 || peers[0].Subnet != claimed.Subnet {
 		t.Errorf("peers = %+v, want only the claimed reservation", peers)
 	}
 	// Its host claims 10.244.2.0/24; 10.244.4.0/24 is revoked; the orphan
@@ -149,7 +150,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	if got := s.counts(); got != (counts{invalid: 1, orphaned: 2}) {
 		t.Errorf("counts after apply = %+v, want 1 invalid, 2 orphaned, 0 reserved", got)
 	}
-	if v4, _ := s.peers(); len(v4) != 2 {
+	if v4 := s.peers(backend.IPv4); len(v4) != 2 {
 		t.Errorf("peers after the claim = %+v, want 2", v4)
 	}
 }
@@ -184,7 +185,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		if rej := s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
 			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
 		}
-		v4, v6 := s.peers()
+		v4, v6 := s.peers(backend.IPv4), s.peers(backend.IPv6)
 		if len(v4) != 2 || len(v6) != tc.want6 {
 			t.Errorf("%s: %d IPv4 and %d IPv6 peers, want 2 and %d", tc.config, len(v4), len(v6), tc.want6)
 		}
@@ -194,7 +195,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		// v4Key's host restarts with the dual-stack config: its key is
 		// replaced in one transaction.
 		s.apply(etcdv3.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: v4Key}, {Type: subnet.Added, Lease: tc.rekeyed}}})
-		v4, _ = s.peers()
+		v4 = s.peers(backend.IPv4)
 		found := false
 		for _, p := range v4 {
 			found = found || p.Subnet == v4Key.Subnet && p.PublicIP == netip.MustParseAddr("198.18.0.2")

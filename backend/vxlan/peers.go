@@ -96,7 +96,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 		if rejected == nil {
 			rejected = make(map[string]string)
 		}
-		rejected[fmt.Sprintf("%v %v %v", p.Subnet, p.PublicIP, p.VtepMAC)] = why
+		rejected[fmt.Sprintf("%v %v %v", p.Subnet, p.PublicIP, PeerMAC(p))] = why
 	}
 	if len(peers) >= 1<<24 {
 		// More peers than the sort below can number (a /8 of /24s is
@@ -111,7 +111,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 	keys := make([]uint64, 0, len(peers))
 	for i, p := range peers {
 		switch {
-		case !famHas(fam, p.Subnet.Addr()) || !famHas(fam, p.PublicIP) || p.PublicIP.Zone() != "" || p.VtepMAC.IsZero():
+		case !famHas(fam, p.Subnet.Addr()) || !famHas(fam, p.PublicIP) || p.PublicIP.Zone() != "" || PeerMAC(p).IsZero():
 			reject(p, "not an "+fam.String()+" peer with a VTEP MAC")
 		case local.IsValid() && p.PublicIP == local:
 			reject(p, "public IP is our own")
@@ -145,7 +145,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 	var last netip.Prefix
 	for _, k := range keys {
 		p := peers[k&(1<<24-1)]
-		_, dupMAC := seenMAC[p.VtepMAC]
+		_, dupMAC := seenMAC[PeerMAC(p)]
 		switch {
 		case last.IsValid() && p.Subnet == last:
 			reject(p, "duplicate subnet")
@@ -155,13 +155,13 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 			reject(p, "VTEP MAC used by another peer")
 		default:
 			last = p.Subnet
-			seenMAC[p.VtepMAC] = struct{}{}
+			seenMAC[PeerMAC(p)] = struct{}{}
 			specs = append(specs, p)
 		}
 	}
 	idx = peerIndex{specs: specs, macs: make([]uint64, len(specs))}
 	for i, s := range specs {
-		idx.macs[i] = macKey(s.VtepMAC)
+		idx.macs[i] = macKey(PeerMAC(s))
 	}
 	slices.Sort(idx.macs)
 	return specs, rejected, idx

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -274,10 +275,10 @@ func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []stranded
 	var out []strandedLease
 	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
 	for _, l := range leases {
-		if prev != nil && prev.Orphaned(l) != nil {
+		if prev != nil && prev.Orphaned(l, daemon.LeaseCodec(prev.Backend)) != nil {
 			continue // already orphaned: nothing changes for it
 		}
-		if err := next.Orphaned(l); err != nil {
+		if err := next.Orphaned(l, daemon.LeaseCodec(next.Backend)); err != nil {
 			out = append(out, strandedLease{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -141,7 +142,7 @@ func reserve(ctx context.Context, reg *etcdv3.Registry, s subnet.Subnets, attrs 
 	}
 	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: true}
 	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
-		err = cfg.CheckClaim(l)
+		err = cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend))
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):
@@ -457,7 +458,7 @@ func (r writeResult) print(w io.Writer, format printer.Format, sentence string) 
 // same node). Revoking it takes nothing from the host even if it is alive.
 func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) (bool, error) {
 	cfg, _, err := reg.GetConfig(ctx)
-	if err != nil || cfg.Orphaned(l) == nil && !l.Unclaimed() {
+	if err != nil || cfg.Orphaned(l, daemon.LeaseCodec(cfg.Backend)) == nil && !l.Unclaimed() {
 		return false, nil // without a valid config nothing is known to be orphaned
 	}
 	snap, err := reg.List(ctx)
@@ -465,7 +466,7 @@ func unusedByItsHost(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease) 
 		return false, err
 	}
 	for _, other := range snap.Leases {
-		if other.Subnets() != l.Subnets() && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
+		if other.Subnets() != l.Subnets() && cfg.Orphaned(other, daemon.LeaseCodec(cfg.Backend)) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
 			return true, nil
 		}
 	}

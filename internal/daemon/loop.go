@@ -164,11 +164,11 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[
 			if ev.Lease.Attrs.PublicIPv6 != "" {
 				attrs = append(attrs, "public_ipv6", ev.Lease.Attrs.PublicIPv6)
 			}
-			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
-				attrs = append(attrs, "vtep_mac", d.VtepMAC)
+			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendData, "BackendData"); ok {
+				attrs = append(attrs, "vtep_mac", mac)
 			}
-			if d, err := ev.Lease.Attrs.VXLANv6(); err == nil {
-				attrs = append(attrs, "vtep_mac_v6", d.VtepMAC)
+			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendV6Data, "BackendV6Data"); ok {
+				attrs = append(attrs, "vtep_mac_v6", mac)
 			}
 			if why := after.cfg.IPv4Only(ev.Lease); why != "" {
 				attrs = append(attrs, "ipv4_only", why)
@@ -176,10 +176,10 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[
 		case wasPeer:
 			msg = "peer removed"
 			if was.v4.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ip", was.v4.PublicIP.String(), "vtep_mac", was.v4.VtepMAC.String())
+				attrs = append(attrs, "public_ip", was.v4.PublicIP.String(), "vtep_mac", peerDataString(was.v4))
 			}
 			if was.v6.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ipv6", was.v6.PublicIP.String(), "vtep_mac_v6", was.v6.VtepMAC.String())
+				attrs = append(attrs, "public_ipv6", was.v6.PublicIP.String(), "vtep_mac_v6", peerDataString(was.v6))
 			}
 		default:
 			continue // never a peer: its skip (if any) is logged apart

@@ -19,6 +19,7 @@ import (
 // at every resync.
 type peerSet struct {
 	cfg    *subnet.Config
+	codec  backend.Codec // reads the backend's part of each lease value
 	own    subnet.ID
 	prefix string // the registry's subnets prefix, to name keys
 
@@ -64,8 +65,8 @@ type rejection struct {
 	Kind skipKind
 }
 
-func newPeerSet(cfg *subnet.Config, own subnet.Subnets, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
+func newPeerSet(cfg *subnet.Config, codec backend.Codec, own subnet.Subnets, subnetsPrefix string) *peerSet {
+	return &peerSet{cfg: cfg, codec: codec, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
 }
 
 // reset replaces everything with a full listing.
@@ -133,14 +134,19 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 	if l.Unclaimed() {
 		// A reservation waiting for its host: no VTEP yet, but checked
 		// like every claim (the same check `overlayd lease reserve` makes).
-		if err := s.cfg.CheckClaim(l); err != nil {
+		if err := s.cfg.CheckClaim(l, s.codec); err != nil {
 			return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 		}
 		s.unmark(id)
 		s.reserved[id] = true
 		return out
 	}
-	v4, v6, err := s.cfg.Peer(l)
+	// The backend's data of each family is decoded once, here, where the
+	// lease enters: CheckPeer judges what the codec found, and the peers
+	// keep the decoded data.
+	data4, misfit4, err4 := s.codec.Decode("BackendData", l.Attrs.BackendData)
+	data6, misfit6, err6 := s.codec.Decode("BackendV6Data", l.Attrs.BackendV6Data)
+	is4, is6, err := s.cfg.CheckPeer(l, subnet.DataCheck{Misfit: misfit4, Err: err4}, subnet.DataCheck{Misfit: misfit6, Err: err6})
 	switch {
 	case id == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value
@@ -155,11 +161,11 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
 	s.unmark(id)
-	if s.cfg.EnableIPv4 {
-		s.valid[id] = v4
+	if is4 {
+		s.valid[id] = backend.Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), Data: data4}
 	}
-	if v6.Subnet.IsValid() {
-		s.valid6[id] = v6
+	if is6 {
+		s.valid6[id] = backend.Peer{Subnet: l.IPv6Subnet, PublicIP: l.Attrs.PublicAddrV6(), Data: data6}
 	}
 	if s.cfg.IPv4Half(l) {
 		s.half[id] = true

@@ -64,8 +64,8 @@ func (d *daemon) join(ctx context.Context) error {
 		return err
 	}
 
-	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: d.ownVtepMAC(backend.IPv4),
-		PublicIPv6: d.ul.PublicIPv6, VtepMACv6: d.ownVtepMAC(backend.IPv6),
+	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, BackendData: d.publishedData(backend.IPv4),
+		PublicIPv6: d.ul.PublicIPv6, BackendV6Data: d.publishedData(backend.IPv6),
 		Previous: previousLease(d.cfg.SubnetFile, d.netCfg, d.log)}
 	host.Hostname, _ = os.Hostname()
 	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
@@ -160,7 +160,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
+	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.reg.SubnetsPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	if err := d.catchUp(ctx); err != nil {

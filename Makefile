@@ -13,7 +13,8 @@ LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(V
 # target needs its count here. FUZZTIME (e.g. 5m, or 10000x) overrides them.
 FUZZ_EXECS := FuzzPluginMain=3000 FuzzParseConf=80000 FuzzVerbs=6000 FuzzCorruptCache=1500 \
               FuzzParseConfig=200000 FuzzLeaseKeyAndValue=150000 FuzzDecodeAttrsReadsAsMemberByMember=100000 \
-              FuzzReplay=200000 FuzzFastDecodingAgreesWithEncodingJSON=30000
+              FuzzReplay=200000 FuzzFastDecodingAgreesWithEncodingJSON=30000 \
+              FuzzLeaseDataFastAgreesWithEncodingJSON=30000 FuzzLeaseDataReadsAsMemberByMember=100000
 FUZZTIME  ?=
 
 .PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube fuzz layering lint bench scale demo demo-down clean deps

@@ -175,11 +175,10 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[
 			}
 		case wasPeer:
 			msg = "peer removed"
-			if was.v4.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ip", was.v4.PublicIP.String(), "vtep_mac", peerDataString(was.v4))
-			}
-			if was.v6.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ipv6", was.v6.PublicIP.String(), "vtep_mac_v6", peerDataString(was.v6))
+			for i, keys := range [2][2]string{{"public_ip", "vtep_mac"}, {"public_ipv6", "vtep_mac_v6"}} { // by famIndex
+				if p := was[i]; p.PublicIP.IsValid() {
+					attrs = append(attrs, keys[0], p.PublicIP.String(), keys[1], peerDataString(p))
+				}
 			}
 		default:
 			continue // never a peer: its skip (if any) is logged apart

@@ -43,7 +43,8 @@ import (
 type fakeKernel struct {
 	mu     sync.Mutex
 	ipv6   netip.Addr                  // the underlay's IPv6 address, if any
-	planes map[string]*fakeplane.Plane // by device name: the latest plane built for it
+	planes  map[string]*fakeplane.Plane // by device name: the latest plane built for it
+	devices map[string]net.HardwareAddr // the devices on the fake host: ensured, not torn down
 	marked map[string]bool             // MarkTakenOver
 	events []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
 	// Checked at the moment each is closed: what was still live.
@@ -54,7 +55,7 @@ type fakeKernel struct {
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{planes: map[string]*fakeplane.Plane{}, marked: map[string]bool{}}
+	return &fakeKernel{planes: map[string]*fakeplane.Plane{}, devices: map[string]net.HardwareAddr{}, marked: map[string]bool{}}
 }
 
 // setIPv6 gives the underlay an IPv6 address.
@@ -103,7 +104,7 @@ func (k *fakeKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 	k.mu.Lock()
 	k.planes[name] = p
 	k.mu.Unlock()
-	return p, func() {
+	return hostPlane{p, k, name}, func() {
 		k.mu.Lock()
 		if p.Running() {
 			k.runningAtPlaneClose++
@@ -113,12 +114,40 @@ func (k *fakeKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 	}, nil
 }
 
+// hostPlane is a fake plane whose device is the fake host's: it exists
+// from EnsureDevice to Teardown, whichever plane made it.
+type hostPlane struct {
+	*fakeplane.Plane
+	k    *fakeKernel
+	name string
+}
+
+func (p hostPlane) EnsureDevice(ctx context.Context) (backend.Device, error) {
+	dev, err := p.Plane.EnsureDevice(ctx)
+	if err == nil {
+		p.k.mu.Lock()
+		p.k.devices[p.name] = dev.MAC
+		p.k.mu.Unlock()
+	}
+	return dev, err
+}
+
+func (p hostPlane) Teardown(ctx context.Context) error {
+	err := p.Plane.Teardown(ctx)
+	if err == nil {
+		p.k.mu.Lock()
+		delete(p.k.devices, p.name)
+		p.k.mu.Unlock()
+	}
+	return err
+}
+
 // present reports whether the device called name exists on the fake host.
 func (k *fakeKernel) present(name string) bool {
 	k.mu.Lock()
-	p := k.planes[name]
-	k.mu.Unlock()
-	return p != nil && p.Status().DevicePresent
+	defer k.mu.Unlock()
+	_, ok := k.devices[name]
+	return ok
 }
 
 // programmed reports whether a plane of the fake host programs a peer
@@ -201,12 +230,9 @@ func (k *fakeKernel) LockHost() (func(), error) {
 
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 	k.mu.Lock()
-	p := k.planes[name]
-	k.mu.Unlock()
-	if p == nil || !p.Status().DevicePresent {
-		return nil, false, nil
-	}
-	return p.Status().VtepMAC, true, nil
+	defer k.mu.Unlock()
+	mac, ok := k.devices[name]
+	return slices.Clone(mac), ok, nil
 }
 
 // wiring is one daemon run against srv with a fake kernel.
@@ -681,5 +707,68 @@ func TestWiringRefusesAPublicIPInsideTheNetwork(t *testing.T) {
 	}
 	if len(w.k.log()) != 0 {
 		t.Errorf("the refused start touched the kernel: %v", w.k.log())
+	}
+}
+
+// The takeover of flanneld's device and overlayd teardown go through the
+// same seam: the plane Kernel.Plane builds on flannel.1 carries the peers
+// (with flanneld's MAC published), and teardown removes it through a plane
+// of the same factory, with the lease, the masquerade and subnet.env.
+func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09")
+	// flanneld's device on the fake host.
+	k := newFakeKernel()
+	flannelMAC := net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x01}
+	fl, closeFl, err := k.Plane(PlaneSpec{Backend: subnet.BackendConfig{VNI: 1}, Family: backend.IPv4, Device: "flannel.1", MAC: flannelMAC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fl.EnsureDevice(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closeFl()
+
+	w := startWiring(t, srv, func(c *Config) { c.Kernel, c.AdoptFlannel = k, true })
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	k.mu.Lock()
+	taken := k.planes["flannel.1"]
+	k.mu.Unlock()
+	if taken == fl.(hostPlane).Plane || !taken.Programmed(netip.MustParsePrefix("10.244.9.0/24")) || k.present(vxlan.DeviceName(1)) {
+		t.Fatalf("the peer is not programmed on a plane built for flanneld's device (or overlay.1 was created): %v", k.log())
+	}
+	snap, err := reg.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := ""
+	for _, l := range snap.Leases {
+		if l.Attrs.NodeID == "wiring" {
+			published, _ = LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
+		}
+	}
+	if published != flannelMAC.String() {
+		t.Errorf("the lease publishes VTEP MAC %q, want flanneld's %s", published, flannelMAC)
+	}
+	w.stop(t)
+
+	res, err := Teardown(ctx, w.cfg, TeardownOptions{})
+	if err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	if res.DeviceRemoved || !slices.Equal(res.FlannelDevices, []string{"flannel.1"}) || res.LeaseRemoved == "" || res.SubnetFile == "" {
+		t.Errorf("Teardown = %+v, want flannel.1 (not overlay.1) removed, the lease released and subnet.env removed", res)
+	}
+	if k.present("flannel.1") {
+		t.Errorf("flannel.1 is still present after teardown")
+	}
+	if log := k.log(); !slices.Contains(log, "masq removed") || !slices.Contains(log, "marked flannel.1") {
+		t.Errorf("kernel seam calls %v, want the takeover marked and the masquerade removed", log)
 	}
 }

@@ -41,12 +41,12 @@ import (
 // fakeplane.Planes (no netlink), its masquerade a recorder, and it
 // records the order of what the daemon does with it.
 type fakeKernel struct {
-	mu     sync.Mutex
-	ipv6   netip.Addr                  // the underlay's IPv6 address, if any
+	mu      sync.Mutex
+	ipv6    netip.Addr                  // the underlay's IPv6 address, if any
 	planes  map[string]*fakeplane.Plane // by device name: the latest plane built for it
 	devices map[string]net.HardwareAddr // the devices on the fake host: ensured, not torn down
-	marked map[string]bool             // MarkTakenOver
-	events []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
+	marked  map[string]bool             // MarkTakenOver
+	events  []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
 	// Checked at the moment each is closed: what was still live.
 	runningAtPlaneClose int
 	deviceAtMasq        bool

@@ -49,7 +49,7 @@ type LeaseAttrs struct {
 	PublicIPv6  string          `json:",omitempty"`
 	BackendType string          `json:",omitempty"`
 	BackendData json.RawMessage `json:",omitempty"`
-	// BackendV6Data is the IPv6 device's VXLANData, dual-stack leases only.
+	// BackendV6Data is the IPv6 device's backend data, dual-stack leases only.
 	BackendV6Data json.RawMessage `json:",omitempty"`
 	// NodeID names the overlayd host that owns the lease; absent in leases
 	// written by flanneld, where PublicIP is the identity.
@@ -92,7 +92,7 @@ func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, data json.RawMessage) LeaseA
 func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 
 // DecodeAttrs parses a lease value. It checks only that it is a bounded JSON
-// object without two members naming one field (twinMembers); Config.Peer
+// object without two members naming one field (twinMembers); Config.CheckPeer
 // decides whether the lease can be programmed.
 func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	var a LeaseAttrs

@@ -86,11 +86,11 @@ func (x *peerIndex) hasMAC(m MAC) bool {
 }
 
 // validatePeers sorts the daemon's peers by subnet and indexes them. Each
-// peer's values were validated where the lease entered (subnet.Config.Peer);
-// what is checked here needs this host or the whole set: a peer must be of
-// the backend's family, must not overlap our lease or use our address, and
-// the first of two peers claiming one subnet, next hop or MAC (in subnet
-// order) wins. Rejected peers are returned with the reason.
+// peer's values were validated where the lease entered (Codec.Decode and
+// subnet.Config.CheckPeer); what is checked here needs this host or the
+// whole set: a peer must be of the backend's family, must not overlap our
+// lease or use our address, and the first of two peers claiming one
+// subnet, next hop or MAC (in subnet order) wins. Rejected peers are returned with the reason.
 func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr) (specs []Peer, rejected map[string]string, idx peerIndex) {
 	reject := func(p Peer, why string) {
 		if rejected == nil {

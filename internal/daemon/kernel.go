@@ -29,6 +29,9 @@ type Kernel interface {
 	// Underlay finds the interface and public addresses to use (--iface,
 	// --public-ip, --public-ipv6, or the default route's link).
 	Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
+	// ChooseUnderlay resolves the underlay flags (see
+	// Config.ChooseUnderlay): the command line's choice, checked once.
+	ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error)
 	// Plane builds one data plane (one address family's, of the
 	// network's backend) as spec says, with the function that releases
 	// what it holds (its netlink sockets). It touches nothing yet: the

@@ -27,18 +27,27 @@ import (
 // TeardownResult says what Teardown found and removed: only what was
 // actually there is reported as removed.
 type TeardownResult struct {
-	Device        string // the VXLAN device looked for
-	DeviceRemoved bool   // it existed and was removed (with its routes, neighbours, FDB entries)
-	DeviceV6      string // the IPv6 VXLAN device, if one existed and was removed likewise
-	// FlannelDevices are flanneld's devices overlayd had taken over
-	// (--adopt-flannel), removed likewise.
-	FlannelDevices []string
-	MasqRemoved    bool   // overlayd's nftables table existed and was removed
+	// Device is the IPv4 VXLAN device looked for (overlay.<VNI>); "" if
+	// teardown stopped before it looked.
+	Device string
+	// Removed are the data planes' devices that existed and were removed
+	// with their routes, neighbours and FDB entries, one entry per plane:
+	// overlayd's of each family, IPv4 first, then flanneld's that
+	// overlayd had taken over (--adopt-flannel).
+	Removed     []RemovedDevice
+	MasqRemoved bool   // overlayd's nftables table existed and was removed
 	LeaseRemoved   string // the subnet whose lease key was deleted, if any
 	LeaseKept      string // why no lease was deleted, if none was
 	SubnetFile     string // subnet.env, if it existed and was removed
 	// Warnings name what was left in place, and why (also logged).
 	Warnings []string
+}
+
+// RemovedDevice is one data plane's device that teardown removed.
+type RemovedDevice struct {
+	Name      string
+	Family    backend.Family
+	TakenOver bool // flanneld's device, taken over by overlayd
 }
 
 // ErrLeaseNotReleased means teardown removed what it could on this host but
@@ -190,7 +199,7 @@ func teardownUnderlay(h *netlink.Handle, iface string, publicIP, publicIPv6 neti
 // and FDB entries.
 func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string, vni int, res *TeardownResult) error {
 	res.Device = vxlan.DeviceName(vni)
-	_, res.DeviceRemoved, _ = cfg.Kernel.LinkMAC(res.Device)
+	existed := hasLink(cfg.Kernel, res.Device)
 	// What identifies the data path to remove is the VNI alone (the
 	// device names, the MAC derived from the node ID).
 	spec := func(fam backend.Family, dev, device string) PlaneSpec {
@@ -202,14 +211,16 @@ func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string
 	// The IPv4 data path is torn down in any case (its routes may outlive
 	// the device), the IPv6 one if its device exists.
 	if err := teardownPlane(ctx, cfg, spec(backend.IPv4, res.Device, "")); err != nil {
-		res.DeviceRemoved = false
 		return err
+	}
+	if existed {
+		res.Removed = append(res.Removed, RemovedDevice{Name: res.Device, Family: backend.IPv4})
 	}
 	if name := vxlan.DeviceNameV6(vni); hasLink(cfg.Kernel, name) {
 		if err := teardownPlane(ctx, cfg, spec(backend.IPv6, name, "")); err != nil {
 			return err
 		}
-		res.DeviceV6 = name
+		res.Removed = append(res.Removed, RemovedDevice{Name: name, Family: backend.IPv6})
 	}
 	// flanneld's devices, if overlayd took them over (--adopt-flannel).
 	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
@@ -220,7 +231,7 @@ func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string
 		if err := teardownPlane(ctx, cfg, spec(fam, name, name)); err != nil {
 			return err
 		}
-		res.FlannelDevices = append(res.FlannelDevices, name)
+		res.Removed = append(res.Removed, RemovedDevice{Name: name, Family: fam, TakenOver: true})
 	}
 	return nil
 }

@@ -768,7 +768,7 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Teardown: %v", err)
 	}
-	if res.DeviceRemoved || !slices.Equal(res.FlannelDevices, []string{"flannel.1"}) || res.LeaseRemoved == "" || res.SubnetFile == "" {
+	if res.removed(vxlan.DeviceName(1)) || !slices.Equal(res.takenOver(), []string{"flannel.1"}) || res.LeaseRemoved == "" || res.SubnetFile == "" {
 		t.Errorf("Teardown = %+v, want flannel.1 (not overlay.1) removed, the lease released and subnet.env removed", res)
 	}
 	if k.present("flannel.1") {

@@ -34,11 +34,11 @@ type TeardownResult struct {
 	// with their routes, neighbours and FDB entries, one entry per plane:
 	// overlayd's of each family, IPv4 first, then flanneld's that
 	// overlayd had taken over (--adopt-flannel).
-	Removed     []RemovedDevice
-	MasqRemoved bool   // overlayd's nftables table existed and was removed
-	LeaseRemoved   string // the subnet whose lease key was deleted, if any
-	LeaseKept      string // why no lease was deleted, if none was
-	SubnetFile     string // subnet.env, if it existed and was removed
+	Removed      []RemovedDevice
+	MasqRemoved  bool   // overlayd's nftables table existed and was removed
+	LeaseRemoved string // the subnet whose lease key was deleted, if any
+	LeaseKept    string // why no lease was deleted, if none was
+	SubnetFile   string // subnet.env, if it existed and was removed
 	// Warnings name what was left in place, and why (also logged).
 	Warnings []string
 }

@@ -167,6 +167,10 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
+	// The peer set, the journal and the watch have what they need of the
+	// listing's leases: with many leases they are megabytes, and the
+	// backend's copies of the peers are made next.
+	d.snap.Leases, d.snap.Invalid = nil, nil
 	if err := d.catchUp(ctx); err != nil {
 		return err
 	}

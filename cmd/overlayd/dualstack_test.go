@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -122,7 +123,7 @@ func TestLeaseListDualStack(t *testing.T) {
 		t.Fatalf("lease list -w json: %v\n%s", err, r.out)
 	}
 	want := leaseRow{Subnet: seed.live.IPv4.String(), IPv6Subnet: seed.live.IPv6.String(), PublicIP: "198.18.0.1", PublicIPv6: "2001:db8::1",
-		VtepMAC: "0e:00:00:00:00:01", VtepMACv6: "0e:00:00:00:06:01", NodeID: "node-1", Alive: "yes", State: stateLeased}
+		VtepMAC: "0e:00:00:00:00:01", VtepMACv6: "0e:00:00:00:06:01", NodeID: "node-1", Alive: "yes", State: leaseadmin.StateLeased}
 	got := doc.Leases[0] // address order: 10.244.1.0/24 first
 	if got.Subnet != want.Subnet || got.IPv6Subnet != want.IPv6Subnet || got.PublicIPv6 != want.PublicIPv6 || got.VtepMACv6 != want.VtepMACv6 || got.State != want.State {
 		t.Errorf("json lease %+v, want %+v", got, want)
@@ -192,7 +193,7 @@ func TestLeaseGetDualStack(t *testing.T) {
 		r := run(t, srv.Endpoint, "", "lease", "get", arg, "-w", "json")
 		var got leaseRow
 		if err := json.Unmarshal([]byte(r.out), &got); err != nil || got.Subnet != seed.live.IPv4.String() || got.IPv6Subnet != seed.live.IPv6.String() ||
-			got.PublicIPv6 != "2001:db8::1" || got.VtepMACv6 != "0e:00:00:00:06:01" || got.State != stateLeased {
+			got.PublicIPv6 != "2001:db8::1" || got.VtepMACv6 != "0e:00:00:00:06:01" || got.State != leaseadmin.StateLeased {
 			t.Errorf("lease get %s -w json = %+v (%v)", arg, r, err)
 		}
 	}
@@ -530,10 +531,10 @@ func TestConfigPutIPv6Toggle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range doc.Leases {
-		if l.Subnet == live[0].String() && (l.State != stateIPv4Only || !strings.Contains(l.Problem, "its key names no IPv6 subnet")) {
+		if l.Subnet == live[0].String() && (l.State != leaseadmin.StateIPv4Only || !strings.Contains(l.Problem, "its key names no IPv6 subnet")) {
 			t.Errorf("lease %s after IPv6 was turned on: state %q (%s), want ipv4-only", l.Subnet, l.State, l.Problem)
 		}
-		if l.State == stateOrphaned {
+		if l.State == leaseadmin.StateOrphaned {
 			t.Errorf("lease %s orphaned by turning IPv6 on: %s", l.Subnet, l.Problem)
 		}
 	}

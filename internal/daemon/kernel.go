@@ -25,6 +25,9 @@ type Kernel interface {
 	// Underlay finds the interface and public addresses to use (--iface,
 	// --public-ip, --public-ipv6, or the default route's link).
 	Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
+	// ChooseUnderlay resolves the underlay flags (see
+	// Config.ChooseUnderlay): the command line's choice, checked once.
+	ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error)
 	// OpenNetlink opens the netlink the VXLAN backend programs through,
 	// with the function that closes it.
 	OpenNetlink() (vxlan.Netlink, func(), error)

@@ -130,6 +130,12 @@ func (k *fakeKernel) MarkTakenOver(name string) error {
 // CheckDataPath finds the fake host able to serve any data path.
 func (k *fakeKernel) CheckDataPath(DataPath) error { return nil }
 
+// ChooseUnderlay takes the flags as they are: the CLI's tests check the
+// choice against real interfaces.
+func (k *fakeKernel) ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error) {
+	return UnderlayChoice{PublicIP: f.PublicIP, PublicIPv6: f.PublicIPv6}, nil
+}
+
 // LockHost is the host lock of the fake host: one holder at a time.
 func (k *fakeKernel) LockHost() (func(), error) {
 	k.mu.Lock()

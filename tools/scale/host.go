@@ -144,7 +144,10 @@ func (h *simHost) host() etcdv3.Host {
 }
 
 // start connects and acquires the lease; the host then runs in the
-// background until stop.
+// background until stop. It is long (over 80 lines) because it replays
+// overlayd's start-up steps in overlayd's order, each timed (lap) and
+// retried as overlayd retries it; split, the timings would lose their
+// shared clock.
 func (h *simHost) start(ctx context.Context) error {
 	t := time.Now()
 	lap := func(i int) {

@@ -184,6 +184,7 @@ func TestListedArrivalsEndOnceAndYieldToEvents(t *testing.T) {
 	if n, sum := observed(); n != 2 || sum != 3 {
 		t.Fatalf("after an event superseded a listed arrival: %d observations summing %v s, want 2 summing 3 s (2 + 1)", n, sum)
 	}
+	m.eventGone(netip.Prefix{}) // a rejected key that names no subnet
 	m.eventGone(pfx(3))
 	m.programmed(backend.Peer{Subnet: pfx(3)}, event)
 	if n, _ := observed(); n != 2 {

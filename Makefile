@@ -6,6 +6,12 @@ GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(VERSION)
+# grpcnotrace: gRPC without golang.org/x/net/trace (its RPC tracing is off
+# unless grpc.EnableTracing is set, which nothing here does). That package
+# imports html/template, whose reflection keeps the linker from dropping
+# unused methods: without it overlayd is 4 MB smaller, and a running
+# daemon maps 3.3 MB less of it (Documentation/benchmarks.md, issue 33).
+GOTAGS    := grpcnotrace
 # make fuzz gives each target a number of executions, about 8 s of fuzzing
 # on a 2-core machine, not a duration: with a duration, Go 1.26's fuzz
 # coordinator can fail a target with its own deadline ("context deadline
@@ -22,8 +28,8 @@ FUZZTIME  ?=
 all: build plugins
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd ./cmd/overlayd
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/overlay-cni ./cmd/overlay-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(GOTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd ./cmd/overlayd
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(GOTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/overlay-cni ./cmd/overlay-cni
 
 # The upstream CNI plugins, built from the version pinned by go.mod's tool
 # directives (so go.sum records exactly what the tests run).

@@ -163,6 +163,10 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.reg.SubnetsPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
+	// The peer set, the journal and the watch have what they need of the
+	// listing's leases: with many leases they are megabytes, and the
+	// backend's copies of the peers are made next.
+	d.snap.Leases, d.snap.Invalid = nil, nil
 	if err := d.catchUp(ctx); err != nil {
 		return err
 	}
@@ -208,15 +212,16 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 // is programmed. Only peers are recorded: the own lease, a reservation, an
 // invalid or orphaned lease is never programmed, and an arrival of one
 // would stay pending for good, keeping the map of a cold start's
-// thousands of arrivals resident (it is replaced once nothing is pending).
+// thousands of arrivals resident.
 func (d *daemon) seedPeers(now time.Time) {
 	rejected := d.peers.reset(d.snap)
-	d.m.expectEvents(d.peers.size())
+	arrived := make([]arrivalKey, 0, d.peers.size())
 	for _, l := range d.snap.Leases {
 		if d.peers.isPeer(l.ID()) {
-			d.m.eventArrived(l.Subnets().Primary(), now)
+			arrived = append(arrived, arrivalKeyOf(l.Subnets().Primary()))
 		}
 	}
+	d.m.listingArrived(arrived, now)
 	d.m.rejected(rejected, d.log)
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
@@ -159,11 +160,11 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, le
 	for _, l := range leases {
 		row := leaseRow{Subnet: prefixString(l.Subnet), IPv6Subnet: prefixString(l.IPv6Subnet), PublicIP: l.Attrs.PublicIP, PublicIPv6: l.Attrs.PublicIPv6, NodeID: l.Attrs.NodeID,
 			Hostname: l.Attrs.Hostname, Reserved: l.Reserved, TTLSeconds: -1, Alive: "unknown", Revision: l.ModRevision}
-		if d, err := l.Attrs.VXLAN(); err == nil {
-			row.VtepMAC = d.VtepMAC
+		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendData, "BackendData"); ok {
+			row.VtepMAC = mac
 		}
-		if d, err := l.Attrs.VXLANv6(); err == nil {
-			row.VtepMACv6 = d.VtepMAC
+		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendV6Data, "BackendV6Data"); ok {
+			row.VtepMACv6 = mac
 		}
 		if !l.Reserved {
 			row.TTLSeconds = ttls[l.EtcdLease]

@@ -252,13 +252,8 @@ type teardownReport struct {
 // "left WHY".
 func teardownOutput(res daemon.TeardownResult) printer.Output {
 	rep := teardownReport{Removed: []string{}, LeaseReleased: res.LeaseRemoved, LeaseKept: res.LeaseKept, LeftInPlace: []string{}}
-	if res.DeviceRemoved {
-		rep.Removed = append(rep.Removed, res.Device)
-	}
-	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
-		if dev != "" {
-			rep.Removed = append(rep.Removed, dev)
-		}
+	for _, dev := range res.Removed {
+		rep.Removed = append(rep.Removed, dev.Name)
 	}
 	if res.MasqRemoved {
 		rep.Removed = append(rep.Removed, "nftables table inet "+masq.TableName)
@@ -288,13 +283,8 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 		return // it stopped before looking
 	}
 	var lines []string
-	if res.DeviceRemoved {
-		lines = append(lines, "removed device "+res.Device+" and its routes, neighbours and FDB entries")
-	}
-	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
-		if dev != "" {
-			lines = append(lines, "removed device "+dev+" and its routes, neighbours and FDB entries")
-		}
+	for _, dev := range res.Removed {
+		lines = append(lines, "removed device "+dev.Name+" and its routes, neighbours and FDB entries")
 	}
 	if res.MasqRemoved {
 		lines = append(lines, "removed nftables table inet "+masq.TableName)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -30,10 +31,10 @@ func StrandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []Stranded
 	var out []Stranded
 	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
 	for _, l := range leases {
-		if prev != nil && prev.Orphaned(l) != nil {
+		if prev != nil && prev.Orphaned(l, daemon.LeaseCodec(prev.Backend)) != nil {
 			continue // already orphaned: nothing changes for it
 		}
-		if err := next.Orphaned(l); err != nil {
+		if err := next.Orphaned(l, daemon.LeaseCodec(next.Backend)); err != nil {
 			out = append(out, Stranded{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
 			continue
 		}

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -72,7 +73,7 @@ const (
 	StateIPv4Only = "ipv4-only"
 )
 
-// State judges l as every daemon does (Config.Peer, or CheckClaim for a
+// State judges l as every daemon does (Config.CheckPeer, or CheckClaim for a
 // reservation no host has adopted yet). cfg nil: no valid config.
 func State(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
 	if cfg == nil {
@@ -80,9 +81,9 @@ func State(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
 	}
 	var err error
 	if l.Unclaimed() {
-		err = cfg.CheckClaim(l)
+		err = cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend))
 	} else {
-		_, _, err = cfg.Peer(l)
+		err = cfg.CheckLease(l, daemon.LeaseCodec(cfg.Backend))
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):
@@ -139,7 +140,7 @@ func PlainKey(key string) string {
 // same node). Revoking it takes nothing from the host even if it is alive.
 func UnusedByItsHost(ctx context.Context, st Store, l subnet.Lease) (bool, error) {
 	cfg, _, err := st.GetConfig(ctx)
-	if err != nil || cfg.Orphaned(l) == nil && !l.Unclaimed() {
+	if err != nil || cfg.Orphaned(l, daemon.LeaseCodec(cfg.Backend)) == nil && !l.Unclaimed() {
 		return false, nil // without a valid config nothing is known to be orphaned
 	}
 	snap, err := st.List(ctx)
@@ -147,7 +148,7 @@ func UnusedByItsHost(ctx context.Context, st Store, l subnet.Lease) (bool, error
 		return false, err
 	}
 	for _, other := range snap.Leases {
-		if other.Subnets() != l.Subnets() && cfg.Orphaned(other) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
+		if other.Subnets() != l.Subnets() && cfg.Orphaned(other, daemon.LeaseCodec(cfg.Backend)) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
 			return true, nil
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -69,7 +70,7 @@ func hostLease(n int, node string) subnet.Lease {
 	mac := net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(n)}
 	return subnet.Lease{
 		Subnet:    netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
-		Attrs:     subnet.NewVXLANAttrs(netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)), 1, mac, node, ""),
+		Attrs:     subnet.NewAttrs(netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(mac), node, ""),
 		EtcdLease: int64(100 + n),
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -35,7 +36,7 @@ func Reserve(ctx context.Context, reg Store, s subnet.Subnets, attrs subnet.Leas
 	}
 	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: true}
 	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
-		err = cfg.CheckClaim(l)
+		err = cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend))
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):

@@ -2,11 +2,11 @@ package etcdv3
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"time"
 
@@ -43,11 +43,14 @@ type Host struct {
 	NodeID   string
 	Hostname string
 	PublicIP netip.Addr
-	VtepMAC  net.HardwareAddr
-	// PublicIPv6 and VtepMACv6 are the IPv6 device's, used in a network
-	// that carries IPv6.
-	PublicIPv6 netip.Addr
-	VtepMACv6  net.HardwareAddr
+	// BackendData is what this host's data plane publishes of its device
+	// (the backend's codec made it: backend/vxlan.Codec.Encode), written
+	// into the lease as it is.
+	BackendData json.RawMessage
+	// PublicIPv6 and BackendV6Data are the IPv6 device's, used in a
+	// network that carries IPv6.
+	PublicIPv6    netip.Addr
+	BackendV6Data json.RawMessage
 	// Previous names the subnets from an old subnet.env, each reused if
 	// still free.
 	Previous subnet.Subnets
@@ -101,14 +104,14 @@ func NewManager(reg *Registry, cfg *subnet.Config, host Host, opts ManagerOption
 }
 
 // subnetHost is h as the lease source takes it: the lease value it
-// publishes in cfg, built from its VTEP MACs.
+// publishes in cfg, with the backend's data of each family's device.
 func (h Host) subnetHost(cfg *subnet.Config) subnet.Host {
 	a := subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: h.NodeID, Hostname: h.Hostname}
 	if cfg.EnableIPv4 {
-		a = subnet.NewVXLANAttrs(h.PublicIP, cfg.Backend.VNI, h.VtepMAC, h.NodeID, h.Hostname)
+		a = subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, h.BackendData, h.NodeID, h.Hostname)
 	}
 	if cfg.EnableIPv6 {
-		a = a.WithIPv6(h.PublicIPv6, cfg.Backend.VNI, h.VtepMACv6)
+		a = a.WithIPv6(h.PublicIPv6, h.BackendV6Data)
 	}
 	return subnet.Host{NodeID: h.NodeID, Hostname: h.Hostname, PublicIP: h.PublicIP, PublicIPv6: h.PublicIPv6, Attrs: a, Previous: h.Previous}
 }

@@ -183,7 +183,11 @@ func TestListedArrivalsEndOnceAndYieldToEvents(t *testing.T) {
 	if n, sum := observed(); n != 2 || sum != 3 {
 		t.Fatalf("after an event superseded a listed arrival: %d observations summing %v s, want 2 summing 3 s (2 + 1)", n, sum)
 	}
+	before := pendingArrivals(m)
 	m.eventGone(netip.Prefix{}) // a rejected key that names no subnet
+	if got := pendingArrivals(m); !slices.Equal(got, before) {
+		t.Fatalf("a rejected key naming no subnet changed the pending arrivals: %v, want %v", got, before)
+	}
 	m.eventGone(pfx(3))
 	m.programmed(backend.Peer{Subnet: pfx(3)}, event)
 	if n, _ := observed(); n != 2 {

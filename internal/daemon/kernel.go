@@ -42,7 +42,8 @@ type Kernel interface {
 	// like Underlay, but a link that is down, has no address or no
 	// default route will do (a host being taken apart may have lost
 	// them). The error says why no link was found; what else was found
-	// is returned all the same.
+	// is returned all the same. An error wrapping errNoNetlink says the
+	// kernel cannot be reached at all.
 	TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
 	// Masquerade installs the masquerade of traffic from each cluster
 	// network (one per address family) to outside it and returns what
@@ -221,6 +222,11 @@ type keptMasq struct{ *masq.Masq }
 func (m keptMasq) Run(ctx context.Context) error { return m.Masq.Run(ctx, masqInterval, nil) }
 
 // netlinkHandle opens a netlink handle in ns (or the current namespace).
+// errNoNetlink is why nothing of the host's kernel can be read or
+// changed: its netlink could not be opened. Teardown stops on it at once
+// rather than go on to etcd with a kernel it cannot touch.
+var errNoNetlink = errors.New("open netlink")
+
 func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	var h *netlink.Handle
 	var err error
@@ -230,7 +236,7 @@ func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 		h, err = netlink.NewHandle()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open netlink: %w", err)
+		return nil, fmt.Errorf("%w: %w", errNoNetlink, err)
 	}
 	return h, nil
 }

@@ -95,6 +95,9 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, err
 	}
 	ul, ulErr := cfg.Kernel.TeardownUnderlay(cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
+	if errors.Is(ulErr, errNoNetlink) {
+		return res, ulErr // nothing on this host can be removed: leave the lease too
+	}
 	if ulErr != nil {
 		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, vxlan.RouteProtocol)
 		cfg.Logger.Warn(w)

@@ -52,6 +52,7 @@ type fakeKernel struct {
 	deviceAtMasq        bool
 	locked              bool  // LockHost
 	masqErr             error // what Masquerade fails with, if set
+	teardownErr         error // what TeardownUnderlay fails with, if set
 }
 
 func newFakeKernel() *fakeKernel {
@@ -84,6 +85,12 @@ func (k *fakeKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Un
 }
 
 func (k *fakeKernel) TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
+	k.mu.Lock()
+	err := k.teardownErr
+	k.mu.Unlock()
+	if err != nil {
+		return Underlay{PublicIP: publicIP, PublicIPv6: publicIPv6}, err
+	}
 	return k.Underlay(iface, publicIP, publicIPv6)
 }
 
@@ -776,5 +783,44 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	}
 	if log := k.log(); !slices.Contains(log, "masq removed") || !slices.Contains(log, "marked flannel.1") {
 		t.Errorf("kernel seam calls %v, want the takeover marked and the masquerade removed", log)
+	}
+}
+
+// A teardown on a host whose netlink cannot be opened (no CAP_NET_ADMIN
+// in its namespace) fails at once with that error: it removes nothing,
+// and above all keeps the lease, as the devices and routes using it stay.
+func TestWiringTeardownStopsWithoutNetlink(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	k := newFakeKernel()
+	w := startWiring(t, srv, func(c *Config) { c.Kernel = k })
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	w.stop(t)
+
+	k.mu.Lock()
+	k.teardownErr = fmt.Errorf("%w: operation not permitted", errNoNetlink)
+	k.mu.Unlock()
+	res, err := Teardown(ctx, w.cfg, TeardownOptions{})
+	if !errors.Is(err, errNoNetlink) || res.LeaseRemoved != "" || len(res.Warnings) != 0 {
+		t.Fatalf("Teardown without netlink = %+v, %v; want the netlink error and nothing done", res, err)
+	}
+	if !k.present(vxlan.DeviceName(1)) {
+		t.Error("overlay.1 was removed although the kernel was unreachable")
+	}
+	snap, err := reg.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for _, l := range snap.Leases {
+		held = held || l.Attrs.NodeID == "wiring"
+	}
+	if !held {
+		t.Error("the host's lease was released although its devices stay")
 	}
 }

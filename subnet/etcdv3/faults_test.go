@@ -778,3 +778,51 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 		return err == nil && cur.Attrs.OwnedBy(h.NodeID, h.PublicIP)
 	})
 }
+
+// A watch resumed from a saved set is still catching up (the head it must
+// reach is ahead) when etcd's store is re-created: the re-list of the new
+// store is current, and says so (CaughtUp), although its revision is far
+// below the old store's head. Without that the daemon would stay "catching
+// up" and never start keeping its lease.
+func TestRecreatedStoreEndsTheCatchUp(t *testing.T) {
+	t.Parallel() // mostly waits on timers; it has its own etcd
+	srv, _, _, cfg := startServer(t)
+	proxy := newProxy(t, srv.Endpoint)
+	reg := proxiedRegistry(t, proxy.Endpoint())
+	m := etcdv3.NewManager(reg, cfg, me(), etcdv3.ManagerOptions{LivenessTTL: 2 * time.Second, RetryInterval: 100 * time.Millisecond})
+	if err := m.ClaimNodeID(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	_, snap, err := m.Acquire(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx := runManager(t, m)
+	testenv.WaitFor(t, testenv.Slack, "the liveness key held", m.Alive)
+	// A head the old store does not reach before it is replaced: the
+	// watch is still catching up when that happens.
+	snap.Head = snap.Revision + 1_000_000
+	var caughtUp atomic.Bool
+	var batches atomic.Int64
+	go func() {
+		for b := range reg.Watch(runCtx, snap, etcdv3.WatchOptions{RetryInterval: 100 * time.Millisecond, RelistSpread: 100 * time.Millisecond}) {
+			batches.Add(1)
+			if b.CaughtUp {
+				caughtUp.Store(true)
+			}
+		}
+	}()
+	testenv.WaitFor(t, testenv.Slack, "a progress batch of the old store", func() bool { return batches.Load() > 0 })
+	if caughtUp.Load() {
+		t.Fatal("caught up with a head the store has not reached")
+	}
+
+	srv2, _, _, _ := startServer(t)
+	if err := proxy.Retarget(srv2.Endpoint); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	// As in TestRecreatedStoreIsNoticedAndRejoined: reconnect, the
+	// liveness lease found gone, the claim's write going back.
+	testenv.WaitFor(t, 3*2*time.Second+5*time.Second+testenv.Slack, "the re-list of the new store marked caught up", caughtUp.Load)
+}

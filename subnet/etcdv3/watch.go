@@ -239,9 +239,14 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 // resumed watch was to catch up with, the revision each known lease was
 // written at (a re-list compares them with the new store's) — and says why
 // the watch ends: as after a compaction, only a re-list can tell what
-// changed.
+// changed. A watch still catching up is caught up by that re-list (it reads
+// the new store at its head), whose revision may be far below the old
+// store's head: catchUp becomes 1, so the next batch is marked CaughtUp.
 func (w *watcher) rebased(epoch uint64) string {
 	w.epoch, w.head = epoch, 0
+	if w.catchUp > 0 {
+		w.catchUp = 1
+	}
 	for id, k := range w.known {
 		k.ModRevision = 0
 		w.known[id] = k

@@ -32,10 +32,10 @@ type Source interface {
 	Config(ctx context.Context) (*Config, error)
 	// ConfigKey names where the network config is kept, for messages.
 	ConfigKey() string
-	// LeaseKeyPrefix is what the store's name of a lease on subnets s
-	// adds before s.Key() (etcd: <prefix>/subnets/), so that messages name
-	// a lease as the store does; Invalid.Key has it too.
-	LeaseKeyPrefix() string
+	// LeaseName is the store's name of the lease on s (etcd: its key,
+	// <prefix>/subnets/<s.Key()>), so that messages name a lease as the
+	// store does, as Invalid.Key does.
+	LeaseName(s Subnets) string
 
 	// Claim makes this process the holder of host's identity in the
 	// network cfg (etcd: the node-ID claim, which waits out another
@@ -118,7 +118,13 @@ type Host struct {
 
 // Invalid is a lease key whose key or value could not be decoded.
 type Invalid struct {
-	Key         string
+	// Key is the store's name of the lease (etcd: its key), for messages
+	// and Batch.Deleted.
+	Key string
+	// Subnets are the subnets the lease is on, as the source tells them
+	// (etcd: from its key); zero if Key names none. A consumer drops the
+	// peer on them: an undecodable value replaces whatever was there.
+	Subnets     Subnets
 	ModRevision int64
 	Err         error
 }

@@ -20,14 +20,16 @@ type peerSet struct {
 	cfg    *subnet.Config
 	codec  backend.Codec // reads the backend's part of each lease value
 	own    subnet.ID
-	prefix string // the registry's subnets prefix, to name keys
+	name   func(subnet.Subnets) string // the source's name of a lease, for messages
 
 	// valid holds, per address family (famIndex: IPv4, IPv6), each valid
 	// peer as that family's plane takes it, by the subnets its key names;
 	// a family the network does not carry stays empty.
 	valid [2]map[subnet.ID]backend.Peer
-	// bad maps each currently skipped key to the revision reported.
-	bad map[string]skip
+	// bad maps each currently skipped lease to the revision reported: by
+	// the subnets it names, or, for an invalid one naming none, by the
+	// source's name of it.
+	bad map[badKey]skip
 	// reserved holds the unclaimed reservations.
 	reserved map[subnet.ID]bool
 	// half holds the peers programmed in their IPv4 half only: their key
@@ -50,10 +52,28 @@ const (
 	orphanedLease                 // a lease outside the network config
 )
 
-// skip is a skipped key's kind and the revision reported.
+// skip is a skipped key's kind and the revision reported, and the
+// source's name of it (Invalid.Key), to forget it when the source reports
+// it deleted (Batch.Deleted).
 type skip struct {
 	rev  int64
 	kind skipKind
+	key  string
+}
+
+// badKey names a skipped lease: by its subnets, or by the source's name
+// of it if it names no subnets (id zero).
+type badKey struct {
+	id  subnet.ID
+	key string
+}
+
+// badKeyOf is the bookkeeping key of a lease on sn, named key.
+func badKeyOf(sn subnet.Subnets, key string) badKey {
+	if sn == (subnet.Subnets{}) {
+		return badKey{key: key}
+	}
+	return badKey{id: sn.ID()}
 }
 
 // rejection is a lease that will not be programmed.
@@ -64,8 +84,10 @@ type rejection struct {
 	Kind skipKind
 }
 
-func newPeerSet(cfg *subnet.Config, codec backend.Codec, own subnet.Subnets, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, codec: codec, own: own.ID(), prefix: subnetsPrefix, valid: [2]map[subnet.ID]backend.Peer{{}, {}}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
+// newPeerSet returns an empty peer set; name is the source's name of the
+// lease on some subnets (subnet.Source.LeaseName), for messages.
+func newPeerSet(cfg *subnet.Config, codec backend.Codec, own subnet.Subnets, name func(subnet.Subnets) string) *peerSet {
+	return &peerSet{cfg: cfg, codec: codec, own: own.ID(), name: name, valid: [2]map[subnet.ID]backend.Peer{{}, {}}, bad: map[badKey]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
 }
 
 // reset replaces everything with a full listing.
@@ -76,7 +98,7 @@ func (s *peerSet) reset(snap subnet.Snapshot) []rejection {
 	if s.cfg.EnableIPv6 {
 		s.valid[1] = make(map[subnet.ID]backend.Peer, len(snap.Leases))
 	}
-	s.bad = map[string]skip{}
+	s.bad = map[badKey]skip{}
 	s.reserved = map[subnet.ID]bool{}
 	s.half = map[subnet.ID]bool{}
 	s.ownSkip = nil
@@ -91,10 +113,11 @@ func (s *peerSet) reset(snap subnet.Snapshot) []rejection {
 func (s *peerSet) apply(b subnet.Batch) []rejection {
 	if b.Resync {
 		// A re-list batch carries every invalid key again; start the
-		// bookkeeping of undecodable keys afresh so deleted ones vanish.
-		for key := range s.bad {
-			if _, err := s.cfg.ParseLeaseKey(key[len(s.prefix):]); err != nil {
-				delete(s.bad, key)
+		// bookkeeping of keys naming no subnets afresh so deleted ones
+		// vanish.
+		for k := range s.bad {
+			if k.id == (subnet.ID{}) {
+				delete(s.bad, k)
 			}
 		}
 	}
@@ -113,14 +136,24 @@ func (s *peerSet) apply(b subnet.Batch) []rejection {
 		out = s.put(ev.Lease, s.bad, out)
 	}
 	for _, key := range b.Deleted {
-		delete(s.bad, key)
+		s.forget(key)
 	}
 	return s.invalid(b.Invalid, s.bad, out)
 }
 
-func (s *peerSet) key(id subnet.ID) string { return s.prefix + id.Subnets().Key() }
+// forget drops the skipped lease the source names key (a deleted one).
+func (s *peerSet) forget(key string) {
+	delete(s.bad, badKey{key: key})
+	for k, v := range s.bad {
+		if v.key == key {
+			delete(s.bad, k)
+		}
+	}
+}
 
-func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection) []rejection {
+func (s *peerSet) key(id subnet.ID) string { return s.name(id.Subnets()) }
+
+func (s *peerSet) put(l subnet.Lease, reported map[badKey]skip, out []rejection) []rejection {
 	id := l.ID()
 	delete(s.reserved, id)
 	s.drop(id)
@@ -221,30 +254,33 @@ func skipKindOf(err error) skipKind {
 // with thousands of leases saves as many strings.)
 func (s *peerSet) unmark(id subnet.ID) {
 	if len(s.bad) > 0 {
-		delete(s.bad, s.key(id))
+		delete(s.bad, badKey{id: id})
 	}
 }
 
-func (s *peerSet) invalid(inv []subnet.Invalid, reported map[string]skip, out []rejection) []rejection {
+// invalid marks the leases whose value (or key) the source could not
+// decode: the subnets the source says each names (none if its key names
+// none) are no peer until a valid value arrives.
+func (s *peerSet) invalid(inv []subnet.Invalid, reported map[badKey]skip, out []rejection) []rejection {
 	for _, i := range inv {
-		sn, err := s.cfg.ParseLeaseKey(i.Key[min(len(s.prefix), len(i.Key)):])
-		if err == nil {
+		if sn := i.Subnets; sn != (subnet.Subnets{}) {
 			s.drop(sn.ID()) // an undecodable value replaces whatever was there
 			delete(s.reserved, sn.ID())
 			if sn.ID() == s.own {
 				s.ownSkip = &rejection{Key: i.Key, ID: sn, Err: i.Err, Kind: invalidLease}
 			}
 		}
-		out = s.reject(sn, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
+		out = s.reject(i.Subnets, i.Key, i.ModRevision, i.Err, invalidLease, reported, out)
 	}
 	return out
 }
 
-func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, kind skipKind, reported map[string]skip, out []rejection) []rejection {
-	if seen, ok := reported[key]; !ok || seen != (skip{rev, kind}) {
+func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, kind skipKind, reported map[badKey]skip, out []rejection) []rejection {
+	k := badKeyOf(id, key)
+	if seen, ok := reported[k]; !ok || seen.rev != rev || seen.kind != kind {
 		out = append(out, rejection{Key: key, ID: id, Err: err, Kind: kind})
 	}
-	s.bad[key] = skip{rev, kind}
+	s.bad[k] = skip{rev, kind, key}
 	return out
 }
 

@@ -16,6 +16,9 @@ import (
 
 const prefix = "/coreos.com/network/subnets/"
 
+// prefixed names a lease as etcd's source does (Source.LeaseName).
+func prefixed(s subnet.Subnets) string { return prefix + s.Key() }
+
 func lease(sub, ip, mac string, rev int64) subnet.Lease {
 	return subnet.Lease{Subnet: netip.MustParsePrefix(sub), ModRevision: rev,
 		Attrs: subnet.LeaseAttrs{PublicIP: ip, BackendType: "vxlan", BackendData: []byte(`{"VNI":1,"VtepMAC":"` + mac + `"}`)}}
@@ -27,7 +30,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
+	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	snap := subnet.Snapshot{Leases: []subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
@@ -103,7 +106,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
+	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	reservation := func(sub, ip, node string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev,
 			Attrs: subnet.LeaseAttrs{PublicIP: ip, NodeID: node, BackendType: "vxlan"}}
@@ -180,7 +183,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefix)
+		s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefixed)
 		if rej := s.reset(subnet.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
 			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
 		}
@@ -235,5 +238,40 @@ func TestColdStartArrivalsAreCompact(t *testing.T) {
 	}
 	if perPeer := least / n; perPeer > 32 {
 		t.Errorf("%d listed arrivals took %d bytes, %d a peer: want at most 32", n, least, perPeer)
+	}
+}
+
+// A source that names a lease by something other than its subnets (a
+// Kubernetes one names it by its Node) reports that node-b's value no
+// longer decodes: the peer set takes the subnets from the source
+// (Invalid.Subnets), not by parsing the name as etcd's key, turns node-b's
+// peer off, counts it, and forgets it when the source reports it deleted.
+func TestInvalidOfANonEtcdSourceTurnsThePeerOff(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeB := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.2.0/24")}
+	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, func(subnet.Subnets) string { return "node-?" })
+	s.reset(subnet.Snapshot{Leases: []subnet.Lease{lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)}})
+	rej := s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: "node-b", Subnets: nodeB, ModRevision: 3, Err: errors.New("bad annotation")}}})
+	if n := len(s.peers(backend.IPv4)); n != 0 {
+		t.Fatalf("after node-b's value turned invalid: %d peer(s) still programmed", n)
+	}
+	if len(rej) != 1 || rej[0].Key != "node-b" || rej[0].ID != nodeB || s.counts().invalid != 1 {
+		t.Fatalf("rejections %+v, counts %+v; want node-b's, on %v, counted once", rej, s.counts(), nodeB)
+	}
+	// Reported again at the same revision: not logged again.
+	if rej := s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: "node-b", Subnets: nodeB, ModRevision: 3, Err: errors.New("bad annotation")}}}); len(rej) != 0 {
+		t.Fatalf("the same invalid value reported again: %+v", rej)
+	}
+	s.apply(subnet.Batch{Deleted: []string{"node-b"}})
+	if c := s.counts(); c.invalid != 0 {
+		t.Fatalf("after node-b was deleted: counts %+v, want no invalid lease", c)
+	}
+	// A valid value brings the peer back.
+	s.apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 5)}}})
+	if n := len(s.peers(backend.IPv4)); n != 1 {
+		t.Fatalf("after a valid value: %d peers, want 1", n)
 	}
 }

@@ -170,7 +170,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.src.LeaseKeyPrefix())
+	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.src.LeaseName)
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the

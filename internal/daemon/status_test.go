@@ -88,7 +88,7 @@ func TestOwnLeaseSkippedByEveryHostIsNotReady(t *testing.T) {
 		return l
 	}
 	key := prefix + "198.18.7.0-24"
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
+	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	for _, step := range []struct {
 		name  string
 		apply func()
@@ -104,7 +104,7 @@ func TestOwnLeaseSkippedByEveryHostIsNotReady(t *testing.T) {
 			s.apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: ownLease("203.0.113.7", 2, 4)}}})
 		}, []string{"this host's lease " + key + " is orphaned", "VNI 2 is not the network's Backend.VNI 1"}},
 		{"undecodable", func() {
-			s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: key, ModRevision: 5, Err: errors.New("invalid lease: value is not a JSON object")}}})
+			s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: key, Subnets: subnet.Subnets{IPv4: own}, ModRevision: 5, Err: errors.New("invalid lease: value is not a JSON object")}}})
 		}, []string{"this host's lease " + key + " is invalid", "value is not a JSON object"}},
 		{"fixed by a re-list", func() {
 			s.reset(subnet.Snapshot{Leases: []subnet.Lease{ownLease("203.0.113.7", 1, 6)}})

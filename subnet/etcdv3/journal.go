@@ -336,7 +336,7 @@ func decodeJournal(data []byte, reg *Registry) (Snapshot, journal.Replayed, erro
 		rec := r.Keys[k]
 		key := r.Header.Prefix + k
 		if rec.Kind == journal.KindInvalid {
-			snap.Invalid = append(snap.Invalid, Invalid{Key: key, ModRevision: rec.Mod, Err: errors.New(rec.Err)})
+			snap.Invalid = append(snap.Invalid, reg.invalid(key, rec.Mod, errors.New(rec.Err)))
 			continue
 		}
 		l, err := reg.decode([]byte(key), rec.Value, rec.Lease, rec.Mod)

@@ -90,3 +90,13 @@ func (k Keys) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, 
 func (k Keys) unchangedSince(rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(k.SubnetsPrefix()), "<", rev+1).WithPrefix()
 }
+
+// invalid describes key, whose key or value (at rev) could not be decoded
+// (err): with the subnets the key names, zero if it names none.
+func (k Keys) invalid(key string, rev int64, err error) Invalid {
+	sn, perr := k.ParseKey(key)
+	if perr != nil {
+		sn = subnet.Subnets{}
+	}
+	return Invalid{Key: key, Subnets: sn, ModRevision: rev, Err: err}
+}

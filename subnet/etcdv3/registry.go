@@ -127,7 +127,7 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 			}
 			l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 			if err != nil {
-				snap.Invalid = append(snap.Invalid, Invalid{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: err})
+				snap.Invalid = append(snap.Invalid, r.invalid(string(kv.Key), kv.ModRevision, err))
 				continue
 			}
 			snap.Leases = append(snap.Leases, l)

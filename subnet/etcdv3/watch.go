@@ -280,7 +280,7 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 			clear(pending)
 		}
 		invalid := func(err error) {
-			b.Invalid = append(b.Invalid, Invalid{Key: key, ModRevision: ev.Kv.ModRevision, Err: err})
+			b.Invalid = append(b.Invalid, w.reg.invalid(key, ev.Kv.ModRevision, err))
 			pending[key] = true
 			w.markInvalid(key)
 		}

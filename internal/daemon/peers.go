@@ -17,10 +17,10 @@ import (
 // reported once per revision, so a key that stays bad is logged once, not
 // at every resync.
 type peerSet struct {
-	cfg    *subnet.Config
-	codec  backend.Codec // reads the backend's part of each lease value
-	own    subnet.ID
-	name   func(subnet.Subnets) string // the source's name of a lease, for messages
+	cfg   *subnet.Config
+	codec backend.Codec // reads the backend's part of each lease value
+	own   subnet.ID
+	name  func(subnet.Subnets) string // the source's name of a lease, for messages
 
 	// valid holds, per address family (famIndex: IPv4, IPv6), each valid
 	// peer as that family's plane takes it, by the subnets its key names;

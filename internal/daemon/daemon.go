@@ -90,7 +90,9 @@ type Config struct {
 	// Kernel, if set, replaces the real network stack in NetNS (tests).
 	Kernel Kernel
 	// Source, if set, is where the leases come from instead of the etcd
-	// cluster Etcd and Prefix name (tests; another store).
+	// cluster Etcd and Prefix name (tests; another store). Run owns it
+	// once given: it closes it (Source.Close) before it returns, reached
+	// or not, after every goroutine using it has ended.
 	Source subnet.Source
 
 	Logger *slog.Logger

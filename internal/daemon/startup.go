@@ -24,14 +24,16 @@ import (
 // this host's lease, retrying what waiting can fix.
 func (d *daemon) join(ctx context.Context) error {
 	src := d.cfg.leaseSource(d.log)
+	// Last to close, whether or not it was reached (the daemon owns a
+	// Config.Source it is given): a start-up that fails after the claim
+	// frees the node ID at once (a no-op once Keep runs: it releases its
+	// own).
+	d.closers = append(d.closers, src.Close)
 	if err := d.steps.retry(ctx, stepReach+src.Where(), src.Connect); err != nil {
 		return err
 	}
 	d.src = src
 	d.steps.fatal = src.IsFatal
-	// Last to close: a start-up that fails after the claim frees the node
-	// ID at once (a no-op once Keep runs: it releases its own).
-	d.closers = append(d.closers, src.Close)
 
 	if err := d.steps.retry(ctx, stepReadConfig, func(ctx context.Context) (err error) {
 		d.netCfg, err = src.Config(ctx)

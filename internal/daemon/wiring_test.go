@@ -265,7 +265,6 @@ func startWiring(t *testing.T, srv *etcdtest.Server, opts ...func(*Config)) *wir
 	}
 	w := &wiring{k: newFakeKernel(), health: "http://" + ln.Addr().String(), done: make(chan error, 1)}
 	w.cfg = Config{
-		Etcd:           etcdclient.Config{Endpoints: []string{srv.Endpoint}},
 		NodeName:       "wiring",
 		SubnetFile:     filepath.Join(t.TempDir(), "subnet.env"),
 		IPMasq:         true,
@@ -275,6 +274,9 @@ func startWiring(t *testing.T, srv *etcdtest.Server, opts ...func(*Config)) *wir
 	}
 	if testing.Verbose() {
 		w.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if srv != nil { // nil: a test sets Config.Source
+		w.cfg.Etcd = etcdclient.Config{Endpoints: []string{srv.Endpoint}}
 	}
 	for _, o := range opts {
 		o(&w.cfg)

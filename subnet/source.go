@@ -26,6 +26,10 @@ type Source interface {
 	// Where names the store for readiness and logs, e.g. "etcd at
 	// 127.0.0.1:2379" (the start-up step reads "trying to reach <Where>").
 	Where() string
+	// Name is the store's short name: readiness's condition of this host's
+	// liveness in it (etcd: "etcd", whose reason reads "etcd session
+	// lost: …").
+	Name() string
 	// Connect reaches the store.
 	Connect(ctx context.Context) error
 	// Config reads and validates the stored network config.
@@ -66,9 +70,9 @@ type Source interface {
 	// behind; it reports whether there was one to release.
 	Release(ctx context.Context) (bool, error)
 	// IsFatal reports whether a start-up step's error is one retrying
-	// cannot fix (etcd: the lease lost, a duplicate node ID, a stranded
-	// lease; the daemon itself checks for no free subnet and for bad
-	// client settings).
+	// cannot fix, Connect's included (etcd: bad client settings, the lease
+	// lost, a duplicate node ID, a stranded lease; the daemon itself
+	// checks for no free subnet).
 	IsFatal(err error) bool
 	// Close ends what the source holds (its claim if Keep never took it
 	// over, its connection). Call it once every goroutine using the source

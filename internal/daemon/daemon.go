@@ -127,8 +127,18 @@ func (c *Config) leaseSource(log *slog.Logger) subnet.Source {
 		return c.Source
 	}
 	dial := func(ctx context.Context) (*clientv3.Client, error) { return etcdclient.Connect(ctx, c.Etcd) }
-	return etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: c.Etcd.Endpoints, Dial: dial, Prefix: c.Prefix, JournalFile: etcdv3.JournalFile(c.SubnetFile),
+	badSettings := func(err error) bool { return errors.Is(err, etcdclient.ErrConfig) }
+	return etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: c.Etcd.Endpoints, Dial: dial, DialFatal: badSettings, Prefix: c.Prefix, JournalFile: etcdv3.JournalFile(c.SubnetFile),
 		LeaseTTL: c.LeaseTTL, LivenessTTL: c.LivenessTTL, Resync: c.LeaseResync, ConfigRetry: retryInterval, Logger: log})
+}
+
+// requestTimeout is how long one request to the lease source may take:
+// --dial-timeout for etcd's, etcd's default for a Config.Source.
+func (c *Config) requestTimeout() time.Duration {
+	if c.Source != nil {
+		return etcdclient.DefaultDialTimeout
+	}
+	return dialTimeout(c.Etcd)
 }
 
 // retryInterval is the first pause between attempts of a start-up step
@@ -174,7 +184,11 @@ func run(ctx context.Context, cfg Config) error {
 	}
 	defer lock.release()
 	d.log = d.log.With("node", d.nodeID)
-	d.log.Info("starting", "iface", d.ul.Iface, "public_ip", d.ul.PublicIP, "public_ipv6", d.ul.PublicIPv6, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
+	if cfg.Source != nil {
+		d.log.Info("starting", "iface", d.ul.Iface, "public_ip", d.ul.PublicIP, "public_ipv6", d.ul.PublicIPv6, "source", cfg.Source.Where())
+	} else {
+		d.log.Info("starting", "iface", d.ul.Iface, "public_ip", d.ul.PublicIP, "public_ipv6", d.ul.PublicIPv6, "etcd", cfg.Etcd.Endpoints, "prefix", cfg.Prefix)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer d.shutdown(cancel)

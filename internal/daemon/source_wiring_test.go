@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/internal/testing/fakesource"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -63,6 +65,20 @@ func TestWiringFakeSourceStartBatchesInvalidCatchUpShutdown(t *testing.T) {
 		t.Errorf("the host claimed: %+v; want this host's public IP and its VXLAN data", h)
 	}
 
+	// Readiness judges the host's liveness in the source under the
+	// source's name, not etcd's.
+	var st Status
+	if err := getJSON(w.health+"/status", &st); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range st.Conditions {
+		names = append(names, c.Name)
+	}
+	if !slices.Contains(names, "fake") || slices.Contains(names, "etcd") {
+		t.Errorf("conditions %v: want the source's (fake), not etcd's", names)
+	}
+
 	// A batch removes a peer; an invalid value, named by the source, turns
 	// another off.
 	if err := src.Send(ctx, subnet.Batch{Revision: 6, Events: []subnet.Event{{Type: subnet.Removed, Lease: subnet.Lease{Subnet: netip.MustParsePrefix("10.244.3.0/24")}}}}); err != nil {
@@ -87,4 +103,29 @@ func TestWiringFakeSourceStartBatchesInvalidCatchUpShutdown(t *testing.T) {
 		t.Errorf("a kept lease was released at shutdown (%d)", n)
 	}
 	testenv.Eventually(t, testenv.Slack, "every goroutine of the daemon to end", leftoverGoroutines)
+}
+
+// A lease source whose Connect fails with an error it calls fatal (etcd:
+// bad client settings) ends the start at once with that error, instead of
+// retrying it for ever.
+func TestWiringFakeSourceFatalConnectEndsTheStart(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := fakesource.New(cfg, subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, subnet.Snapshot{})
+	src.ConnectErr = fmt.Errorf("%w: the store's address is malformed", fakesource.ErrFatal)
+	w := startWiring(t, nil, func(c *Config) { c.Source = src; c.PublicIP = netip.MustParseAddr("198.18.0.1") })
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		if !errors.Is(err, fakesource.ErrFatal) {
+			t.Fatalf("Run returned %v, want the source's fatal error", err)
+		}
+	case <-time.After(testenv.Deadline(testenv.Slack)):
+		t.Fatal("a fatal error of Connect is retried: Run did not return")
+	}
+	if n := src.Closed(); n != 1 {
+		t.Errorf("the source was closed %d times, want once (the daemon owns it, reached or not)", n)
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
 )
@@ -29,11 +28,11 @@ func (d *daemon) join(ctx context.Context) error {
 	// frees the node ID at once (a no-op once Keep runs: it releases its
 	// own).
 	d.closers = append(d.closers, src.Close)
+	d.steps.fatal = src.IsFatal
 	if err := d.steps.retry(ctx, stepReach+src.Where(), src.Connect); err != nil {
 		return err
 	}
 	d.src = src
-	d.steps.fatal = src.IsFatal
 
 	if err := d.steps.retry(ctx, stepReadConfig, func(ctx context.Context) (err error) {
 		d.netCfg, err = src.Config(ctx)
@@ -77,7 +76,7 @@ func (d *daemon) join(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.st.set(func(p *probe) { p.held = src.Held() })
+	d.st.set(func(p *probe) { p.held, p.store = src.Held(), src.Name() })
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
 	}
@@ -135,7 +134,7 @@ func (d *daemon) releaseUnserved() {
 	if d.src == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout(d.cfg.Etcd))
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.requestTimeout())
 	defer cancel()
 	released, err := d.src.Release(ctx)
 	if !released {
@@ -423,9 +422,9 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 // again, as the lease source's own retry loops do (etcdv3.WarnEvery).
 const warnEvery = 30 * time.Second
 
-// fatalAtStart: no free subnet, bad client settings, or an error of the
-// lease source that waiting cannot fix (the lease lost, a duplicate node
-// ID, a stranded lease).
+// fatalAtStart: no free subnet, or an error of the lease source that
+// waiting cannot fix (etcd: bad client settings, the lease lost, a
+// duplicate node ID, a stranded lease).
 func (s stepper) fatalAtStart(err error) bool {
-	return errors.Is(err, subnet.ErrOutOfSubnets) || errors.Is(err, etcdclient.ErrConfig) || s.fatal != nil && s.fatal(err)
+	return errors.Is(err, subnet.ErrOutOfSubnets) || s.fatal != nil && s.fatal(err)
 }

@@ -72,6 +72,7 @@ type probe struct {
 	// phase says what start-up is waiting for; "" once it is over.
 	phase string
 	held  subnet.LeaseState // this host's lease, once acquired
+	store string            // the lease source's name (subnet.Source.Name), with held
 	// planes are the data planes, the IPv4 one first.
 	planes []backend.Plane
 	env    *envKeeper
@@ -112,7 +113,7 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 // the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, planes, env, phase, config, own := p.held, p.planes, p.env, p.phase, p.config, p.own
+	mgr, store, planes, env, phase, config, own := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
 	if p.publicIP.IsValid() {
@@ -164,7 +165,7 @@ func (p *probe) status(now time.Time) Status {
 		s.Conditions = []Condition{{Name: "startup", Reason: phase}}
 		return s
 	}
-	s.Conditions = []Condition{etcdCondition(mgr), leaseCondition(mgr, now, own), deviceCondition(sts), reconcileCondition(sts),
+	s.Conditions = []Condition{storeCondition(store, mgr), leaseCondition(mgr, now, own), deviceCondition(sts), reconcileCondition(sts),
 		{Name: "subnet.env", Reason: env.problem()}, {Name: "config", Reason: config}}
 	s.Ready = true
 	for i := range s.Conditions {
@@ -175,14 +176,16 @@ func (p *probe) status(now time.Time) Status {
 	return s
 }
 
-func etcdCondition(mgr subnet.LeaseState) Condition {
-	c := Condition{Name: "etcd"}
+// storeCondition judges this host's liveness in the lease source named
+// store (etcd: the condition "etcd").
+func storeCondition(store string, mgr subnet.LeaseState) Condition {
+	c := Condition{Name: store}
 	switch alive, err := mgr.Liveness(); {
 	case alive:
 	case err == nil:
 		c.Reason = "liveness key not written yet"
 	default:
-		c.Reason = "etcd session lost: " + err.Error()
+		c.Reason = store + " session lost: " + err.Error()
 	}
 	return c
 }

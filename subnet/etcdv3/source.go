@@ -21,6 +21,9 @@ type SourceConfig struct {
 	// internal/etcdclient.Connect).
 	Endpoints []string
 	Dial      func(context.Context) (*clientv3.Client, error)
+	// DialFatal, if set, tells Dial's errors that retrying cannot fix
+	// (bad client settings) for IsFatal.
+	DialFatal func(error) bool
 	Prefix    string
 	// JournalFile is where the lease journal is kept (JournalFile of the
 	// subnet file); "" keeps none.
@@ -75,6 +78,9 @@ func NewSource(cfg SourceConfig) *Source {
 
 // Where names the etcd endpoints.
 func (s *Source) Where() string { return "etcd at " + strings.Join(s.cfg.Endpoints, ",") }
+
+// Name is "etcd".
+func (s *Source) Name() string { return "etcd" }
 
 // Connect dials etcd and checks that it answers.
 func (s *Source) Connect(ctx context.Context) error {
@@ -193,9 +199,12 @@ func (s *Source) Release(ctx context.Context) (bool, error) {
 	return true, s.mgr.Release(ctx)
 }
 
-// IsFatal: the lease lost, a duplicate node ID, a stranded lease. (Bad
-// client settings are Dial's to call fatal: the daemon checks them.)
+// IsFatal: the lease lost, a duplicate node ID, a stranded lease, and the
+// errors of Dial that DialFatal names (bad client settings).
 func (s *Source) IsFatal(err error) bool {
+	if s.cfg.DialFatal != nil && s.cfg.DialFatal(err) {
+		return true
+	}
 	for _, fatal := range []error{ErrLeaseLost, ErrDuplicateNode, ErrStranded} {
 		if errors.Is(err, fatal) {
 			return true

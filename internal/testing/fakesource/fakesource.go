@@ -24,6 +24,10 @@ var ErrFatal = errors.New("fakesource: fatal")
 // Source is an in-memory lease source. Its zero value is not usable: see
 // New.
 type Source struct {
+	// ConnectErr, if set before the daemon starts, is what Connect fails
+	// with.
+	ConnectErr error
+
 	cfg     *subnet.Config
 	own     subnet.Subnets
 	snap    subnet.Snapshot
@@ -79,8 +83,11 @@ func (s *Source) Watching() int { s.mu.Lock(); defer s.mu.Unlock(); return s.wat
 // Where names the fake store.
 func (s *Source) Where() string { return "the fake source" }
 
-// Connect always succeeds.
-func (s *Source) Connect(context.Context) error { return nil }
+// Connect fails with ConnectErr, if set.
+func (s *Source) Connect(context.Context) error { return s.ConnectErr }
+
+// Name is "fake": readiness's condition of the host's liveness.
+func (s *Source) Name() string { return "fake" }
 
 // Config returns the network config New was given.
 func (s *Source) Config(context.Context) (*subnet.Config, error) { return s.cfg, nil }

@@ -33,7 +33,7 @@ import (
 type Store interface {
 	// List returns every lease (and every undecodable key) with the
 	// store's revision.
-	List(ctx context.Context) (etcdv3.Snapshot, error)
+	List(ctx context.Context) (subnet.Snapshot, error)
 	// GetConfig returns the network config (etcdv3.ErrNoConfig if none,
 	// subnet.ErrInvalidConfig if it does not parse).
 	GetConfig(ctx context.Context) (*subnet.Config, []byte, error)

@@ -20,7 +20,7 @@ import (
 // reservations written, with errors to inject. The rules are pure logic
 // over it; cmd/overlayd's tests run the same rules against a real etcd.
 type fakeStore struct {
-	snap       etcdv3.Snapshot
+	snap       subnet.Snapshot
 	cfg        *subnet.Config
 	cfgErr     error
 	listErr    error
@@ -36,7 +36,7 @@ type reservation struct {
 
 const prefix = "/coreos.com/network"
 
-func (f *fakeStore) List(context.Context) (etcdv3.Snapshot, error) { return f.snap, f.listErr }
+func (f *fakeStore) List(context.Context) (subnet.Snapshot, error) { return f.snap, f.listErr }
 func (f *fakeStore) GetConfig(context.Context) (*subnet.Config, []byte, error) {
 	if f.cfgErr != nil {
 		return nil, nil, f.cfgErr
@@ -98,11 +98,11 @@ func TestReserve(t *testing.T) {
 		warning string
 	}{
 		{name: "a free subnet is written at the listing's revision", s: "10.244.9.0/24", attrs: attrs},
-		{name: "the host already has a lease", store: fakeStore{snap: etcdv3.Snapshot{Leases: []subnet.Lease{hostLease(3, "h9")}}},
+		{name: "the host already has a lease", store: fakeStore{snap: subnet.Snapshot{Leases: []subnet.Lease{hostLease(3, "h9")}}},
 			s: "10.244.9.0/24", attrs: attrs, refused: "node h9 already has 10.244.3.0/24 (key /coreos.com/network/subnets/10.244.3.0-24)"},
-		{name: "the host's public IP already has a reservation", store: fakeStore{snap: etcdv3.Snapshot{Leases: []subnet.Lease{reservationOf("10.244.4.0/24", "198.18.0.9", "")}}},
+		{name: "the host's public IP already has a reservation", store: fakeStore{snap: subnet.Snapshot{Leases: []subnet.Lease{reservationOf("10.244.4.0/24", "198.18.0.9", "")}}},
 			s: "10.244.9.0/24", attrs: attrs, refused: "public IP 198.18.0.9 already has 10.244.4.0/24"},
-		{name: "an undecodable key still holds its subnet", store: fakeStore{snap: etcdv3.Snapshot{Invalid: []etcdv3.Invalid{{Key: prefix + "/subnets/10.244.9.0-24&fd00::-64", Err: subnet.ErrInvalidLease}}}},
+		{name: "an undecodable key still holds its subnet", store: fakeStore{snap: subnet.Snapshot{Invalid: []subnet.Invalid{{Key: prefix + "/subnets/10.244.9.0-24&fd00::-64", Err: subnet.ErrInvalidLease}}}},
 			s: "10.244.9.0/24", attrs: attrs, refused: "10.244.9.0/24 is already held by key /coreos.com/network/subnets/10.244.9.0-24&fd00::-64"},
 		{name: "outside the network", s: "10.99.9.0/24", attrs: attrs, refused: "daemons would skip it"},
 		{name: "a public IP inside the network", s: "10.244.9.0/24", attrs: subnet.LeaseAttrs{PublicIP: "10.244.200.1", BackendType: subnet.DefaultBackendType},
@@ -191,11 +191,11 @@ func TestUnusedByItsHost(t *testing.T) {
 		l      subnet.Lease
 		unused bool
 	}{
-		{"an orphan whose host holds a fitting lease", fakeStore{cfg: cfg, snap: etcdv3.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h5")}}}, orphan, true},
-		{"an orphan, its host's only lease", fakeStore{cfg: cfg, snap: etcdv3.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h6")}}}, orphan, false},
-		{"a second reservation of a host with a lease", fakeStore{cfg: cfg, snap: etcdv3.Snapshot{Leases: []subnet.Lease{second, hostLease(6, "h5")}}}, second, true},
-		{"a fitting lease in use", fakeStore{cfg: cfg, snap: etcdv3.Snapshot{Leases: []subnet.Lease{hostLease(5, "h5"), hostLease(6, "h5")}}}, hostLease(5, "h5"), false},
-		{"no config: nothing is known to be orphaned", fakeStore{cfgErr: etcdv3.ErrNoConfig, snap: etcdv3.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h5")}}}, orphan, false},
+		{"an orphan whose host holds a fitting lease", fakeStore{cfg: cfg, snap: subnet.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h5")}}}, orphan, true},
+		{"an orphan, its host's only lease", fakeStore{cfg: cfg, snap: subnet.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h6")}}}, orphan, false},
+		{"a second reservation of a host with a lease", fakeStore{cfg: cfg, snap: subnet.Snapshot{Leases: []subnet.Lease{second, hostLease(6, "h5")}}}, second, true},
+		{"a fitting lease in use", fakeStore{cfg: cfg, snap: subnet.Snapshot{Leases: []subnet.Lease{hostLease(5, "h5"), hostLease(6, "h5")}}}, hostLease(5, "h5"), false},
+		{"no config: nothing is known to be orphaned", fakeStore{cfgErr: etcdv3.ErrNoConfig, snap: subnet.Snapshot{Leases: []subnet.Lease{orphan, hostLease(6, "h5")}}}, orphan, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			unused, err := UnusedByItsHost(context.Background(), &tc.store, tc.l)

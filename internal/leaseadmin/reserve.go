@@ -152,7 +152,7 @@ func addressFlags(cfg *subnet.Config) string {
 // key holding one half (an IPv4-only key beside a dual-stack one, two
 // dual-stack keys sharing a half) is caught here, in the listing whose
 // revision the write is conditional on.
-func checkFree(reg Store, snap etcdv3.Snapshot, l subnet.Lease) error {
+func checkFree(reg Store, snap subnet.Snapshot, l subnet.Lease) error {
 	s := l.Subnets()
 	for _, other := range snap.Leases {
 		if other.Subnets() == s {

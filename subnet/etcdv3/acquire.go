@@ -21,7 +21,7 @@ type acquirer struct {
 	held *held
 }
 
-func (m *acquirer) tryAcquire(ctx context.Context, snap Snapshot) (subnet.Lease, error) {
+func (m *acquirer) tryAcquire(ctx context.Context, snap subnet.Snapshot) (subnet.Lease, error) {
 	taken := m.listed(snap)
 	var own *subnet.Lease
 	for i, l := range snap.Leases {
@@ -63,7 +63,7 @@ type takenSubnets struct{ v4, v6 map[netip.Prefix]bool }
 // keys allocates twice what it ends up holding, and one sized for a family
 // the network does not carry is as much again for nothing, both at the
 // start-up's peak.
-func (m *acquirer) listed(snap Snapshot) takenSubnets {
+func (m *acquirer) listed(snap subnet.Snapshot) takenSubnets {
 	n := len(snap.Leases) + len(snap.Invalid)
 	var taken takenSubnets
 	if m.cfg.EnableIPv4 {

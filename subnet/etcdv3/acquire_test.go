@@ -70,7 +70,7 @@ func TestAcquireReturnsTheListingItChoseFrom(t *testing.T) {
 // in an IPv4-only network was as much again, for nothing).
 func TestTakenSubnetsAreSizedForTheListing(t *testing.T) {
 	const n = 4096
-	var v4, dual, v6 Snapshot
+	var v4, dual, v6 subnet.Snapshot
 	for i := range n {
 		s4 := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 4), byte(i << 4)}), 28)
 		s6 := netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x44, 0, 0, byte(i >> 8), byte(i)}), 64)
@@ -101,7 +101,7 @@ func TestTakenSubnetsAreSizedForTheListing(t *testing.T) {
 	})
 	for _, c := range []struct {
 		name, network string
-		snap          Snapshot
+		snap          subnet.Snapshot
 		maps          uint64
 	}{
 		{"IPv4 only", `{"Network":"10.244.0.0/16","SubnetLen":28}`, v4, 1},

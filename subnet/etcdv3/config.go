@@ -41,8 +41,8 @@ func (k Keys) configErr(exists bool, err error) error {
 // time <prefix>/config changes, until ctx ends (then the channel closes).
 // A broken watch is re-established after retry, delivering the config as
 // read then, so a change made meanwhile is not missed.
-func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan ConfigUpdate {
-	out := make(chan ConfigUpdate)
+func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan subnet.ConfigUpdate {
+	out := make(chan subnet.ConfigUpdate)
 	w := configWatch{cli: r.cli, keys: r.Keys}
 	go func() {
 		defer close(out)
@@ -72,7 +72,7 @@ type configWatch struct {
 
 // follow sends each change of the config key after rev until the
 // watch breaks or ctx ends.
-func (r configWatch) follow(ctx context.Context, rev int64, out chan<- ConfigUpdate) {
+func (r configWatch) follow(ctx context.Context, rev int64, out chan<- subnet.ConfigUpdate) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	for wr := range r.cli.Watch(ownStream(clientv3.WithRequireLeader(wctx), "config"), r.keys.ConfigKey(), clientv3.WithRev(rev+1)) {
@@ -92,18 +92,18 @@ func (r configWatch) follow(ctx context.Context, rev int64, out chan<- ConfigUpd
 }
 
 // update is the config as kvs hold it (none: deleted).
-func (r configWatch) update(kvs []*mvccpb.KeyValue) ConfigUpdate {
+func (r configWatch) update(kvs []*mvccpb.KeyValue) subnet.ConfigUpdate {
 	if len(kvs) == 0 {
-		return ConfigUpdate{Err: r.keys.configErr(false, nil)}
+		return subnet.ConfigUpdate{Err: r.keys.configErr(false, nil)}
 	}
 	cfg, err := subnet.ParseConfig(kvs[0].Value)
 	if err != nil {
-		return ConfigUpdate{Err: r.keys.configErr(true, err)}
+		return subnet.ConfigUpdate{Err: r.keys.configErr(true, err)}
 	}
-	return ConfigUpdate{Config: cfg}
+	return subnet.ConfigUpdate{Config: cfg}
 }
 
-func sendConfig(ctx context.Context, out chan<- ConfigUpdate, u ConfigUpdate) bool {
+func sendConfig(ctx context.Context, out chan<- subnet.ConfigUpdate, u subnet.ConfigUpdate) bool {
 	select {
 	case out <- u:
 		return true

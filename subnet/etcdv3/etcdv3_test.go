@@ -394,7 +394,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 	if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+"not-a-key", "{}"); err != nil {
 		t.Fatal(err)
 	}
-	var invalid []Invalid
+	var invalid []subnet.Invalid
 	for len(invalid) < 2 {
 		b := recv(t, ch)
 		if len(b.Events) != 0 {
@@ -566,7 +566,7 @@ func startRun(t *testing.T, m *Manager) (stop func() error) {
 	return stop
 }
 
-func recv(t *testing.T, ch <-chan Batch) Batch {
+func recv(t *testing.T, ch <-chan subnet.Batch) subnet.Batch {
 	t.Helper()
 	select {
 	case b, ok := <-ch:
@@ -577,11 +577,11 @@ func recv(t *testing.T, ch <-chan Batch) Batch {
 	case <-time.After(testenv.Deadline(testenv.Slack)):
 		t.Fatal("no watch batch in time")
 	}
-	return Batch{}
+	return subnet.Batch{}
 }
 
 // expect reads batches until one carries an event for p, and checks it.
-func expect(t *testing.T, ch <-chan Batch, typ subnet.EventType, p netip.Prefix, mac string) {
+func expect(t *testing.T, ch <-chan subnet.Batch, typ subnet.EventType, p netip.Prefix, mac string) {
 	t.Helper()
 	for range 10 {
 		for _, ev := range recv(t, ch).Events {

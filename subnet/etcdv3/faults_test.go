@@ -139,7 +139,7 @@ type collector struct {
 	resyncs int
 }
 
-func collect(ch <-chan etcdv3.Batch) *collector {
+func collect(ch <-chan subnet.Batch) *collector {
 	c := &collector{known: map[netip.Prefix]string{}}
 	go func() {
 		for b := range ch {
@@ -176,7 +176,7 @@ func (c *collector) missing(p netip.Prefix) bool {
 }
 
 // seedPeers writes peers 1–3 directly and lists them through reg.
-func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) etcdv3.Snapshot {
+func seedPeers(t *testing.T, dreg, reg *etcdv3.Registry) subnet.Snapshot {
 	t.Helper()
 	for i := 1; i <= 3; i++ {
 		if _, err := dreg.Create(tctx(t), subnet.Subnets{IPv4: peerSubnet(i)}, peerAttrs(i), 0); err != nil {

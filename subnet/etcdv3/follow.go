@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/internal/lib/jitter"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // follow consumes one etcd watch until it breaks or stalls, returning why
@@ -20,7 +21,7 @@ import (
 // comes first: a catch-up question to ask (catchUpAsker), a stall check,
 // a re-created store, the periodic re-list, or a response (broken,
 // deliver).
-func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Timer, live func()) (string, bool) {
+func (w *watcher) follow(ctx context.Context, out chan<- subnet.Batch, resync *time.Timer, live func()) (string, bool) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
@@ -97,9 +98,9 @@ func broken(resp clientv3.WatchResponse) (reason string, compacted bool) {
 // deliver sends what one watch response says: a progress notification as
 // an empty batch if it must be reported, events as the batches apply
 // makes of them. It returns false if ctx ended while sending.
-func (w *watcher) deliver(ctx context.Context, out chan<- Batch, resp clientv3.WatchResponse, floor int64) bool {
+func (w *watcher) deliver(ctx context.Context, out chan<- subnet.Batch, resp clientv3.WatchResponse, floor int64) bool {
 	if resp.IsProgressNotify() {
-		if w.reports(resp.Header.Revision) && !w.send(ctx, out, Batch{Revision: resp.Header.Revision}) {
+		if w.reports(resp.Header.Revision) && !w.send(ctx, out, subnet.Batch{Revision: resp.Header.Revision}) {
 			return false
 		}
 		w.rev = max(w.rev, resp.Header.Revision)
@@ -117,7 +118,7 @@ func (w *watcher) deliver(ctx context.Context, out chan<- Batch, resp clientv3.W
 	batches := w.apply(after(resp.Events, floor), rev)
 	w.reg.head.delivered(rev)
 	if len(batches) == 0 && w.reports(rev) {
-		batches = []Batch{{Revision: rev}}
+		batches = []subnet.Batch{{Revision: rev}}
 	}
 	for _, b := range batches {
 		if !w.send(ctx, out, b) {

@@ -69,11 +69,11 @@ type Journal struct {
 // (AcquireFrom). If there is none to use it returns a zero Snapshot and
 // says why (fs.ErrNotExist: no journal yet); the journal is usable either
 // way: Start writes it anew.
-func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
+func OpenJournal(path string, reg *Registry) (*Journal, subnet.Snapshot, error) {
 	j := &Journal{path: path, header: journal.Header{Journal: journal.Version, Prefix: reg.SubnetsPrefix()}}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return j, Snapshot{}, err
+		return j, subnet.Snapshot{}, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxJournalSize+1))
 	switch {
@@ -82,7 +82,7 @@ func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
 	case len(data) > maxJournalSize:
 		err = fmt.Errorf("lease journal %s is larger than %d MiB", path, maxJournalSize>>20)
 	}
-	var snap Snapshot
+	var snap subnet.Snapshot
 	var r journal.Replayed
 	if err == nil {
 		if snap, r, err = decodeJournal(data, reg); err != nil {
@@ -98,7 +98,7 @@ func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
 	}
 	if err != nil {
 		f.Close()
-		return j, Snapshot{}, err
+		return j, subnet.Snapshot{}, err
 	}
 	j.f, j.header.Cluster, j.keys, j.records, j.rev, j.sum, j.holds = f, snap.ClusterID, len(r.Keys), r.Records, snap.Revision, r.Sum, true
 	return j, snap, nil
@@ -107,7 +107,7 @@ func OpenJournal(path string, reg *Registry) (*Journal, Snapshot, error) {
 // Start makes the journal hold snap, the lease set the watch starts from:
 // nothing to do if snap is the set OpenJournal returned (a resumed
 // start), else the file is written anew.
-func (j *Journal) Start(snap Snapshot) error {
+func (j *Journal) Start(snap subnet.Snapshot) error {
 	if snap.Saved && j.holds && j.f != nil {
 		return nil
 	}
@@ -129,7 +129,7 @@ func (j *Journal) Start(snap Snapshot) error {
 }
 
 // snapshotRecords are the records of snap's keys.
-func snapshotRecords(prefix string, snap Snapshot) ([]journal.Record, error) {
+func snapshotRecords(prefix string, snap subnet.Snapshot) ([]journal.Record, error) {
 	recs := make([]journal.Record, 0, len(snap.Leases)+len(snap.Invalid))
 	for _, l := range snap.Leases {
 		r, err := leaseRecord(l)
@@ -146,7 +146,7 @@ func snapshotRecords(prefix string, snap Snapshot) ([]journal.Record, error) {
 
 // Apply appends a batch of the watch (Batch; an empty one only moves the
 // revision on).
-func (j *Journal) Apply(b Batch) error {
+func (j *Journal) Apply(b subnet.Batch) error {
 	if j.f == nil {
 		return errors.New("lease journal is not open")
 	}
@@ -183,7 +183,7 @@ func (j *Journal) Apply(b Batch) error {
 }
 
 // recordsOf are b's records, in the order they apply.
-func (j *Journal) recordsOf(b Batch) ([]journal.Record, error) {
+func (j *Journal) recordsOf(b subnet.Batch) ([]journal.Record, error) {
 	var recs []journal.Record
 	if b.Resync {
 		// A re-list's Invalid is every invalid key it found.
@@ -231,7 +231,7 @@ func (j *Journal) compact() error {
 // rebase rewrites the file with the set after b, a re-list of a store
 // that was re-created (its revisions start over, its cluster ID may be
 // new): appended, its revision would make the file unreadable.
-func (j *Journal) rebase(b Batch) error {
+func (j *Journal) rebase(b subnet.Batch) error {
 	r, err := j.replay()
 	if err != nil {
 		return fmt.Errorf("lease journal %s: %w", j.path, err)
@@ -294,7 +294,7 @@ func (j *Journal) write(n int, encode func(io.Writer) (uint32, error), rev int64
 	return nil
 }
 
-func invalidRecord(prefix string, inv Invalid) journal.Record {
+func invalidRecord(prefix string, inv subnet.Invalid) journal.Record {
 	msg := "invalid"
 	if inv.Err != nil {
 		msg = inv.Err.Error()
@@ -318,15 +318,15 @@ func leaseRecord(l subnet.Lease) (journal.Record, error) {
 
 // decodeJournal is the lease set a journal holds for the leases of reg,
 // and what replaying it found.
-func decodeJournal(data []byte, reg *Registry) (Snapshot, journal.Replayed, error) {
+func decodeJournal(data []byte, reg *Registry) (subnet.Snapshot, journal.Replayed, error) {
 	r, err := journal.Replay(data)
 	if err != nil {
-		return Snapshot{}, r, err
+		return subnet.Snapshot{}, r, err
 	}
 	if r.Header.Prefix != reg.SubnetsPrefix() {
-		return Snapshot{}, r, fmt.Errorf("it holds the leases under %s; the network's are under %s", r.Header.Prefix, reg.SubnetsPrefix())
+		return subnet.Snapshot{}, r, fmt.Errorf("it holds the leases under %s; the network's are under %s", r.Header.Prefix, reg.SubnetsPrefix())
 	}
-	snap := Snapshot{Revision: r.Rev, ClusterID: r.Header.Cluster, Saved: true}
+	snap := subnet.Snapshot{Revision: r.Rev, ClusterID: r.Header.Cluster, Saved: true}
 	names := make([]string, 0, len(r.Keys))
 	for k := range r.Keys {
 		names = append(names, k)
@@ -342,7 +342,7 @@ func decodeJournal(data []byte, reg *Registry) (Snapshot, journal.Replayed, erro
 		l, err := reg.decode([]byte(key), rec.Value, rec.Lease, rec.Mod)
 		if err != nil {
 			// It decoded when it was written: the file is damaged.
-			return Snapshot{}, r, fmt.Errorf("lease %s: %w", k, err)
+			return subnet.Snapshot{}, r, fmt.Errorf("lease %s: %w", k, err)
 		}
 		snap.Leases = append(snap.Leases, l)
 	}

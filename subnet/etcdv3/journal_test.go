@@ -69,7 +69,7 @@ func (f *fixture) countedManager(t *testing.T, h Host, log *slog.Logger) (*Manag
 }
 
 // follow applies the watch's batches to j until it has seen revision rev.
-func follow(t *testing.T, ch <-chan Batch, j *Journal, rev int64) {
+func follow(t *testing.T, ch <-chan subnet.Batch, j *Journal, rev int64) {
 	t.Helper()
 	for seen := int64(0); seen < rev; {
 		b := recv(t, ch)
@@ -81,7 +81,7 @@ func follow(t *testing.T, ch <-chan Batch, j *Journal, rev int64) {
 }
 
 // createJournal writes snap as a new journal at path.
-func createJournal(t *testing.T, path string, reg *Registry, snap Snapshot) *Journal {
+func createJournal(t *testing.T, path string, reg *Registry, snap subnet.Snapshot) *Journal {
 	t.Helper()
 	j, _, err := OpenJournal(path, reg)
 	if err != nil && !os.IsNotExist(err) {
@@ -94,7 +94,7 @@ func createJournal(t *testing.T, path string, reg *Registry, snap Snapshot) *Jou
 }
 
 // loadJournal is the lease set the journal at path holds.
-func loadJournal(path string, reg *Registry) (Snapshot, error) {
+func loadJournal(path string, reg *Registry) (subnet.Snapshot, error) {
 	j, snap, err := OpenJournal(path, reg)
 	j.Close()
 	return snap, err
@@ -103,7 +103,7 @@ func loadJournal(path string, reg *Registry) (Snapshot, error) {
 // journalOf writes the journal a host that started from snap keeps: snap,
 // then what its watch delivered up to etcd's current revision (its own
 // new lease, for one).
-func journalOf(t *testing.T, f *fixture, snap Snapshot) string {
+func journalOf(t *testing.T, f *fixture, snap subnet.Snapshot) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "subnet.env.leases")
 	j := createJournal(t, path, f.reg, snap)
@@ -125,21 +125,21 @@ func currentRev(t *testing.T, f *fixture) int64 {
 
 // sameSet fails unless got holds what etcd held under the leases' prefix
 // at got's revision.
-func sameSet(t *testing.T, f *fixture, got Snapshot) {
+func sameSet(t *testing.T, f *fixture, got subnet.Snapshot) {
 	t.Helper()
 	resp, err := f.cli.Get(ctx(t), f.reg.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(got.Revision))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Snapshot{ClusterID: resp.Header.ClusterId}
+	want := subnet.Snapshot{ClusterID: resp.Header.ClusterId}
 	for _, kv := range resp.Kvs {
 		if l, err := f.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision); err != nil {
-			want.Invalid = append(want.Invalid, Invalid{Key: string(kv.Key)})
+			want.Invalid = append(want.Invalid, subnet.Invalid{Key: string(kv.Key)})
 		} else {
 			want.Leases = append(want.Leases, l)
 		}
 	}
-	show := func(s Snapshot) string {
+	show := func(s subnet.Snapshot) string {
 		var b strings.Builder
 		for _, l := range s.Leases {
 			v, _ := l.Attrs.Marshal()
@@ -328,7 +328,7 @@ func TestWatchFromASavedSetSaysWhenCurrent(t *testing.T) {
 // joinSecond acquires host(2)'s lease, then host(1)'s, and returns
 // host(1), its lease and the listing its Acquire returned: host(2)'s
 // lease, not its own.
-func joinSecond(t *testing.T, f *fixture) (Host, subnet.Lease, Snapshot) {
+func joinSecond(t *testing.T, f *fixture) (Host, subnet.Lease, subnet.Snapshot) {
 	t.Helper()
 	if _, _, err := f.manager(host(2), ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -373,23 +373,23 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 	for _, tc := range []struct {
 		name, reason string
 		// meanwhile changes etcd or the saved set while the host is down.
-		meanwhile  func(t *testing.T, f *fixture, saved *Snapshot, own subnet.Lease)
+		meanwhile  func(t *testing.T, f *fixture, saved *subnet.Snapshot, own subnet.Lease)
 		newSubnet  bool // the host gets another subnet
 		noPrevious bool // there is no previous subnet file
 	}{
-		{"compacted", "compacted", func(t *testing.T, f *fixture, _ *Snapshot, _ subnet.Lease) {
+		{"compacted", "compacted", func(t *testing.T, f *fixture, _ *subnet.Snapshot, _ subnet.Lease) {
 			if _, err := f.cli.Put(ctx(t), DefaultPrefix+"/elsewhere", "x"); err != nil {
 				t.Fatal(err)
 			}
 			f.srv.Compact(t, f.cli)
 		}, false, false},
-		{"revision beyond etcd's", "re-created or restored", func(t *testing.T, _ *fixture, saved *Snapshot, _ subnet.Lease) {
+		{"revision beyond etcd's", "re-created or restored", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, _ subnet.Lease) {
 			saved.Revision += 1000
 		}, false, false},
-		{"another cluster", "cluster", func(t *testing.T, _ *fixture, saved *Snapshot, _ subnet.Lease) {
+		{"another cluster", "cluster", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, _ subnet.Lease) {
 			saved.ClusterID ^= 1
 		}, false, false},
-		{"own key missing from the set", "the saved set as written at 0", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+		{"own key missing from the set", "the saved set as written at 0", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, own subnet.Lease) {
 			for i := range saved.Leases {
 				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases = append(saved.Leases[:i], saved.Leases[i+1:]...)
@@ -397,32 +397,32 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 				}
 			}
 		}, false, false},
-		{"own key at another revision in the set", "etcd held this host's key", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+		{"own key at another revision in the set", "etcd held this host's key", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, own subnet.Lease) {
 			for i := range saved.Leases {
 				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases[i].ModRevision--
 				}
 			}
 		}, false, false},
-		{"own key deleted", "is gone", func(t *testing.T, f *fixture, _ *Snapshot, own subnet.Lease) {
+		{"own key deleted", "is gone", func(t *testing.T, f *fixture, _ *subnet.Snapshot, own subnet.Lease) {
 			if _, err := f.reg.Delete(ctx(t), own.Subnets()); err != nil {
 				t.Fatal(err)
 			}
 		}, false, false},
-		{"own key taken by another node", "now names node", func(t *testing.T, f *fixture, _ *Snapshot, own subnet.Lease) {
+		{"own key taken by another node", "now names node", func(t *testing.T, f *fixture, _ *subnet.Snapshot, own subnet.Lease) {
 			v, _ := peerLeaseAttrs().Marshal()
 			if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(own.Subnets()), string(v)); err != nil {
 				t.Fatal(err)
 			}
 		}, true, false},
-		{"own subnet held by another node", "as the holder of this host's previous subnet", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+		{"own subnet held by another node", "as the holder of this host's previous subnet", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, own subnet.Lease) {
 			for i := range saved.Leases {
 				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases[i].Attrs = peerLeaseAttrs()
 				}
 			}
 		}, false, false},
-		{"no lease of this host, no subnet file", "no previous subnet file", func(t *testing.T, _ *fixture, saved *Snapshot, own subnet.Lease) {
+		{"no lease of this host, no subnet file", "no previous subnet file", func(t *testing.T, _ *fixture, saved *subnet.Snapshot, own subnet.Lease) {
 			for i := range saved.Leases {
 				if saved.Leases[i].Subnet == own.Subnet {
 					saved.Leases = append(saved.Leases[:i], saved.Leases[i+1:]...)
@@ -494,7 +494,7 @@ func TestJournalIsCompacted(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
 	leases := journalLeases(4)
 	path := filepath.Join(t.TempDir(), "j")
-	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
+	j := createJournal(t, path, reg, subnet.Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
 	defer j.Close()
 	biggest := int64(0)
 	rev := int64(20)
@@ -504,7 +504,7 @@ func TestJournalIsCompacted(t *testing.T) {
 		l.ModRevision = rev
 		l.Attrs.Hostname = strings.Repeat("h", i%7)
 		leases[i%4] = l
-		if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: rev}); err != nil {
+		if err := j.Apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: rev}); err != nil {
 			t.Fatal(err)
 		}
 		if fi, err := os.Stat(path); err == nil {
@@ -531,15 +531,15 @@ func TestJournalRefusesABatchBehindIt(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
 	leases := journalLeases(2)
 	path := filepath.Join(t.TempDir(), "j")
-	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
+	j := createJournal(t, path, reg, subnet.Snapshot{Leases: leases, Revision: 20, ClusterID: 7})
 	defer j.Close()
 	l := leases[0]
 	l.Attrs.Hostname, l.ModRevision = "new", 30
-	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 30}); err != nil {
+	if err := j.Apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 30}); err != nil {
 		t.Fatal(err)
 	}
 	l.Attrs.Hostname, l.ModRevision = "stale", 25
-	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 25}); err == nil || !strings.Contains(err.Error(), "revision 25 after 30") {
+	if err := j.Apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: l}}, Revision: 25}); err == nil || !strings.Contains(err.Error(), "revision 25 after 30") {
 		t.Fatalf("a batch behind the journal: %v, want it refused", err)
 	}
 	got, err := loadJournal(path, reg)
@@ -555,9 +555,9 @@ func TestJournalStartsOverWithARecreatedStore(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
 	leases := journalLeases(3)
 	path := filepath.Join(t.TempDir(), "j")
-	j := createJournal(t, path, reg, Snapshot{Leases: leases, Revision: 300, ClusterID: 7})
+	j := createJournal(t, path, reg, subnet.Snapshot{Leases: leases, Revision: 300, ClusterID: 7})
 	defer j.Close()
-	b := Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: leases[2]}}, Revision: 12, Resync: true, ClusterID: 8}
+	b := subnet.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: leases[2]}}, Revision: 12, Resync: true, ClusterID: 8}
 	if err := j.Apply(b); err != nil {
 		t.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func TestJournalStartsOverWithARecreatedStore(t *testing.T) {
 	if err != nil || got.Revision != 12 || got.ClusterID != 8 || len(got.Leases) != 2 {
 		t.Fatalf("after the re-created store's re-list: %+v, %v; want 2 leases at revision 12 of cluster 8", got, err)
 	}
-	if err := j.Apply(Batch{Revision: 13}); err != nil {
+	if err := j.Apply(subnet.Batch{Revision: 13}); err != nil {
 		t.Errorf("a batch after the start-over: %v", err)
 	}
 }
@@ -627,7 +627,7 @@ func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	if err := j.Start(snap); err != nil {
 		t.Fatal(err)
 	}
-	if err := j.Apply(Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: snap.Leases[0]}}, Revision: 6}); err != nil {
+	if err := j.Apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: snap.Leases[0]}}, Revision: 6}); err != nil {
 		t.Fatal(err)
 	}
 	j.Close()
@@ -699,7 +699,7 @@ func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
 	// MemStats counts every goroutine's allocations (an etcd server of
 	// another test may still be stopping): the least of three rounds is
 	// this code's.
-	write := func(name string, snap Snapshot) (string, uint64) {
+	write := func(name string, snap subnet.Snapshot) (string, uint64) {
 		least := uint64(math.MaxUint64)
 		for range 3 {
 			j, _, _ := OpenJournal(filepath.Join(dir, name), reg)
@@ -719,7 +719,7 @@ func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
 		}
 		return string(data), least
 	}
-	sorted, allocated := write("sorted", Snapshot{Leases: leases, Revision: 5000, ClusterID: 7})
+	sorted, allocated := write("sorted", subnet.Snapshot{Leases: leases, Revision: 5000, ClusterID: 7})
 	// A key's string (16 bytes) and the writer's buffer: a record each
 	// (~100 bytes) would be 200 KB.
 	if limit := uint64(n*48 + 96<<10); allocated > limit {
@@ -727,7 +727,7 @@ func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
 	}
 	shuffled := slices.Clone(leases)
 	shuffled[0], shuffled[n-1] = shuffled[n-1], shuffled[0]
-	if got, _ := write("shuffled", Snapshot{Leases: shuffled, Revision: 5000, ClusterID: 7}); got != sorted {
+	if got, _ := write("shuffled", subnet.Snapshot{Leases: shuffled, Revision: 5000, ClusterID: 7}); got != sorted {
 		t.Errorf("a set out of order gives another file")
 	}
 	if snap, err := loadJournal(filepath.Join(dir, "sorted"), reg); err != nil || len(snap.Leases) != n {

@@ -93,10 +93,10 @@ func (k Keys) unchangedSince(rev int64) clientv3.Cmp {
 
 // invalid describes key, whose key or value (at rev) could not be decoded
 // (err): with the subnets the key names, zero if it names none.
-func (k Keys) invalid(key string, rev int64, err error) Invalid {
+func (k Keys) invalid(key string, rev int64, err error) subnet.Invalid {
 	sn, perr := k.ParseKey(key)
 	if perr != nil {
 		sn = subnet.Subnets{}
 	}
-	return Invalid{Key: key, Subnets: sn, ModRevision: rev, Err: err}
+	return subnet.Invalid{Key: key, Subnets: sn, ModRevision: rev, Err: err}
 }

@@ -195,11 +195,11 @@ func (m *Manager) ReleaseClaim(ctx context.Context) { m.node.release(ctx) }
 // up seeds its peer set and its watch with it (the watch resumes from its
 // revision, so what changed since, our own lease included, arrives as
 // events) instead of listing every lease a second time.
-func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
+func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, error) {
 	for range maxAcquireAttempts {
 		snap, err := m.reg.List(ctx)
 		if err != nil {
-			return subnet.Lease{}, Snapshot{}, err
+			return subnet.Lease{}, subnet.Snapshot{}, err
 		}
 		l, err := m.acq.tryAcquire(ctx, snap)
 		if errors.Is(err, ErrTaken) || errors.Is(err, ErrConflict) {
@@ -207,14 +207,14 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, Snapshot, error) {
 			continue
 		}
 		if err != nil {
-			return subnet.Lease{}, Snapshot{}, err
+			return subnet.Lease{}, subnet.Snapshot{}, err
 		}
 		m.held.setLease(l)
 		m.held.setSeen(max(snap.Revision, l.ModRevision))
 		m.log.Info("lease acquired", "subnets", l.Subnets(), "reserved", l.Reserved, "public_ip", m.host.PublicIP)
 		return l, snap, nil
 	}
-	return subnet.Lease{}, Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
+	return subnet.Lease{}, subnet.Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
 }
 
 // Release gives the lease up for good (overlayd teardown): it deletes the

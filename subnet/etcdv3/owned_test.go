@@ -241,7 +241,7 @@ func TestRepeatWarnLogsAtMostEveryWarnEvery(t *testing.T) {
 func TestWatchConfigFollowsChanges(t *testing.T) {
 	f := newFixture(t, testNetwork)
 	ch := f.reg.WatchConfig(ctx(t), 50*time.Millisecond)
-	next := func() ConfigUpdate {
+	next := func() subnet.ConfigUpdate {
 		t.Helper()
 		select {
 		case u := <-ch:
@@ -249,7 +249,7 @@ func TestWatchConfigFollowsChanges(t *testing.T) {
 		case <-time.After(testenv.Deadline(testenv.Slack)):
 			t.Fatal("no config update")
 		}
-		return ConfigUpdate{}
+		return subnet.ConfigUpdate{}
 	}
 	if u := next(); u.Err != nil || u.Config.Network != netip.MustParsePrefix("10.244.0.0/16") {
 		t.Fatalf("first update = %+v", u)

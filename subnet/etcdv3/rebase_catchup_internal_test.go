@@ -3,6 +3,8 @@ package etcdv3
 import (
 	"log/slog"
 	"testing"
+
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // A resumed watch (catchUp = the old store's head 5000) whose store is
@@ -12,8 +14,8 @@ import (
 func TestRebasedWatchCatchesUpOnRelist(t *testing.T) {
 	w := &watcher{log: slog.New(slog.DiscardHandler), rev: 4000, head: 5000, catchUp: 5000}
 	w.rebased(2)
-	out := make(chan Batch, 1)
-	w.send(t.Context(), out, Batch{Revision: 12, Resync: true})
+	out := make(chan subnet.Batch, 1)
+	w.send(t.Context(), out, subnet.Batch{Revision: 12, Resync: true})
 	b := <-out
 	if !b.CaughtUp {
 		t.Fatalf("re-list of the re-created store at %d: CaughtUp=%v (w.head=%d, w.catchUp=%d); the daemon's catch-up waits on", b.Revision, b.CaughtUp, w.head, w.catchUp)

@@ -73,16 +73,6 @@ func (r *Registry) For(cfg *subnet.Config) *Registry {
 // Client returns the etcd client the registry uses.
 func (r *Registry) Client() *clientv3.Client { return r.cli }
 
-// Invalid, Snapshot, Batch and ConfigUpdate are the lease source's types,
-// which the daemon consumes through subnet.Source; the names stay here for
-// the registry's other users (the admin commands, the tools).
-type (
-	Invalid      = subnet.Invalid
-	Snapshot     = subnet.Snapshot
-	Batch        = subnet.Batch
-	ConfigUpdate = subnet.ConfigUpdate
-)
-
 // listPage is how many leases one range request of List reads. etcd
 // builds each response in memory: with every host cold-starting at once,
 // unbounded responses (a few MB each at 10,000 leases) would add up to
@@ -92,7 +82,7 @@ const listPage = 1000
 // List reads every lease, in pages of listPage at one revision. Keys or
 // values that do not decode are returned in Invalid rather than failing the
 // whole list: one bad writer must not stop every host.
-func (r *Registry) List(ctx context.Context) (Snapshot, error) {
+func (r *Registry) List(ctx context.Context) (subnet.Snapshot, error) {
 	snap, _, err := r.list(ctx, nil)
 	return snap, err
 }
@@ -100,7 +90,7 @@ func (r *Registry) List(ctx context.Context) (Snapshot, error) {
 // list is List, but the leases for which have(ID, ModRevision) is true —
 // those the caller has at that revision already — are not decoded (most of
 // a listing's CPU): they are returned by ID in unchanged instead.
-func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (snap Snapshot, unchanged []subnet.ID, err error) {
+func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (snap subnet.Snapshot, unchanged []subnet.ID, err error) {
 	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
@@ -110,10 +100,10 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 		}
 		resp, err := r.cli.Get(ctx, key, opts...)
 		if err != nil {
-			return Snapshot{}, nil, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+			return subnet.Snapshot{}, nil, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
 		}
 		if snap.Revision == 0 {
-			snap = Snapshot{Revision: resp.Header.Revision, ClusterID: resp.Header.ClusterId}
+			snap = subnet.Snapshot{Revision: resp.Header.Revision, ClusterID: resp.Header.ClusterId}
 			if have == nil {
 				snap.Leases = make([]subnet.Lease, 0, resp.Count)
 			}

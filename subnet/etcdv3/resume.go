@@ -17,7 +17,7 @@ import (
 // listing every lease, and saved is returned to seed the peers and the
 // watch, which resumes from saved.Revision. Otherwise it logs why and
 // lists (Acquire). A zero saved is Acquire.
-func (m *Manager) AcquireFrom(ctx context.Context, saved Snapshot) (subnet.Lease, Snapshot, error) {
+func (m *Manager) AcquireFrom(ctx context.Context, saved subnet.Snapshot) (subnet.Lease, subnet.Snapshot, error) {
 	if saved.Revision == 0 {
 		return m.Acquire(ctx)
 	}
@@ -28,7 +28,7 @@ func (m *Manager) AcquireFrom(ctx context.Context, saved Snapshot) (subnet.Lease
 		return m.Acquire(ctx)
 	}
 	if err != nil {
-		return subnet.Lease{}, Snapshot{}, err
+		return subnet.Lease{}, subnet.Snapshot{}, err
 	}
 	m.held.setLease(l)
 	m.held.setSeen(rev)
@@ -56,7 +56,7 @@ func stale(format string, args ...any) error { return staleJournal{fmt.Sprintf(f
 // of the members' CPU in a profiled restart of 2,000 hosts). The journal's
 // checksums catch a file changed since it was written; the periodic
 // re-list catches what no cheap check could.
-func (m *acquirer) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {
+func (m *acquirer) resume(ctx context.Context, saved subnet.Snapshot) (subnet.Lease, int64, error) {
 	taken := m.listed(saved)
 	var own, atPrevious *subnet.Lease
 	for i, l := range saved.Leases {

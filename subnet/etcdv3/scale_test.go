@@ -172,7 +172,7 @@ func BenchmarkRelist(b *testing.B) {
 }
 
 // benchLeases starts an etcd holding n leases and lists them once.
-func benchLeases(b *testing.B, n int) (*Registry, Snapshot) {
+func benchLeases(b *testing.B, n int) (*Registry, subnet.Snapshot) {
 	srv := etcdtest.Start(b)
 	cli := srv.Client(b)
 	putLeases(b, cli, n)

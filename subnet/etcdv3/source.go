@@ -53,11 +53,11 @@ const CatchUpReason = "catching up with etcd: the saved lease set is at revision
 type Source struct {
 	cfg     SourceConfig
 	cli     *clientv3.Client
-	reg     *Registry // For the network, once Claim knows it
-	mgr     *Manager  // once Claim made it
-	journal *Journal  // nil if it cannot be kept; Watch's goroutine owns it from then on
-	opened  bool      // the journal was opened (once, at the first Acquire)
-	saved   Snapshot  // what it held, for every attempt of Acquire
+	reg     *Registry       // For the network, once Claim knows it
+	mgr     *Manager        // once Claim made it
+	journal *Journal        // nil if it cannot be kept; Watch's goroutine owns it from then on
+	opened  bool            // the journal was opened (once, at the first Acquire)
+	saved   subnet.Snapshot // what it held, for every attempt of Acquire
 }
 
 var _ subnet.Source = (*Source)(nil)
@@ -126,7 +126,7 @@ func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, er
 	if err != nil {
 		return l, snap, err
 	}
-	s.saved = Snapshot{} // the caller has it now; with many leases it is megabytes
+	s.saved = subnet.Snapshot{} // the caller has it now; with many leases it is megabytes
 	if snap.Head > snap.Revision {
 		snap.Behind = fmt.Sprintf(CatchUpReason, snap.Revision, snap.Head)
 	}
@@ -140,7 +140,7 @@ func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, er
 // with every host of a large cluster restarting at once, those listings
 // are what keeps etcd busy. It lives beside the subnet file, which the
 // host lock makes this daemon's alone.
-func (s *Source) savedLeases() Snapshot {
+func (s *Source) savedLeases() subnet.Snapshot {
 	if s.opened || s.cfg.JournalFile == "" {
 		return s.saved
 	}

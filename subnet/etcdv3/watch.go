@@ -104,7 +104,7 @@ func (o *WatchOptions) defaults() {
 // AcquireFrom resumed (snap.Head beyond snap.Revision) says when it has
 // caught up: a batch with a Revision of at least Head arrives as soon as
 // it has, an empty one if no lease changed.
-func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
+func (r *Registry) Watch(ctx context.Context, snap subnet.Snapshot, opts WatchOptions) <-chan subnet.Batch {
 	opts.defaults()
 	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases)),
 		journal: opts.Journal}
@@ -116,7 +116,7 @@ func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) 
 		w.known[l.ID()] = subnet.KnownOf(l)
 	}
 	w.setInvalid(snap.Invalid)
-	out := make(chan Batch)
+	out := make(chan subnet.Batch)
 	go func() {
 		defer close(out)
 		defer w.stopJournal()
@@ -156,7 +156,7 @@ type watcher struct {
 }
 
 // setInvalid replaces the invalid keys with a listing's.
-func (w *watcher) setInvalid(inv []Invalid) {
+func (w *watcher) setInvalid(inv []subnet.Invalid) {
 	w.invalid = nil
 	for _, i := range inv {
 		w.markInvalid(i.Key)
@@ -170,7 +170,7 @@ func (w *watcher) markInvalid(key string) {
 	w.invalid[key] = true
 }
 
-func (w *watcher) run(ctx context.Context, out chan<- Batch) {
+func (w *watcher) run(ctx context.Context, out chan<- subnet.Batch) {
 	resync := time.NewTimer(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
 	defer resync.Stop()
 	var warn repeatWarn
@@ -267,16 +267,16 @@ func (w *watcher) reports(rev int64) bool {
 // current batch starts a new one. (Applied after the events, a stale
 // invalid value would otherwise mark the key invalid again and drop the
 // lease that replaced it.)
-func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
-	var out []Batch
-	var b Batch
+func (w *watcher) apply(events []*clientv3.Event, rev int64) []subnet.Batch {
+	var out []subnet.Batch
+	var b subnet.Batch
 	pending := map[string]bool{} // keys with an Invalid or Deleted entry in b
 	for i, ev := range events {
 		key := string(ev.Kv.Key)
 		if pending[key] {
 			b.Revision = events[i-1].Kv.ModRevision
 			out = append(out, b)
-			b = Batch{}
+			b = subnet.Batch{}
 			clear(pending)
 		}
 		invalid := func(err error) {
@@ -334,7 +334,7 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []Batch {
 // relist reads the whole lease set and sends what differs from the known
 // set. Values it has at the listed revision already are not decoded again:
 // after a compaction most leases are the ones it knew.
-func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Duration, periodic bool) error {
+func (w *watcher) relist(ctx context.Context, out chan<- subnet.Batch, timeout time.Duration, periodic bool) error {
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	snap, unchanged, err := w.reg.list(lctx, func(id subnet.ID, rev int64) bool {
 		k, ok := w.known[id]
@@ -345,7 +345,7 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Dur
 		return err
 	}
 	events, known := subnet.Diff(w.known, snap.Leases, unchanged)
-	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic, ClusterID: snap.ClusterID}
+	b := subnet.Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic, ClusterID: snap.ClusterID}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
 	w.send(ctx, out, b)
@@ -354,7 +354,7 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Dur
 
 // send journals b, marks it CaughtUp if it is the first to reach a
 // resumed watch's head, and delivers it.
-func (w *watcher) send(ctx context.Context, out chan<- Batch, b Batch) bool {
+func (w *watcher) send(ctx context.Context, out chan<- subnet.Batch, b subnet.Batch) bool {
 	if w.journal != nil {
 		if err := w.journal.Apply(b); err != nil {
 			w.log.Warn("stopped keeping the lease journal; a restart will resume from an older revision", "err", err)

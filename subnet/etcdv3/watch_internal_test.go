@@ -64,7 +64,7 @@ func TestPeriodicRelistNeverSendsABatchBackwards(t *testing.T) {
 		w.known[l.ID()] = subnet.KnownOf(l)
 	}
 	wctx, cancel := context.WithCancel(ctx(t))
-	out := make(chan Batch)
+	out := make(chan subnet.Batch)
 	resync := time.NewTimer(time.Hour)
 	done := make(chan struct{})
 	go func() { defer close(done); w.follow(wctx, out, resync, nil) }()

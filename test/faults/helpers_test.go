@@ -229,7 +229,7 @@ func (c churned) writes() int { return 3 * (c.Added + c.Removed + c.Changed) }
 // leaseSet is every lease in etcd (reg's view), checked against the model:
 // every fake lease written must be there, as written, and no other.
 func (f *fleet) leaseSet(ctx context.Context, hosts map[string]bool) (map[netip.Prefix]subnet.Lease, error) {
-	var snap etcdv3.Snapshot
+	var snap subnet.Snapshot
 	err := retryWrite(ctx, func(ctx context.Context) (err error) {
 		snap, err = f.reg.List(ctx)
 		return err
@@ -396,7 +396,7 @@ type hostLease struct {
 func hostLeases(t *testing.T, f *fleet, nodes []*lab.Node) map[string]hostLease {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
-	var snap etcdv3.Snapshot
+	var snap subnet.Snapshot
 	if err := retryWrite(ctx, func(ctx context.Context) (err error) {
 		snap, err = f.reg.List(ctx)
 		return err

@@ -90,7 +90,7 @@ type recorder struct {
 	reported int
 }
 
-func (r *recorder) apply(b etcdv3.Batch) {
+func (r *recorder) apply(b subnet.Batch) {
 	now := time.Now().UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -193,7 +193,7 @@ func (h *simHost) start(ctx context.Context) error {
 		h.log.Warn("ignoring the lease journal; listing every lease instead", "err", err)
 	}
 	var lease subnet.Lease
-	var snap etcdv3.Snapshot
+	var snap subnet.Snapshot
 	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.AcquireFrom(ctx, saved); return err }); err != nil {
 		mgr.ReleaseClaim(context.Background())
 		_ = journal.Close()

@@ -136,7 +136,7 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.100.0/24")}, subnet.LeaseAttrs{PublicIP: "198.18.0.100", NodeID: "future"}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.Client().Put(ctx(t), reg.SubnetsPrefix()+"10.244.9.0-24", "garbage"); err != nil {
+	if _, err := reg.Client().Put(ctx(t), reg.Keys.SubnetsPrefix()+"10.244.9.0-24", "garbage"); err != nil {
 		t.Fatal(err)
 	}
 	return live, dead

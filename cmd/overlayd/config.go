@@ -215,7 +215,7 @@ between restarted hosts and the others meanwhile.`,
 				return g.etcdHint(err)
 			}
 			if format == printer.Table {
-				fmt.Fprintf(cmd.OutOrStdout(), "stored %s\n", reg.ConfigKey())
+				fmt.Fprintf(cmd.OutOrStdout(), "stored %s\n", reg.Keys.ConfigKey())
 			}
 			if advice := ipv6ToggleAdvice(prev, next); advice != "" && len(stranded) == 0 {
 				fmt.Fprintln(cmd.ErrOrStderr(), advice)

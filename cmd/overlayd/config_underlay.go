@@ -33,7 +33,7 @@ func checkUnderlayOutside(ctx context.Context, reg *etcdv3.Registry, cfg *subnet
 	if err != nil {
 		return err
 	}
-	return leaseadmin.RefuseUnderlayInside(cfg, append(slices.Clip(leases), snap6.Leases...), nodes, reg.NodeKey, w)
+	return leaseadmin.RefuseUnderlayInside(cfg, append(slices.Clip(leases), snap6.Leases...), nodes, reg.Keys.NodeKey, w)
 }
 
 // refusedOrHint returns a refusal with what prefixed, or explains an etcd

@@ -360,7 +360,7 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 // invalidValue explains a lease whose value does not decode (err): its
 // key, why, the value as stored (quoted, shortened) and what to do.
 func invalidValue(ctx context.Context, reg *etcdv3.Registry, l subnet.Lease, p netip.Prefix, err error) error {
-	key := reg.LeaseKey(l.Subnets())
+	key := reg.Keys.LeaseKey(l.Subnets())
 	value := "(cannot be read again)"
 	if resp, gerr := reg.Client().Get(ctx, key); gerr == nil && len(resp.Kvs) == 1 {
 		value = shownValue(resp.Kvs[0].Value)

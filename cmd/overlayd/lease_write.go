@@ -57,7 +57,7 @@ is refused unless --force.`,
 			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			attrs := subnet.LeaseAttrs{PublicIP: publicIP, PublicIPv6: publicIPv6, BackendType: subnet.DefaultBackendType, NodeID: node}
 			for attempt := 0; ; attempt++ {
-				err = leaseadmin.Reserve(ctx, reg, s, attrs, force, cmd.ErrOrStderr())
+				err = leaseadmin.Reserve(ctx, leaseadmin.EtcdStore(reg), s, attrs, force, cmd.ErrOrStderr())
 				if !errors.Is(err, etcdv3.ErrConflict) || attempt == 2 {
 					break
 				}
@@ -69,7 +69,7 @@ is refused unless --force.`,
 			case err != nil:
 				return g.etcdHint(err)
 			}
-			return writeResult{Action: "reserved", Key: reg.LeaseKey(s)}.with(s, attrs).print(cmd.OutOrStdout(), format,
+			return writeResult{Action: "reserved", Key: reg.Keys.LeaseKey(s)}.with(s, attrs).print(cmd.OutOrStdout(), format,
 				fmt.Sprintf("reserved %s for %s", s, leaseadmin.DescribeOwner(attrs)))
 		},
 	}
@@ -148,7 +148,7 @@ that fits the network config.
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			stale, err := leaseadmin.UnusedByItsHost(ctx, reg, l)
+			stale, err := leaseadmin.UnusedByItsHost(ctx, leaseadmin.EtcdStore(reg), l)
 			if err != nil {
 				return g.etcdHint(err)
 			}
@@ -160,7 +160,7 @@ that fits the network config.
 					return err
 				}
 			}
-			res := writeResult{Key: reg.LeaseKey(name)}.with(name, l.Attrs)
+			res := writeResult{Key: reg.Keys.LeaseKey(name)}.with(name, l.Attrs)
 			if dryRun {
 				res.Action = "wouldRevoke"
 				res.Alive = aliveText(l.Attrs, alive)

@@ -48,7 +48,7 @@ func putLeases(t *testing.T, reg *etcdv3.Registry, n int) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val), clientv3.WithLease(ids[j])))
+			ops = append(ops, clientv3.OpPut(reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}), string(val), clientv3.WithLease(ids[j])))
 		}
 		if _, err := cli.Txn(ctx(t)).Then(ops...).Commit(); err != nil {
 			t.Fatal(err)

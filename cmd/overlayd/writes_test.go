@@ -266,7 +266,7 @@ func TestOwnerFromEtcdIsShownSafely(t *testing.T) {
 	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: p}, subnet.LeaseAttrs{PublicIP: "198.18.0.70\x1b[31m", PublicIPv6: "fe80::1%\x1b[0m", NodeID: "ev\x1b[2Jil"}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.Client().Put(ctx(t), reg.SubnetsPrefix()+"\x1b[2Jbad", "x"); err != nil {
+	if _, err := reg.Client().Put(ctx(t), reg.Keys.SubnetsPrefix()+"\x1b[2Jbad", "x"); err != nil {
 		t.Fatal(err)
 	}
 	owner := `node "ev\x1b[2Jil" ("198.18.0.70\x1b[31m", "fe80::1%\x1b[0m")`
@@ -304,9 +304,9 @@ func TestConfigRefusesANetworkHoldingTheHostsUnderlay(t *testing.T) {
 	// A host running, its lease not written yet; one with an IPv6 address;
 	// an IPv6-only lease.
 	for key, value := range map[string]string{
-		reg.NodeKey("lonely"): `{"PublicIP":"203.0.113.5","Hostname":"lonely","Since":"2026-01-01T00:00:00Z"}`,
-		reg.NodeKey("six"):    `{"PublicIP":"198.19.0.6","PublicIPv6":"2001:db8::6","Hostname":"six","Since":"2026-01-01T00:00:00Z"}`,
-		reg.For(&subnet.Config{EnableIPv6: true}).SubnetsPrefix() + "fd00:10:244:9::-64": `{"PublicIPv6":"2001:db8:9::9","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:09"},"NodeID":"v6only"}`,
+		reg.Keys.NodeKey("lonely"): `{"PublicIP":"203.0.113.5","Hostname":"lonely","Since":"2026-01-01T00:00:00Z"}`,
+		reg.Keys.NodeKey("six"):    `{"PublicIP":"198.19.0.6","PublicIPv6":"2001:db8::6","Hostname":"six","Since":"2026-01-01T00:00:00Z"}`,
+		reg.For(&subnet.Config{EnableIPv6: true}).Keys.SubnetsPrefix() + "fd00:10:244:9::-64": `{"PublicIPv6":"2001:db8:9::9","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"0e:00:00:00:06:09"},"NodeID":"v6only"}`,
 	} {
 		if _, err := cli.Put(ctx(t), key, value); err != nil {
 			t.Fatal(err)
@@ -424,7 +424,7 @@ func TestConfigUnderlayRefusalIsDocumented(t *testing.T) {
 		subnet.LeaseAttrs{PublicIP: "198.51.100.1", BackendType: "vxlan", BackendData: json.RawMessage(`{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}`), NodeID: "h1"}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.Client().Put(ctx(t), reg.NodeKey("h9"), `{"PublicIP":"198.51.100.9","Hostname":"h9","Since":"2026-01-01T00:00:00Z"}`); err != nil {
+	if _, err := reg.Client().Put(ctx(t), reg.Keys.NodeKey("h9"), `{"PublicIP":"198.51.100.9","Hostname":"h9","Since":"2026-01-01T00:00:00Z"}`); err != nil {
 		t.Fatal(err)
 	}
 	r := putConfig(t, srv.Endpoint, `{"Network":"198.51.0.0/16"}`)

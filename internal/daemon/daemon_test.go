@@ -335,7 +335,7 @@ func TestHostileLeasesAreNeverProgrammed(t *testing.T) {
 		"junk":             `{}`,
 	}
 	for k, v := range hostile {
-		if _, err := cli.Put(ctx, c.reg.SubnetsPrefix()+k, v); err != nil {
+		if _, err := cli.Put(ctx, c.reg.Keys.SubnetsPrefix()+k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -343,7 +343,7 @@ func TestHostileLeasesAreNeverProgrammed(t *testing.T) {
 	// before it has been seen and judged.
 	peer := netip.MustParsePrefix(other(9) + "/24")
 	good := `{"PublicIP":"198.18.0.9","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"}}`
-	if _, err := cli.Put(ctx, c.reg.SubnetsPrefix()+subnet.Key(peer), good); err != nil {
+	if _, err := cli.Put(ctx, c.reg.Keys.SubnetsPrefix()+subnet.Key(peer), good); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, testenv.Slack, "the valid peer", func() bool { return h1.routes(t)[peer] })

@@ -82,7 +82,7 @@ func TestHostileDualStackLeasesAreNeverProgrammed(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(10*time.Second))
 		defer cancel()
-		if _, err := cli.Put(ctx, c.reg.SubnetsPrefix()+key, value); err != nil {
+		if _, err := cli.Put(ctx, c.reg.Keys.SubnetsPrefix()+key, value); err != nil {
 			t.Fatal(err)
 		}
 	}

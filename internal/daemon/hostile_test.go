@@ -178,7 +178,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 		kinds := map[string]int{}
 		for i, w := range writes {
 			ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(10*time.Second))
-			_, err := cli.Put(ctx, c.reg.SubnetsPrefix()+w.key, w.value)
+			_, err := cli.Put(ctx, c.reg.Keys.SubnetsPrefix()+w.key, w.value)
 			cancel()
 			if err != nil {
 				t.Fatalf("seed %d: write %d (%s): %v", seed, i, w.kind, err)
@@ -200,7 +200,7 @@ func TestHostileEtcdDataIsSkippedCountedAndSurvived(t *testing.T) {
 				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(200 + len(valid)), 0}), 24)
 				v := fmt.Sprintf(`{"PublicIP":"198.18.0.%d","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:01:%02x"}}`, 10+len(valid), len(valid))
 				ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(10*time.Second))
-				if _, err := cli.Put(ctx, c.reg.LeaseKey(subnet.Subnets{IPv4: p}), v); err != nil {
+				if _, err := cli.Put(ctx, c.reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}), v); err != nil {
 					t.Fatal(err)
 				}
 				cancel()

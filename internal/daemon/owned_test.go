@@ -79,7 +79,7 @@ func TestReservationsAndOrphansAreNotInvalid(t *testing.T) {
 	}
 	// A lease of the old network, left by a config change.
 	orphan := `{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:07"},"NodeID":"old"}`
-	if _, err := c.reg.Client().Put(tctx(t), c.reg.SubnetsPrefix()+"10.99.7.0-24", orphan); err != nil {
+	if _, err := c.reg.Client().Put(tctx(t), c.reg.Keys.SubnetsPrefix()+"10.99.7.0-24", orphan); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, testenv.Slack, "two reservations and one orphan counted", func() error {
@@ -193,7 +193,7 @@ func TestConfigChangeIsNoticedByRunningDaemons(t *testing.T) {
 	waitReadyz(t, get, testenv.Slack, http.StatusOK, "ready")
 	put(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":2}}`)
 	waitReadyz(t, get, testenv.Slack, http.StatusServiceUnavailable, "Backend.VNI 1 -> 2: the running device and subnet.env use the old values; restart overlayd")
-	if _, err := c.reg.Client().Delete(tctx(t), c.reg.ConfigKey()); err != nil {
+	if _, err := c.reg.Client().Delete(tctx(t), c.reg.Keys.ConfigKey()); err != nil {
 		t.Fatal(err)
 	}
 	waitReadyz(t, get, testenv.Slack, http.StatusServiceUnavailable, "config: network config changed while running: no network config at /coreos.com/network/config")
@@ -227,7 +227,7 @@ func TestRestartWithStrandedLeaseRefusesUntilReleased(t *testing.T) {
 		t.Fatalf("leases after the refused start = %+v (%v), want only the stranded %s", snap.Leases, lerr, old)
 	}
 	// The node ID claimed before the refusal is given up, not left to expire.
-	if resp, err := c.reg.Client().Get(tctx(t), c.reg.NodeKey(h1.cfg.NodeName)); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := c.reg.Client().Get(tctx(t), c.reg.Keys.NodeKey(h1.cfg.NodeName)); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("liveness key after the refused start: %v, %v; want it released", resp.Kvs, err)
 	}
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})

@@ -167,11 +167,11 @@ func TestSignalEndsEveryStartupPhaseCleanly(t *testing.T) {
 	// Waiting for the network config: there is none.
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
 	defer cancel()
-	raw, err := c.reg.Client().Get(ctx, c.reg.ConfigKey())
+	raw, err := c.reg.Client().Get(ctx, c.reg.Keys.ConfigKey())
 	if err != nil || len(raw.Kvs) != 1 {
 		t.Fatalf("read config: %v", err)
 	}
-	if _, err := c.reg.Client().Delete(ctx, c.reg.ConfigKey()); err != nil {
+	if _, err := c.reg.Client().Delete(ctx, c.reg.Keys.ConfigKey()); err != nil {
 		t.Fatal(err)
 	}
 	h2 := c.addHost("h2", 2)
@@ -179,7 +179,7 @@ func TestSignalEndsEveryStartupPhaseCleanly(t *testing.T) {
 	h2.start(t)
 	waitReadyz(t, get, testenv.Slack, http.StatusServiceUnavailable, "startup: waiting to read the network config: no network config at /coreos.com/network/config")
 	h2.stopPromptly(t, "while waiting for the network config")
-	if _, err := c.reg.Client().Put(ctx, c.reg.ConfigKey(), string(raw.Kvs[0].Value)); err != nil {
+	if _, err := c.reg.Client().Put(ctx, c.reg.Keys.ConfigKey(), string(raw.Kvs[0].Value)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -28,8 +28,8 @@ import (
 
 // Store is what the rules need of the lease store: a listing with its
 // revision, the network config, the keys' names, and a reservation
-// written only if nothing changed since a listing. *etcdv3.Registry is
-// one.
+// written only if nothing changed since a listing. EtcdStore makes an
+// *etcdv3.Registry one.
 type Store interface {
 	// List returns every lease (and every undecodable key) with the
 	// store's revision.
@@ -47,7 +47,13 @@ type Store interface {
 	ParseKey(key string) (subnet.Subnets, error)
 }
 
-var _ Store = (*etcdv3.Registry)(nil)
+// EtcdStore is reg as a Store: the keys' names are its Keys'.
+func EtcdStore(reg *etcdv3.Registry) Store { return etcdStore{reg, reg.Keys} }
+
+type etcdStore struct {
+	*etcdv3.Registry
+	etcdv3.Keys
+}
 
 // Refusal is a write refused for what it is, not for a store failure: its
 // message says what to do instead, and nothing was written.

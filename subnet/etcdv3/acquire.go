@@ -76,7 +76,7 @@ func (m *acquirer) listed(snap subnet.Snapshot) takenSubnets {
 		taken.add(l.Subnets())
 	}
 	for _, inv := range snap.Invalid {
-		if s, err := m.reg.ParseKey(inv.Key); err == nil {
+		if s, err := m.reg.Keys.ParseKey(inv.Key); err == nil {
 			taken.add(s)
 		}
 	}
@@ -139,7 +139,7 @@ func (m *acquirer) stranded(l subnet.Lease) error {
 		fix = "restore the previous network config, or replace the reservation: `overlayd lease revoke " + l.Subnets().Primary().String() + "` and `overlayd lease reserve` a subnet of the new network"
 	}
 	return fmt.Errorf("%w: %s (key %s) names node %q but is not inside the network's pools (%s): %s",
-		ErrStranded, l.Subnets(), m.reg.LeaseKey(l.Subnets()), m.host.NodeID, m.pools(), fix)
+		ErrStranded, l.Subnets(), m.reg.Keys.LeaseKey(l.Subnets()), m.host.NodeID, m.pools(), fix)
 }
 
 // pools names the network's subnet pools, e.g. "/24 of 10.244.0.0/16".

@@ -20,14 +20,14 @@ import (
 // keeps two hosts from ever holding one subnet. etcdLease 0 writes a
 // reservation. It returns the revision of the write, or ErrTaken.
 func (r *Registry) Create(ctx context.Context, s subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(s)
+	key := r.Keys.LeaseKey(s)
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
 	}
 	free := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	if s.IPv4.IsValid() {
-		v4 := r.LeaseKey(subnet.Subnets{IPv4: s.IPv4})
+		v4 := r.Keys.LeaseKey(subnet.Subnets{IPv4: s.IPv4})
 		free = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(v4), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(v4+"&"), "=", 0).WithPrefix()}
 	}
@@ -56,12 +56,12 @@ func (r *Registry) Create(ctx context.Context, s subnet.Subnets, attrs subnet.Le
 // IPv6 subnet turned out to be claimed first under another key: then prev
 // is written back (with a new ModRevision).
 func (r *Registry) Rekey(ctx context.Context, prev subnet.Lease, next subnet.Subnets, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(next)
+	key := r.Keys.LeaseKey(next)
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
 	}
-	old := r.LeaseKey(prev.Subnets())
+	old := r.Keys.LeaseKey(prev.Subnets())
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(old), "=", prev.ModRevision),
 			clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
@@ -115,7 +115,7 @@ func (r *Registry) keepIfFirst(ctx context.Context, s subnet.Subnets, rev int64)
 // heldBefore returns a key other than s's that names s's IPv6 subnet and
 // was created before revision rev, or "". It reads keys only, in pages.
 func (r *Registry) heldBefore(ctx context.Context, s subnet.Subnets, rev int64) (string, error) {
-	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
+	key, end := r.Keys.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.Keys.SubnetsPrefix())
 	suffix := "&" + subnet.Key(s.IPv6)
 	for {
 		resp, err := r.cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(listPage), clientv3.WithKeysOnly())
@@ -123,7 +123,7 @@ func (r *Registry) heldBefore(ctx context.Context, s subnet.Subnets, rev int64) 
 			return "", err
 		}
 		for _, kv := range resp.Kvs {
-			if k := string(kv.Key); strings.HasSuffix(k, suffix) && kv.CreateRevision < rev && k != r.LeaseKey(s) {
+			if k := string(kv.Key); strings.HasSuffix(k, suffix) && kv.CreateRevision < rev && k != r.Keys.LeaseKey(s) {
 				return k, nil
 			}
 		}

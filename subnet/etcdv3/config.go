@@ -14,16 +14,16 @@ import (
 // GetConfig reads and validates the network config; it returns the raw bytes
 // too, unknown fields included, for printing.
 func (r *Registry) GetConfig(ctx context.Context) (*subnet.Config, []byte, error) {
-	resp, err := r.cli.Get(ctx, r.ConfigKey())
+	resp, err := r.cli.Get(ctx, r.Keys.ConfigKey())
 	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", r.ConfigKey(), err)
+		return nil, nil, fmt.Errorf("read %s: %w", r.Keys.ConfigKey(), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return nil, nil, r.configErr(false, nil)
+		return nil, nil, r.Keys.configErr(false, nil)
 	}
 	raw := resp.Kvs[0].Value
 	cfg, err := subnet.ParseConfig(raw)
-	return cfg, raw, r.configErr(true, err)
+	return cfg, raw, r.Keys.configErr(true, err)
 }
 
 // configErr explains a missing or invalid config.
@@ -48,7 +48,7 @@ func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan 
 		defer close(out)
 		for ctx.Err() == nil {
 			rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-			resp, err := r.cli.Get(rctx, r.ConfigKey())
+			resp, err := r.cli.Get(rctx, r.Keys.ConfigKey())
 			cancel()
 			if err == nil {
 				if !sendConfig(ctx, out, w.update(resp.Kvs)) {
@@ -118,8 +118,8 @@ func (r *Registry) PutConfig(ctx context.Context, raw []byte) (*subnet.Config, e
 	if err != nil {
 		return nil, err
 	}
-	if _, err := r.cli.Put(ctx, r.ConfigKey(), string(raw)); err != nil {
-		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
+	if _, err := r.cli.Put(ctx, r.Keys.ConfigKey(), string(raw)); err != nil {
+		return nil, fmt.Errorf("write %s: %w", r.Keys.ConfigKey(), err)
 	}
 	return cfg, nil
 }
@@ -133,11 +133,11 @@ func (r *Registry) PutConfigIfUnchanged(ctx context.Context, raw []byte, rev int
 		return nil, err
 	}
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(r.ConfigKey()), "<", rev+1), r.unchangedSince(rev)).
-		Then(clientv3.OpPut(r.ConfigKey(), string(raw))).
+		If(clientv3.Compare(clientv3.ModRevision(r.Keys.ConfigKey()), "<", rev+1), r.Keys.unchangedSince(rev)).
+		Then(clientv3.OpPut(r.Keys.ConfigKey(), string(raw))).
 		Commit()
 	if err != nil {
-		return nil, fmt.Errorf("write %s: %w", r.ConfigKey(), err)
+		return nil, fmt.Errorf("write %s: %w", r.Keys.ConfigKey(), err)
 	}
 	if !resp.Succeeded {
 		return nil, fmt.Errorf("%w: the config or a lease was written while checking the change", ErrConflict)

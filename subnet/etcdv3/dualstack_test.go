@@ -260,7 +260,7 @@ func (f *fixture) leaseKeys(t *testing.T) []string {
 		keys = append(keys, l.Key())
 	}
 	for _, inv := range snap.Invalid {
-		keys = append(keys, strings.TrimPrefix(inv.Key, f.reg.SubnetsPrefix()))
+		keys = append(keys, strings.TrimPrefix(inv.Key, f.reg.Keys.SubnetsPrefix()))
 	}
 	return keys
 }
@@ -342,7 +342,7 @@ func TestIPv6OnlyHostIsKnownByItsIPv6Address(t *testing.T) {
 	if err != nil || l.Subnets() != reserved || !l.Reserved {
 		t.Fatalf("Acquire = %v (reserved %v), %v; want the reservation %v", l.Subnets(), l.Reserved, err, reserved)
 	}
-	resp, err := f.cli.Get(ctx(t), f.reg.NodeKey(h.NodeID))
+	resp, err := f.cli.Get(ctx(t), f.reg.Keys.NodeKey(h.NodeID))
 	if err != nil || len(resp.Kvs) != 1 || strings.Contains(string(resp.Kvs[0].Value), "invalid") {
 		t.Fatalf("liveness key %v, %v; want one naming the host's addresses", resp.Kvs, err)
 	}

@@ -163,7 +163,7 @@ func TestFlannelLeaseIsAdoptedByPublicIP(t *testing.T) {
 	}
 	p := netip.MustParsePrefix("10.244.42.0/24")
 	flannel := `{"PublicIP":"198.18.0.2","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:02"}}`
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(subnet.Subnets{IPv4: p}), flannel, clientv3.WithLease(grant.ID)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}), flannel, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
 	l, _, err := f.manager(host(1), ManagerOptions{}).Acquire(ctx(t)) // host(1) is 198.18.0.2
@@ -217,7 +217,7 @@ func TestReservationIsAdoptedWithoutTTL(t *testing.T) {
 	if err != nil || l.Subnet != p || !l.Reserved {
 		t.Fatalf("Acquire = %+v, %v; want reserved %s", l, err, p)
 	}
-	resp, err := f.cli.Get(ctx(t), f.reg.LeaseKey(subnet.Subnets{IPv4: p}))
+	resp, err := f.cli.Get(ctx(t), f.reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestLeaseTakenByAnotherHostStopsRun(t *testing.T) {
 	go func() { done <- m.Run(ctx(t)) }()
 	other := host(2)
 	val, _ := subnet.NewAttrs(other.PublicIP, subnet.DefaultBackendType, other.BackendData, other.NodeID, "").Marshal()
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -388,10 +388,10 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 	expect(t, ch, subnet.Removed, l.Subnet, "")
 
 	// Garbage is reported as invalid, never as a lease.
-	if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+"10.244.9.0-24", "{not json"); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.SubnetsPrefix()+"10.244.9.0-24", "{not json"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+"not-a-key", "{}"); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.SubnetsPrefix()+"not-a-key", "{}"); err != nil {
 		t.Fatal(err)
 	}
 	var invalid []subnet.Invalid
@@ -414,7 +414,7 @@ func TestUndecodableThenGoodValueArriveInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := f.reg.SubnetsPrefix() + "10.244.9.0-24"
+	key := f.reg.Keys.SubnetsPrefix() + "10.244.9.0-24"
 	good := `{"PublicIP":"198.18.0.9","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"}}`
 	for _, v := range []string{"{not json", good} {
 		if _, err := f.cli.Put(ctx(t), key, v); err != nil {
@@ -452,7 +452,7 @@ func TestUndecodableThenGoodValueArriveInOrder(t *testing.T) {
 // invalid again.
 func TestDeletedInvalidKeysAreReportedInOrder(t *testing.T) {
 	f := newFixture(t, testNetwork)
-	key := func(s string) string { return f.reg.SubnetsPrefix() + s }
+	key := func(s string) string { return f.reg.Keys.SubnetsPrefix() + s }
 	lease, notALease, other, again := key("10.244.9.0-24"), key("not-a-key"), key("10.244.11.0-24"), key("10.244.12.0-24")
 	// Invalid before the watch starts: the snapshot knows them.
 	for _, k := range []string{lease, notALease, again} {
@@ -638,7 +638,7 @@ func TestRestartAfterCrashIsNotADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	val := fmt.Sprintf(`{"PublicIP":%q,"Hostname":"h","Since":"x"}`, host(1).PublicIP)
-	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), val, clientv3.WithLease(grant.ID)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.NodeKey("node-1"), val, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.manager(host(1), ManagerOptions{}).ClaimNodeID(ctx(t)); err != nil {
@@ -653,7 +653,7 @@ func TestDeadHostsNodeIDIsFreedWhenItsKeyExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("node-1"), `{"PublicIP":"198.18.0.250"}`, clientv3.WithLease(grant.ID)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.NodeKey("node-1"), `{"PublicIP":"198.18.0.250"}`, clientv3.WithLease(grant.ID)); err != nil {
 		t.Fatal(err)
 	}
 	// Nobody renews it: it expires within its TTL and the new host goes on.
@@ -674,7 +674,7 @@ func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
 	val, _ := subnet.NewAttrs(clone.PublicIP, subnet.DefaultBackendType, clone.BackendData, clone.NodeID, "").Marshal()
-	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -696,7 +696,7 @@ func TestGarbageOverOwnLeaseIsRestored(t *testing.T) {
 	}
 	stop := startRun(t, m)
 	for _, garbage := range []string{"{not json", "", "null", `{"PublicIP":7}`, `{"PublicIP":"239.1.2.3","BackendType":"vxlan"}`, `{"PublicIP":"0.0.0.0"}`} {
-		if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), garbage); err != nil {
+		if _, err := f.cli.Put(ctx(t), f.reg.Keys.LeaseKey(l.Subnets()), garbage); err != nil {
 			t.Fatal(err)
 		}
 		testenv.WaitFor(t, 50*time.Millisecond+testenv.Slack, fmt.Sprintf("the lease to be restored after %q", garbage), func() bool {

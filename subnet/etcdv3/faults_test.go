@@ -744,7 +744,7 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dreg.Client().Put(tctx(t), dreg.LeaseKey(subnet.Subnets{IPv4: peerSubnet(3)}), string(val)); err != nil {
+		if _, err := dreg.Client().Put(tctx(t), dreg.Keys.LeaseKey(subnet.Subnets{IPv4: peerSubnet(3)}), string(val)); err != nil {
 			t.Fatal(err)
 		}
 		d, _ := leaseData(a.BackendData)

@@ -29,7 +29,7 @@ func (w *watcher) follow(ctx context.Context, out chan<- subnet.Batch, resync *t
 	if epoch != w.epoch {
 		return w.rebased(epoch), true
 	}
-	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
+	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.Keys.SubnetsPrefix(),
 		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(w.rev)), clientv3.WithProgressNotify())
 	if err != nil {
 		return err.Error(), false

@@ -70,7 +70,7 @@ type Journal struct {
 // says why (fs.ErrNotExist: no journal yet); the journal is usable either
 // way: Start writes it anew.
 func OpenJournal(path string, reg *Registry) (*Journal, subnet.Snapshot, error) {
-	j := &Journal{path: path, header: journal.Header{Journal: journal.Version, Prefix: reg.SubnetsPrefix()}}
+	j := &Journal{path: path, header: journal.Header{Journal: journal.Version, Prefix: reg.Keys.SubnetsPrefix()}}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return j, subnet.Snapshot{}, err
@@ -323,8 +323,8 @@ func decodeJournal(data []byte, reg *Registry) (subnet.Snapshot, journal.Replaye
 	if err != nil {
 		return subnet.Snapshot{}, r, err
 	}
-	if r.Header.Prefix != reg.SubnetsPrefix() {
-		return subnet.Snapshot{}, r, fmt.Errorf("it holds the leases under %s; the network's are under %s", r.Header.Prefix, reg.SubnetsPrefix())
+	if r.Header.Prefix != reg.Keys.SubnetsPrefix() {
+		return subnet.Snapshot{}, r, fmt.Errorf("it holds the leases under %s; the network's are under %s", r.Header.Prefix, reg.Keys.SubnetsPrefix())
 	}
 	snap := subnet.Snapshot{Revision: r.Rev, ClusterID: r.Header.Cluster, Saved: true}
 	names := make([]string, 0, len(r.Keys))
@@ -336,10 +336,10 @@ func decodeJournal(data []byte, reg *Registry) (subnet.Snapshot, journal.Replaye
 		rec := r.Keys[k]
 		key := r.Header.Prefix + k
 		if rec.Kind == journal.KindInvalid {
-			snap.Invalid = append(snap.Invalid, reg.invalid(key, rec.Mod, errors.New(rec.Err)))
+			snap.Invalid = append(snap.Invalid, reg.Keys.invalid(key, rec.Mod, errors.New(rec.Err)))
 			continue
 		}
-		l, err := reg.decode([]byte(key), rec.Value, rec.Lease, rec.Mod)
+		l, err := reg.Keys.decode([]byte(key), rec.Value, rec.Lease, rec.Mod)
 		if err != nil {
 			// It decoded when it was written: the file is damaged.
 			return subnet.Snapshot{}, r, fmt.Errorf("lease %s: %w", k, err)

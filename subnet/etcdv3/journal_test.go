@@ -56,7 +56,7 @@ func (c *listingCounter) intercept(ctx context.Context, method string, req, repl
 // the leases are counted.
 func (f *fixture) countedManager(t *testing.T, h Host, log *slog.Logger) (*Manager, *listingCounter) {
 	t.Helper()
-	c := &listingCounter{prefix: f.reg.SubnetsPrefix()}
+	c := &listingCounter{prefix: f.reg.Keys.SubnetsPrefix()}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{f.srv.Endpoint}, DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(c.intercept)}})
 	if err != nil {
 		t.Fatal(err)
@@ -127,13 +127,13 @@ func currentRev(t *testing.T, f *fixture) int64 {
 // at got's revision.
 func sameSet(t *testing.T, f *fixture, got subnet.Snapshot) {
 	t.Helper()
-	resp, err := f.cli.Get(ctx(t), f.reg.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(got.Revision))
+	resp, err := f.cli.Get(ctx(t), f.reg.Keys.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(got.Revision))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := subnet.Snapshot{ClusterID: resp.Header.ClusterId}
 	for _, kv := range resp.Kvs {
-		if l, err := f.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision); err != nil {
+		if l, err := f.reg.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision); err != nil {
 			want.Invalid = append(want.Invalid, subnet.Invalid{Key: string(kv.Key)})
 		} else {
 			want.Leases = append(want.Leases, l)
@@ -411,7 +411,7 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 		}, false, false},
 		{"own key taken by another node", "now names node", func(t *testing.T, f *fixture, _ *subnet.Snapshot, own subnet.Lease) {
 			v, _ := peerLeaseAttrs().Marshal()
-			if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(own.Subnets()), string(v)); err != nil {
+			if _, err := f.cli.Put(ctx(t), f.reg.Keys.LeaseKey(own.Subnets()), string(v)); err != nil {
 				t.Fatal(err)
 			}
 		}, true, false},
@@ -585,7 +585,7 @@ func file(t *testing.T, prefix string, recs ...journal.Record) string {
 // take the format apart); a write cut short leaves the last whole batch.
 func TestJournalFileIsCheckedAsInput(t *testing.T) {
 	reg := NewRegistry(nil, DefaultPrefix)
-	prefix := reg.SubnetsPrefix()
+	prefix := reg.Keys.SubnetsPrefix()
 	lease := journal.Record{Kind: journal.KindLease, Key: "10.244.1.0-24", Lease: 5, Mod: 3,
 		Value: []byte(`{"PublicIP":"198.18.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}`)}
 	withValue := func(v string) journal.Record { r := lease; r.Value = []byte(v); return r }
@@ -651,7 +651,7 @@ func TestJournalKeepsValuesAsRead(t *testing.T) {
 	asRead := `{"BackendType":"vxlan", "PublicIP":"198.18.0.7","Zone":"b","BackendData":{"VtepMAC":"0e:00:00:00:00:07","VNI":1}}`
 	multiline := "{\n  \"PublicIP\": \"198.18.0.8\",\n  \"BackendType\": \"vxlan\",\n  \"BackendData\": {\"VNI\": 1, \"VtepMAC\": \"0e:00:00:00:00:08\"}\n}"
 	for key, v := range map[string]string{"10.244.7.0-24": asRead, "10.244.8.0-24": multiline} {
-		if _, err := f.cli.Put(ctx(t), f.reg.SubnetsPrefix()+key, v); err != nil {
+		if _, err := f.cli.Put(ctx(t), f.reg.Keys.SubnetsPrefix()+key, v); err != nil {
 			t.Fatal(err)
 		}
 	}

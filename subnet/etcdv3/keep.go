@@ -114,7 +114,7 @@ func (m *keeper) holdLease(ctx context.Context, answered func()) error {
 			return fmt.Errorf("keep etcd lease %x alive: %w", l.EtcdLease, err)
 		}
 	}
-	key := m.reg.LeaseKey(l.Subnets())
+	key := m.reg.Keys.LeaseKey(l.Subnets())
 	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
 	from := m.held.seenRev()
 	wch, err := openWatch(wctx, m.reg.cli, m.reg.head, m.opts.ProgressInterval, m.opts.StallTimeout, key, clientv3.WithRev(answerableFrom(from)), clientv3.WithProgressNotify())
@@ -259,7 +259,7 @@ func (m *keeper) reclaim(ctx context.Context) error {
 // current reads the lease key like Registry.Get, and also returns the
 // revision it was read at.
 func (m *keeper) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, int64, error) {
-	key := m.reg.LeaseKey(s)
+	key := m.reg.Keys.LeaseKey(s)
 	resp, err := m.reg.cli.Get(ctx, key)
 	if err != nil {
 		return subnet.Lease{}, 0, fmt.Errorf("read %s: %w", key, err)
@@ -268,7 +268,7 @@ func (m *keeper) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, i
 		return subnet.Lease{}, resp.Header.Revision, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
 	kv := resp.Kvs[0]
-	l, err := m.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	l, err := m.reg.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 	return l, resp.Header.Revision, err
 }
 

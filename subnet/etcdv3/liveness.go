@@ -97,7 +97,7 @@ func (m *nodeClaim) liveness() (bool, error) {
 // A caller that gives up before Run (a later start-up step failed) calls
 // release, so that the node ID is free at once, not after the TTL.
 func (m *nodeClaim) claim(ctx context.Context) error {
-	key := m.reg.NodeKey(m.host.NodeID)
+	key := m.reg.Keys.NodeKey(m.host.NodeID)
 	waited := false
 	for {
 		c, other, err := m.claimLiveness(ctx)
@@ -174,7 +174,7 @@ const maxClaimAttempts = 3
 // transaction each: two hosts claiming at once cannot both succeed. If
 // another host holds the key it returns that holder and writes nothing.
 func (m *nodeClaim) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, error) {
-	key := m.reg.NodeKey(m.host.NodeID)
+	key := m.reg.Keys.NodeKey(m.host.NodeID)
 	cli := m.reg.cli
 	// Each request is bounded: with etcd out of reach the caller gets an
 	// error to retry on, not a start-up that hangs.
@@ -318,7 +318,7 @@ func (m *nodeClaim) keep(ctx context.Context) {
 }
 
 func (m *nodeClaim) hold(ctx context.Context) error {
-	key := m.reg.NodeKey(m.host.NodeID)
+	key := m.reg.Keys.NodeKey(m.host.NodeID)
 	c := m.takeClaim()
 	if c == nil {
 		// Re-created after a loss: still only if nobody else holds it.
@@ -433,13 +433,13 @@ type LiveNode struct {
 // LiveNodes reads every liveness key under NodesPrefix: the hosts running
 // overlayd now, with their underlay addresses.
 func (r *Registry) LiveNodes(ctx context.Context) ([]LiveNode, error) {
-	resp, err := r.cli.Get(ctx, r.NodesPrefix(), clientv3.WithPrefix())
+	resp, err := r.cli.Get(ctx, r.Keys.NodesPrefix(), clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", r.NodesPrefix(), err)
+		return nil, fmt.Errorf("list %s: %w", r.Keys.NodesPrefix(), err)
 	}
 	nodes := make([]LiveNode, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		n := LiveNode{NodeID: string(kv.Key[len(r.NodesPrefix()):])}
+		n := LiveNode{NodeID: string(kv.Key[len(r.Keys.NodesPrefix()):])}
 		var v livenessValue
 		if len(kv.Value) <= subnet.MaxLeaseValueSize && json.Unmarshal(kv.Value, &v) == nil {
 			n.PublicIP, n.PublicIPv6, n.Hostname = v.PublicIP, v.PublicIPv6, v.Hostname

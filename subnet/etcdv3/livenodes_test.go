@@ -15,7 +15,7 @@ func TestLiveNodesReadsTheHostsAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.ReleaseClaim(ctx(t))
-	if _, err := f.cli.Put(ctx(t), f.reg.NodeKey("garbage"), "{not json"); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.NodeKey("garbage"), "{not json"); err != nil {
 		t.Fatal(err)
 	}
 	nodes, err := f.reg.LiveNodes(ctx(t))

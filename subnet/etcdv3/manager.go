@@ -214,7 +214,7 @@ func (m *Manager) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, e
 		m.log.Info("lease acquired", "subnets", l.Subnets(), "reserved", l.Reserved, "public_ip", m.host.PublicIP)
 		return l, snap, nil
 	}
-	return subnet.Lease{}, subnet.Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.SubnetsPrefix())
+	return subnet.Lease{}, subnet.Snapshot{}, fmt.Errorf("acquire a subnet: lost %d races in a row for free subnets; is something writing %s in a loop?", maxAcquireAttempts, m.reg.Keys.SubnetsPrefix())
 }
 
 // Release gives the lease up for good (overlayd teardown): it deletes the

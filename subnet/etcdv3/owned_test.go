@@ -82,7 +82,7 @@ func TestLivenessKeyIsRecreatedAfterDeletion(t *testing.T) {
 		t.Errorf("before Run: Liveness = %v, %v; want not yet written, no error", alive, err)
 	}
 	startRun(t, m)
-	key := f.reg.NodeKey("node-1")
+	key := f.reg.Keys.NodeKey("node-1")
 	present := func() bool {
 		resp, err := f.cli.Get(ctx(t), key)
 		return err == nil && len(resp.Kvs) == 1
@@ -129,7 +129,7 @@ func TestReleasedClaimFreesTheNodeIDAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.ReleaseClaim(ctx(t))
-	key := f.reg.NodeKey("node-1")
+	key := f.reg.Keys.NodeKey("node-1")
 	if resp, err := f.cli.Get(ctx(t), key); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("after ReleaseClaim: %v, %v; want the liveness key gone", resp.Kvs, err)
 	}
@@ -165,7 +165,7 @@ func TestLivenessKeyIsNeverTakenFromAnotherHost(t *testing.T) {
 	if err := m.ClaimNodeID(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	key := f.reg.NodeKey("node-1")
+	key := f.reg.Keys.NodeKey("node-1")
 	holder := func() (ip string, lease int64) {
 		resp, err := f.cli.Get(ctx(t), key)
 		if err != nil || len(resp.Kvs) != 1 {
@@ -260,13 +260,13 @@ func TestWatchConfigFollowsChanges(t *testing.T) {
 	if u := next(); u.Err != nil || u.Config.Network != netip.MustParsePrefix("10.50.0.0/16") {
 		t.Fatalf("after a put = %+v", u)
 	}
-	if _, err := f.cli.Put(ctx(t), f.reg.ConfigKey(), `{"Network":"bogus"}`); err != nil {
+	if _, err := f.cli.Put(ctx(t), f.reg.Keys.ConfigKey(), `{"Network":"bogus"}`); err != nil {
 		t.Fatal(err)
 	}
 	if u := next(); !errors.Is(u.Err, subnet.ErrInvalidConfig) {
 		t.Fatalf("after an invalid put = %+v", u)
 	}
-	if _, err := f.cli.Delete(ctx(t), f.reg.ConfigKey()); err != nil {
+	if _, err := f.cli.Delete(ctx(t), f.reg.Keys.ConfigKey()); err != nil {
 		t.Fatal(err)
 	}
 	if u := next(); !errors.Is(u.Err, ErrNoConfig) {

@@ -48,8 +48,10 @@ var (
 // and a value decoded is Keys' (pure); the claim transactions are in
 // claim.go, the config in config.go, the lease watch in watch.go.
 type Registry struct {
-	Keys
-	cli *clientv3.Client
+	// Keys names keys and decodes values (a named field, so that the
+	// registry's own methods are what its method set holds).
+	Keys Keys
+	cli  *clientv3.Client
 	// head is shared by every copy (For): the manager's keepalives feed
 	// it, the watches' stall checks read it.
 	head *storeHead
@@ -91,7 +93,7 @@ func (r *Registry) List(ctx context.Context) (subnet.Snapshot, error) {
 // those the caller has at that revision already — are not decoded (most of
 // a listing's CPU): they are returned by ID in unchanged instead.
 func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (snap subnet.Snapshot, unchanged []subnet.ID, err error) {
-	key, end := r.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.SubnetsPrefix())
+	key, end := r.Keys.SubnetsPrefix(), clientv3.GetPrefixRangeEnd(r.Keys.SubnetsPrefix())
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
 		if snap.Revision != 0 {
@@ -100,7 +102,7 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 		}
 		resp, err := r.cli.Get(ctx, key, opts...)
 		if err != nil {
-			return subnet.Snapshot{}, nil, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+			return subnet.Snapshot{}, nil, fmt.Errorf("list %s: %w", r.Keys.SubnetsPrefix(), err)
 		}
 		if snap.Revision == 0 {
 			snap = subnet.Snapshot{Revision: resp.Header.Revision, ClusterID: resp.Header.ClusterId}
@@ -110,14 +112,14 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 		}
 		for _, kv := range resp.Kvs {
 			if have != nil {
-				if s, err := r.ParseKey(string(kv.Key)); err == nil && have(s.ID(), kv.ModRevision) {
+				if s, err := r.Keys.ParseKey(string(kv.Key)); err == nil && have(s.ID(), kv.ModRevision) {
 					unchanged = append(unchanged, s.ID())
 					continue
 				}
 			}
-			l, err := r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+			l, err := r.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 			if err != nil {
-				snap.Invalid = append(snap.Invalid, r.invalid(string(kv.Key), kv.ModRevision, err))
+				snap.Invalid = append(snap.Invalid, r.Keys.invalid(string(kv.Key), kv.ModRevision, err))
 				continue
 			}
 			snap.Leases = append(snap.Leases, l)
@@ -133,7 +135,7 @@ func (r *Registry) list(ctx context.Context, have func(subnet.ID, int64) bool) (
 // the error wraps subnet.ErrInvalidLease and the lease still carries its
 // subnet, ModRevision and etcd lease, so the owner can overwrite it.
 func (r *Registry) Get(ctx context.Context, s subnet.Subnets) (subnet.Lease, error) {
-	key := r.LeaseKey(s)
+	key := r.Keys.LeaseKey(s)
 	resp, err := r.cli.Get(ctx, key)
 	if err != nil {
 		return subnet.Lease{}, fmt.Errorf("read %s: %w", key, err)
@@ -142,14 +144,14 @@ func (r *Registry) Get(ctx context.Context, s subnet.Subnets) (subnet.Lease, err
 		return subnet.Lease{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
 	kv := resp.Kvs[0]
-	return r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	return r.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 }
 
 // Lookup finds the lease whose key names subnet p, of either family: the
 // IPv4-only key, or the dual-stack key with p as one half. ErrNotFound if
 // none; like Get, an undecodable value is returned with its error.
 func (r *Registry) Lookup(ctx context.Context, p netip.Prefix) (subnet.Lease, error) {
-	if r.ipv6Only {
+	if r.Keys.ipv6Only {
 		return r.Get(ctx, subnet.Subnets{IPv6: p})
 	}
 	if p.Addr().Is4() {
@@ -158,24 +160,24 @@ func (r *Registry) Lookup(ctx context.Context, p netip.Prefix) (subnet.Lease, er
 			return l, err
 		}
 		// At most one dual-stack key has this IPv4 half (Create sees to it).
-		resp, err := r.cli.Get(ctx, r.LeaseKey(subnet.Subnets{IPv4: p})+"&", clientv3.WithPrefix(), clientv3.WithLimit(1))
+		resp, err := r.cli.Get(ctx, r.Keys.LeaseKey(subnet.Subnets{IPv4: p})+"&", clientv3.WithPrefix(), clientv3.WithLimit(1))
 		if err != nil {
-			return subnet.Lease{}, fmt.Errorf("read %s: %w", r.LeaseKey(subnet.Subnets{IPv4: p}), err)
+			return subnet.Lease{}, fmt.Errorf("read %s: %w", r.Keys.LeaseKey(subnet.Subnets{IPv4: p}), err)
 		}
 		if len(resp.Kvs) == 0 {
 			return subnet.Lease{}, fmt.Errorf("%w: no key names %s", ErrNotFound, p)
 		}
 		kv := resp.Kvs[0]
-		return r.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+		return r.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 	}
 	key, err := r.heldBefore(ctx, subnet.Subnets{IPv6: p}, math.MaxInt64)
 	if err != nil {
-		return subnet.Lease{}, fmt.Errorf("list %s: %w", r.SubnetsPrefix(), err)
+		return subnet.Lease{}, fmt.Errorf("list %s: %w", r.Keys.SubnetsPrefix(), err)
 	}
 	if key == "" {
 		return subnet.Lease{}, fmt.Errorf("%w: no key names %s", ErrNotFound, p)
 	}
-	s, err := r.ParseKey(key)
+	s, err := r.Keys.ParseKey(key)
 	if err != nil {
 		return subnet.Lease{}, err
 	}
@@ -186,7 +188,7 @@ func (r *Registry) Lookup(ctx context.Context, p netip.Prefix) (subnet.Lease, er
 // attaching etcdLease (0 keeps it a reservation). It returns ErrConflict if
 // someone else wrote or deleted the key since.
 func (r *Registry) Update(ctx context.Context, prev subnet.Lease, attrs subnet.LeaseAttrs, etcdLease int64) (int64, error) {
-	key := r.LeaseKey(prev.Subnets())
+	key := r.Keys.LeaseKey(prev.Subnets())
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
@@ -206,7 +208,7 @@ func (r *Registry) Update(ctx context.Context, prev subnet.Lease, attrs subnet.L
 
 // Delete removes a lease key; it reports whether the key existed.
 func (r *Registry) Delete(ctx context.Context, s subnet.Subnets) (bool, error) {
-	key := r.LeaseKey(s)
+	key := r.Keys.LeaseKey(s)
 	resp, err := r.cli.Delete(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", key, err)
@@ -217,7 +219,7 @@ func (r *Registry) Delete(ctx context.Context, s subnet.Subnets) (bool, error) {
 // DeleteIfOwned removes a lease key only if it is still at modRev, so a
 // host's teardown never deletes a lease another host took over meanwhile.
 func (r *Registry) DeleteIfOwned(ctx context.Context, s subnet.Subnets, modRev int64) (bool, error) {
-	key := r.LeaseKey(s)
+	key := r.Keys.LeaseKey(s)
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
 		Then(clientv3.OpDelete(key)).
@@ -230,13 +232,13 @@ func (r *Registry) DeleteIfOwned(ctx context.Context, s subnet.Subnets, modRev i
 
 // AliveNodes returns the node IDs whose liveness key exists.
 func (r *Registry) AliveNodes(ctx context.Context) (map[string]bool, error) {
-	resp, err := r.cli.Get(ctx, r.NodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := r.cli.Get(ctx, r.Keys.NodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", r.NodesPrefix(), err)
+		return nil, fmt.Errorf("list %s: %w", r.Keys.NodesPrefix(), err)
 	}
 	alive := make(map[string]bool, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		alive[strings.TrimPrefix(string(kv.Key), r.NodesPrefix())] = true
+		alive[strings.TrimPrefix(string(kv.Key), r.Keys.NodesPrefix())] = true
 	}
 	return alive, nil
 }
@@ -270,13 +272,13 @@ func leaseOpt(etcdLease int64) []clientv3.OpOption {
 // host, no other claim of either subnet). It returns ErrTaken if the key exists, ErrConflict if another lease was
 // written meanwhile: list again and re-check.
 func (r *Registry) Reserve(ctx context.Context, s subnet.Subnets, attrs subnet.LeaseAttrs, rev int64) (int64, error) {
-	key := r.LeaseKey(s)
+	key := r.Keys.LeaseKey(s)
 	val, err := attrs.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode lease %s: %w", key, err)
 	}
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), r.unchangedSince(rev)).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), r.Keys.unchangedSince(rev)).
 		Then(clientv3.OpPut(key, string(val))).
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
@@ -287,7 +289,7 @@ func (r *Registry) Reserve(ctx context.Context, s subnet.Subnets, attrs subnet.L
 		if len(resp.Responses) > 0 && len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
 			return 0, fmt.Errorf("%w: %s", ErrTaken, key)
 		}
-		return 0, fmt.Errorf("%w: a lease under %s was written meanwhile", ErrConflict, r.SubnetsPrefix())
+		return 0, fmt.Errorf("%w: a lease under %s was written meanwhile", ErrConflict, r.Keys.SubnetsPrefix())
 	}
 	return resp.Header.Revision, nil
 }

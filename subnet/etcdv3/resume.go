@@ -82,7 +82,7 @@ func (m *acquirer) resume(ctx context.Context, saved subnet.Snapshot) (subnet.Le
 	default:
 		mine = m.host.Previous
 	}
-	key := m.reg.LeaseKey(mine)
+	key := m.reg.Keys.LeaseKey(mine)
 	resp, err := m.reg.cli.Txn(ctx).Then(
 		clientv3.OpGet(key),
 		clientv3.OpGet(key, clientv3.WithRev(saved.Revision)),
@@ -112,7 +112,7 @@ func (m *acquirer) resume(ctx context.Context, saved subnet.Snapshot) (subnet.Le
 		return subnet.Lease{}, 0, stale("this host's lease key %s is gone", key)
 	}
 	kv := cur.Kvs[0]
-	l, err := m.reg.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
+	l, err := m.reg.Keys.decode(kv.Key, kv.Value, kv.Lease, kv.ModRevision)
 	switch {
 	case err != nil:
 		return subnet.Lease{}, 0, stale("this host's lease key %s: %v", key, err)

@@ -134,7 +134,7 @@ func putLeases(t testing.TB, cli *clientv3.Client, n int) {
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
 			h := host(j)
 			val, _ := subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, h.BackendData, h.NodeID, h.Hostname).Marshal()
-			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
+			ops = append(ops, clientv3.OpPut(reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
 		}
 		if _, err := cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
 			t.Fatal(err)
@@ -212,13 +212,13 @@ func BenchmarkOpenJournal(b *testing.B) {
 // did — a walk over all N keys per restart.
 func BenchmarkResumeCheck(b *testing.B) {
 	reg, snap := benchLeases(b, 2000)
-	key := reg.LeaseKey(snap.Leases[0].Subnets())
+	key := reg.Keys.LeaseKey(snap.Leases[0].Subnets())
 	for _, bc := range []struct {
 		name string
 		op   clientv3.Op
 	}{
 		{"own key", clientv3.OpGet(key, clientv3.WithRev(snap.Revision))},
-		{"count of keys", clientv3.OpGet(reg.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(snap.Revision), clientv3.WithCountOnly())},
+		{"count of keys", clientv3.OpGet(reg.Keys.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(snap.Revision), clientv3.WithCountOnly())},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {

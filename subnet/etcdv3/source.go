@@ -99,11 +99,11 @@ func (s *Source) Config(ctx context.Context) (*subnet.Config, error) {
 }
 
 // ConfigKey is <prefix>/config.
-func (s *Source) ConfigKey() string { return s.reg.ConfigKey() }
+func (s *Source) ConfigKey() string { return s.reg.Keys.ConfigKey() }
 
 // LeaseName is the key of the lease on sn (under subnets/, or subnets6/
 // for an IPv6-only network once Claim knows it).
-func (s *Source) LeaseName(sn subnet.Subnets) string { return s.reg.LeaseKey(sn) }
+func (s *Source) LeaseName(sn subnet.Subnets) string { return s.reg.Keys.LeaseKey(sn) }
 
 // Claim makes the Manager for host in cfg and claims the node ID
 // (Manager.ClaimNodeID): it waits out another host's liveness key, bounded

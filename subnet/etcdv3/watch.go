@@ -280,11 +280,11 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []subnet.Batch {
 			clear(pending)
 		}
 		invalid := func(err error) {
-			b.Invalid = append(b.Invalid, w.reg.invalid(key, ev.Kv.ModRevision, err))
+			b.Invalid = append(b.Invalid, w.reg.Keys.invalid(key, ev.Kv.ModRevision, err))
 			pending[key] = true
 			w.markInvalid(key)
 		}
-		p, err := w.reg.ParseKey(key)
+		p, err := w.reg.Keys.ParseKey(key)
 		id := p.ID()
 		prev, had := w.known[id]
 		gone := subnet.Event{Type: subnet.Removed, Lease: subnet.Lease{Subnet: p.IPv4, IPv6Subnet: p.IPv6}}
@@ -304,7 +304,7 @@ func (w *watcher) apply(events []*clientv3.Event, rev int64) []subnet.Batch {
 			invalid(err)
 			continue
 		}
-		l, err := w.reg.decode(ev.Kv.Key, ev.Kv.Value, ev.Kv.Lease, ev.Kv.ModRevision)
+		l, err := w.reg.Keys.decode(ev.Kv.Key, ev.Kv.Value, ev.Kv.Lease, ev.Kv.ModRevision)
 		if err != nil {
 			// An unreadable value replaces whatever was there: stop using it.
 			invalid(err)

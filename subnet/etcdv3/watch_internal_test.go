@@ -42,7 +42,7 @@ func TestStallCheckHeedsAnAnswerWaitingBesideTheTimer(t *testing.T) {
 // even chance of the order that went wrong.
 func TestPeriodicRelistNeverSendsABatchBackwards(t *testing.T) {
 	f := newFixture(t, testNetwork)
-	key := f.reg.LeaseKey(subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")})
+	key := f.reg.Keys.LeaseKey(subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")})
 	put := func(i int) int64 {
 		mac := net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}
 		val, _ := vxlanAttrs(netip.MustParseAddr("198.18.0.7"), 1, mac, "node-7", "h7").Marshal()

@@ -102,14 +102,14 @@ func (f *fleet) put(ctx context.Context, p netip.Prefix, a subnet.LeaseAttrs) er
 		return err
 	}
 	return retryWrite(ctx, func(ctx context.Context) error {
-		_, err := f.reg.Client().Put(ctx, f.reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val))
+		_, err := f.reg.Client().Put(ctx, f.reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}), string(val))
 		return err
 	})
 }
 
 func (f *fleet) del(ctx context.Context, p netip.Prefix) error {
 	return retryWrite(ctx, func(ctx context.Context) error {
-		_, err := f.reg.Client().Delete(ctx, f.reg.LeaseKey(subnet.Subnets{IPv4: p}))
+		_, err := f.reg.Client().Delete(ctx, f.reg.Keys.LeaseKey(subnet.Subnets{IPv4: p}))
 		return err
 	})
 }

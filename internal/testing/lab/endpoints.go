@@ -30,7 +30,7 @@ func (l *Lab) UseEtcd(ctx context.Context, eps ...string) error {
 	}
 	defer cli.Close()
 	reg := etcdv3.NewRegistry(cli, etcdv3.DefaultPrefix)
-	resp, err := cli.Get(ctx, reg.ConfigKey())
+	resp, err := cli.Get(ctx, reg.Keys.ConfigKey())
 	if err != nil {
 		return fmt.Errorf("read the network config at %s: %w", strings.Join(eps, ","), err)
 	}

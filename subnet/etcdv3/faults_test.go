@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -786,7 +787,7 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 // up" and never start keeping its lease.
 func TestRecreatedStoreEndsTheCatchUp(t *testing.T) {
 	t.Parallel() // mostly waits on timers; it has its own etcd
-	srv, _, _, cfg := startServer(t)
+	srv, _, dreg, cfg := startServer(t)
 	proxy := newProxy(t, srv.Endpoint)
 	reg := proxiedRegistry(t, proxy.Endpoint())
 	m := etcdv3.NewManager(reg, cfg, me(), etcdv3.ManagerOptions{LivenessTTL: 2 * time.Second, RetryInterval: 100 * time.Millisecond})
@@ -812,6 +813,13 @@ func TestRecreatedStoreEndsTheCatchUp(t *testing.T) {
 			}
 		}
 	}()
+	// The old store runs far ahead of the new one (its revisions are what
+	// the host saw last): a key outside the leases written 300 times.
+	for i := range 300 {
+		if _, err := dreg.Client().Put(tctx(t), etcdv3.DefaultPrefix+"/elsewhere", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	testenv.WaitFor(t, testenv.Slack, "a progress batch of the old store", func() bool { return batches.Load() > 0 })
 	if caughtUp.Load() {
 		t.Fatal("caught up with a head the store has not reached")

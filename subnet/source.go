@@ -2,6 +2,7 @@ package subnet
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -118,6 +119,22 @@ type Host struct {
 	// Previous names the subnets of an old subnet.env, each reused if
 	// still free.
 	Previous Subnets
+}
+
+// Publishing is h with the lease value it publishes in the network cfg
+// (Attrs): its public address, node ID and hostname, and the data plane's
+// data of each family cfg carries (data for IPv4, data6 for IPv6, as the
+// backend's codec made them; the other is not read). The one constructor
+// of a host's lease value, for every source.
+func (h Host) Publishing(cfg *Config, data, data6 json.RawMessage) Host {
+	h.Attrs = LeaseAttrs{BackendType: DefaultBackendType, NodeID: h.NodeID, Hostname: h.Hostname}
+	if cfg.EnableIPv4 {
+		h.Attrs = NewAttrs(h.PublicIP, DefaultBackendType, data, h.NodeID, h.Hostname)
+	}
+	if cfg.EnableIPv6 {
+		h.Attrs = h.Attrs.WithIPv6(h.PublicIPv6, data6)
+	}
+	return h
 }
 
 // Invalid is a lease key whose key or value could not be decoded.

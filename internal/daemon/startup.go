@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -94,14 +95,14 @@ func (d *daemon) host() subnet.Host {
 	h := subnet.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, PublicIPv6: d.ul.PublicIPv6,
 		Previous: previousLease(d.cfg.SubnetFile, nc, d.log)}
 	h.Hostname, _ = os.Hostname()
-	h.Attrs = subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: h.NodeID, Hostname: h.Hostname}
+	var data, data6 json.RawMessage // of the families nc carries
 	if nc.EnableIPv4 {
-		h.Attrs = subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, d.publishedData(backend.IPv4), h.NodeID, h.Hostname)
+		data = d.publishedData(backend.IPv4)
 	}
 	if nc.EnableIPv6 {
-		h.Attrs = h.Attrs.WithIPv6(h.PublicIPv6, d.publishedData(backend.IPv6))
+		data6 = d.publishedData(backend.IPv6)
 	}
-	return h
+	return h.Publishing(nc, data, data6)
 }
 
 // checkUnderlayOutside refuses to start a host whose public address of a

@@ -106,14 +106,8 @@ func NewManager(reg *Registry, cfg *subnet.Config, host Host, opts ManagerOption
 // subnetHost is h as the lease source takes it: the lease value it
 // publishes in cfg, with the backend's data of each family's device.
 func (h Host) subnetHost(cfg *subnet.Config) subnet.Host {
-	a := subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: h.NodeID, Hostname: h.Hostname}
-	if cfg.EnableIPv4 {
-		a = subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, h.BackendData, h.NodeID, h.Hostname)
-	}
-	if cfg.EnableIPv6 {
-		a = a.WithIPv6(h.PublicIPv6, h.BackendV6Data)
-	}
-	return subnet.Host{NodeID: h.NodeID, Hostname: h.Hostname, PublicIP: h.PublicIP, PublicIPv6: h.PublicIPv6, Attrs: a, Previous: h.Previous}
+	return subnet.Host{NodeID: h.NodeID, Hostname: h.Hostname, PublicIP: h.PublicIP, PublicIPv6: h.PublicIPv6, Previous: h.Previous}.
+		Publishing(cfg, h.BackendData, h.BackendV6Data)
 }
 
 func newManager(reg *Registry, cfg *subnet.Config, host subnet.Host, opts ManagerOptions) *Manager {

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -17,6 +15,7 @@ import (
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
@@ -116,9 +115,10 @@ func (r *recorder) apply(b subnet.Batch) {
 	r.rev = max(r.rev, b.Revision)
 }
 
-// simHost is one host's control plane: its own etcd client, the production
-// Manager (lease, liveness key, keepalives, own-key watch), Registry.Watch
-// of all leases and the config watch, as internal/daemon wires them.
+// simHost is one host's control plane: overlayd's lease source
+// (etcdv3.Source: its own etcd client, the node-ID claim, the lease,
+// liveness key, keepalives and own-key watch, the lease journal), its
+// watch of all leases and the config watch, as internal/daemon wires them.
 type simHost struct {
 	idx    int
 	eps    []string
@@ -133,22 +133,18 @@ type simHost struct {
 	journal string
 }
 
-func (h *simHost) host() etcdv3.Host {
+// host is this simulated host as its lease names it in the network cfg.
+func (h *simHost) host(cfg *subnet.Config) subnet.Host {
 	ip := netip.AddrFrom4([4]byte{100, 64 + byte(h.idx>>16), byte(h.idx >> 8), byte(h.idx)})
-	return etcdv3.Host{
-		NodeID:      fmt.Sprintf("sim-%05d", h.idx),
-		Hostname:    fmt.Sprintf("sim-%05d", h.idx),
-		PublicIP:    ip,
-		BackendData: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)}),
-		Previous:    subnet.Subnets{IPv4: h.lease},
-	}
+	name := fmt.Sprintf("sim-%05d", h.idx)
+	mac := net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)}
+	return subnet.Host{NodeID: name, Hostname: name, PublicIP: ip, Previous: subnet.Subnets{IPv4: h.lease}}.
+		Publishing(cfg, vxlan.Codec{VNI: 1}.Encode(mac), nil)
 }
 
-// start connects and acquires the lease; the host then runs in the
-// background until stop. It is long (over 80 lines) because it replays
-// overlayd's start-up steps in overlayd's order, each timed (lap) and
-// retried as overlayd retries it; split, the timings would lose their
-// shared clock.
+// start connects and acquires the lease through etcdv3.Source, the lease
+// source overlayd runs, each step timed (lap) and retried as overlayd
+// retries it; the host then runs in the background until stop.
 func (h *simHost) start(ctx context.Context) error {
 	t := time.Now()
 	lap := func(i int) {
@@ -156,12 +152,10 @@ func (h *simHost) start(ctx context.Context) error {
 		t = time.Now()
 	}
 	// overlayd's own client settings (gRPC keepalive, reconnect backoff).
-	cli, err := etcdclient.New(etcdclient.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, DialOptions: h.cnt.dialOptions()})
-	if err != nil {
-		return err
+	dial := func(ctx context.Context) (*clientv3.Client, error) {
+		return etcdclient.Connect(ctx, etcdclient.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, DialOptions: h.cnt.dialOptions()})
 	}
-	lap(0)
-	reg := etcdv3.NewRegistry(cli, prefix)
+	src := etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: h.eps, Dial: dial, Prefix: prefix, JournalFile: h.journal, ConfigRetry: time.Second, Logger: h.log})
 	// Each step is retried as overlayd retries it at start-up.
 	step := func(f func(ctx context.Context) error) error {
 		b := daemon.StartupBackoff()
@@ -169,43 +163,37 @@ func (h *simHost) start(ctx context.Context) error {
 			rctx, cancel := context.WithTimeout(ctx, b.Timeout())
 			err := f(rctx)
 			cancel()
-			if err == nil || ctx.Err() != nil {
+			if err == nil || ctx.Err() != nil || src.IsFatal(err) {
 				return err
 			}
 			h.log.Warn("start-up step failed, retrying", "err", err)
 			time.Sleep(b.Failed(err))
 		}
 	}
+	// Close frees the node ID if Keep never took it over, and the client.
+	if err := step(src.Connect); err != nil {
+		src.Close()
+		return err
+	}
+	lap(0)
 	var cfg *subnet.Config
-	if err := step(func(ctx context.Context) (err error) { cfg, _, err = reg.GetConfig(ctx); return err }); err != nil {
-		_ = cli.Close()
+	if err := step(func(ctx context.Context) (err error) { cfg, err = src.Config(ctx); return err }); err != nil {
+		src.Close()
 		return err
 	}
 	lap(1)
-	mgr := etcdv3.NewManager(reg, cfg, h.host(), etcdv3.ManagerOptions{Logger: h.log})
-	if err := step(mgr.ClaimNodeID); err != nil {
-		_ = cli.Close()
+	if err := step(func(ctx context.Context) error { return src.Claim(ctx, cfg, h.host(cfg), nil) }); err != nil {
+		src.Close()
 		return err
 	}
 	lap(2)
-	journal, saved, err := etcdv3.OpenJournal(h.journal, reg)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		h.log.Warn("ignoring the lease journal; listing every lease instead", "err", err)
-	}
 	var lease subnet.Lease
 	var snap subnet.Snapshot
-	if err := step(func(ctx context.Context) (err error) { lease, snap, err = mgr.AcquireFrom(ctx, saved); return err }); err != nil {
-		mgr.ReleaseClaim(context.Background())
-		_ = journal.Close()
-		_ = cli.Close()
+	if err := step(func(ctx context.Context) (err error) { lease, snap, err = src.Acquire(ctx); return err }); err != nil {
+		src.Close()
 		return err
 	}
 	lap(3)
-	if err := journal.Start(snap); err != nil {
-		h.log.Warn("cannot keep the lease journal", "err", err)
-		_ = journal.Close()
-		journal = nil
-	}
 	h.lease = lease.Subnet
 	h.rec.mu.Lock()
 	h.rec.peers = make(map[netip.Prefix]struct{}, len(snap.Leases))
@@ -217,23 +205,14 @@ func (h *simHost) start(ctx context.Context) error {
 
 	hctx, cancel := context.WithCancel(context.Background())
 	h.cancel, h.done = cancel, make(chan struct{})
-	batches := reg.Watch(hctx, snap, etcdv3.WatchOptions{Logger: h.log, Progress: journal != nil})
-	configs := reg.WatchConfig(hctx, time.Second)
+	// The source keeps the lease journal from the watch's goroutine.
+	batches := src.Watch(hctx, snap, subnet.WatchOptions{Logger: h.log})
+	configs := src.WatchConfig(hctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = mgr.Run(hctx) })
+	wg.Go(func() { _ = src.Keep(hctx) })
 	wg.Go(func() {
 		for b := range batches {
-			if journal != nil {
-				if err := journal.Apply(b); err != nil {
-					h.log.Warn("stopped keeping the lease journal", "err", err)
-					_ = journal.Close()
-					journal = nil
-				}
-			}
 			h.rec.apply(b)
-		}
-		if journal != nil {
-			_ = journal.Close()
 		}
 	})
 	wg.Go(func() {
@@ -242,7 +221,7 @@ func (h *simHost) start(ctx context.Context) error {
 	})
 	go func() {
 		wg.Wait()
-		_ = cli.Close()
+		src.Close()
 		close(h.done)
 	}()
 	return nil

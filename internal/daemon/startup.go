@@ -407,7 +407,7 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		s.st.setPhase(phaseWaiting + what + ": " + err.Error())
-		if time.Since(lastLog) >= warnEvery {
+		if time.Since(lastLog) >= backoff.WarnEvery {
 			s.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
 			lastLog = time.Now()
 		}
@@ -418,10 +418,6 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 		}
 	}
 }
-
-// warnEvery is how often a start-up step that keeps failing is logged
-// again, as the lease source's own retry loops do (etcdv3.WarnEvery).
-const warnEvery = 30 * time.Second
 
 // fatalAtStart: no free subnet, or an error of the lease source that
 // waiting cannot fix (etcd: bad client settings, the lease lost, a

@@ -74,22 +74,12 @@ type TeardownOptions struct {
 func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownResult, error) {
 	cfg.defaults()
 	var res TeardownResult
-	// The host lock, then the subnet file's, as `overlayd run` takes them.
-	unlock, err := cfg.Kernel.LockHost()
-	if err == nil {
-		// Held while tearing down: a daemon starting now refuses.
-		defer unlock()
-		var lock *hostLock
-		if lock, err = lockHost(cfg.SubnetFile); err == nil {
-			defer lock.release()
-		}
-	}
-	switch {
-	case errors.Is(err, ErrRunning) && !opts.Force:
-		return res, fmt.Errorf("%w: stop it first (systemctl stop overlayd), or pass --force to tear down under it (it rebuilds what it owns within seconds)", err)
-	case err != nil && !errors.Is(err, ErrRunning):
+	release, err := lockForTeardown(cfg, opts.Force)
+	if err != nil {
 		return res, err
 	}
+	// Held while tearing down: a daemon starting now refuses.
+	defer release()
 	nodeID, err := NodeID(cfg.NodeName, cfg.MachineIDFile)
 	if err != nil {
 		return res, err
@@ -151,6 +141,30 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		errs = append(errs, fmt.Errorf("%w: %w", ErrLeaseNotReleased, err))
 	}
 	return res, errors.Join(errs...)
+}
+
+// lockForTeardown takes the host lock, then the subnet file's, as
+// `overlayd run` takes them, and returns what releases those it got. While
+// a daemon holds them it refuses, unless force.
+func lockForTeardown(cfg Config, force bool) (release func(), err error) {
+	release = func() {}
+	unlock, err := cfg.Kernel.LockHost()
+	if err == nil {
+		release = unlock
+		var lock *hostLock
+		if lock, err = lockHost(cfg.SubnetFile); err == nil {
+			release = func() { lock.release(); unlock() }
+		}
+	}
+	switch {
+	case errors.Is(err, ErrRunning) && !force:
+		release()
+		return nil, fmt.Errorf("%w: stop it first (systemctl stop overlayd), or pass --force to tear down under it (it rebuilds what it owns within seconds)", err)
+	case err != nil && !errors.Is(err, ErrRunning):
+		release()
+		return nil, err
+	}
+	return release, nil
 }
 
 // dialTimeout is how long one etcd request may take (--dial-timeout).

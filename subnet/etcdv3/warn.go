@@ -3,12 +3,13 @@ package etcdv3
 import (
 	"log/slog"
 	"time"
+
+	"github.com/overlaynet/overlay/internal/lib/backoff"
 )
 
-// WarnEvery is how often a failure that keeps repeating is logged again:
-// during an etcd outage the retry loops fail every few seconds, and one
-// line per loop every 30 s says as much (Documentation/operations.md).
-const WarnEvery = 30 * time.Second
+// WarnEvery is how often a failure that keeps repeating is logged again
+// (backoff.WarnEvery, which the daemon's start-up steps use too).
+const WarnEvery = backoff.WarnEvery
 
 // repeatWarn logs the warnings of one retry loop: the first at once, then
 // at most one every WarnEvery, each with the number of failures so far;

@@ -16,6 +16,12 @@ import (
 	"github.com/overlaynet/overlay/internal/lib/jitter"
 )
 
+// WarnEvery is how often a failure that keeps repeating is logged again:
+// during an etcd outage the retry loops (the daemon's start-up steps, the
+// lease source's watches and keepers) fail every few seconds, and one line
+// per loop every 30 s says as much (Documentation/operations.md).
+const WarnEvery = 30 * time.Second
+
 // Backoff is the schedule of one step's attempts. The zero value has no
 // timeout and no pause; use New.
 type Backoff struct {

@@ -16,7 +16,7 @@ FUZZ_EXECS := FuzzPluginMain=3000 FuzzParseConf=80000 FuzzVerbs=6000 FuzzCorrupt
               FuzzReplay=200000 FuzzFastDecodingAgreesWithEncodingJSON=30000
 FUZZTIME  ?=
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube fuzz layering lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -40,7 +40,7 @@ test: build plugins unit e2e fuzz
 # -parallel 4: the tests marked parallel mostly wait on timers (stall
 # checks, TTLs, gRPC keepalive), so more of them than cores run at once.
 unit:
-	$(GO) test -race -count=1 -parallel 4 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime)
+	$(GO) test -race -count=1 -parallel 4 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime -e /test/kube)
 
 # Multi-host tests: real overlayd processes on simulated hosts (network
 # namespaces the tests create and delete), a real etcd, pods through libcni.
@@ -67,6 +67,18 @@ runtime-e2e: build plugins runtime-deps
 # takes ~20-30 minutes on 2 cores; a second run builds nothing.
 kube:
 	@test/kube/build.sh
+
+# The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
+# plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
+# overlay deployed with deploy/kubernetes/overlay.yaml, then the network
+# matrix, printed as a table and written to KUBE_MATRIX (JSON).
+KUBE_MATRIX ?= $(BIN)/kube-matrix.json
+
+kube-deps:
+	@test/kube/install-deps.sh
+
+kube-e2e: build plugins kube kube-deps
+	KUBE_MATRIX=$(abspath $(KUBE_MATRIX)) $(GO) test -count=1 -timeout 15m -v ./test/kube/
 
 # Not part of `make test`: run the suites RUNS times with HOGS busy-loop
 # processes beside them and print how often each test failed (a deadline

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/netip"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -112,96 +111,3 @@ func (c *cluster) podNS(p podInfo) (netns.NsHandle, error) {
 	return 0, fmt.Errorf("pod %s: no network namespace in its sandbox's spec", p.Name)
 }
 
-// matrix is the network test matrix of issue 30.
-type matrix struct {
-	c    *cluster
-	pods map[string]podInfo
-}
-
-func newMatrix(c *cluster) *matrix { return &matrix{c: c} }
-
-// echoPod is a kube-echo pod on node, labelled app=name plus labels.
-func echoPod(name, node string, labels map[string]string, hostPort int) string {
-	var l strings.Builder
-	fmt.Fprintf(&l, "app: %s", name)
-	for k, v := range labels {
-		fmt.Fprintf(&l, ", %s: %q", k, v)
-	}
-	ports := "[{containerPort: 8080, name: http}]"
-	if hostPort != 0 {
-		ports = fmt.Sprintf("[{containerPort: 8080, name: http, hostPort: %d}]", hostPort)
-	}
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  labels: {%s}
-spec:
-  nodeSelector: {kubernetes.io/hostname: %s}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: echo
-    image: %s
-    imagePullPolicy: Never
-    args: [serve]
-    ports: %s
-    readinessProbe:
-      tcpSocket: {port: 8080}
-      periodSeconds: 1
-`, name, l.String(), node, echoImage, ports)
-}
-
-func (m *matrix) setup() {
-	c := m.c
-	t := c.t
-	var docs []string
-	for _, n := range c.nodes {
-		docs = append(docs, echoPod("a-"+n.Name, n.Name, nil, 0), echoPod("b-"+n.Name, n.Name, nil, 0))
-	}
-	if out, err := c.kubectl(context.Background(), []byte(strings.Join(docs, "---\n")), "apply", "-f", "-"); err != nil {
-		t.Fatalf("create the echo pods: %v\n%s", err, out)
-	}
-	testenv.Eventually(t, 3*time.Minute, "the echo pods to be Ready", func() error {
-		pods, err := c.pods("default")
-		if err != nil {
-			return err
-		}
-		for _, n := range c.nodes {
-			for _, name := range []string{"a-" + n.Name, "b-" + n.Name} {
-				p, ok := pods[name]
-				if !ok || !p.Ready || !p.IP.IsValid() {
-					return fmt.Errorf("pod %s: %+v", name, p)
-				}
-			}
-		}
-		m.pods = pods
-		return nil
-	})
-	for _, p := range m.pods {
-		t.Logf("pod %s on %s: %s", p.Name, p.Node, p.IP)
-	}
-}
-
-func (m *matrix) run(t *testing.T) {
-	c := m.c
-	for _, from := range c.nodes {
-		client := m.pods["a-"+from.Name]
-		ns, err := c.podNS(client)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, to := range c.nodes {
-			server := m.pods["b-"+to.Name]
-			r, err := httpProbe(ns, netip.AddrPortFrom(server.IP, 8080))
-			if err != nil {
-				t.Errorf("%s -> %s: %v", client.Name, server.Name, err)
-				continue
-			}
-			if r.source() != client.IP {
-				t.Errorf("%s -> %s: source %s, want %s", client.Name, server.Name, r.source(), client.IP)
-			}
-		}
-		ns.Close()
-	}
-
-}

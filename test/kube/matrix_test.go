@@ -110,4 +110,3 @@ func (c *cluster) podNS(p podInfo) (netns.NsHandle, error) {
 	}
 	return 0, fmt.Errorf("pod %s: no network namespace in its sandbox's spec", p.Name)
 }
-

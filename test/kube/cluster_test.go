@@ -94,7 +94,7 @@ func newCluster(t testing.TB, nodes int) *cluster {
 			testenv.Unavailable(t, "%s is missing: run `make kube` (a cold build takes ~30 minutes): %v", filepath.Join(c.kubeBin, b), err)
 		}
 	}
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables"} {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "nft"} {
 		if _, err := exec.LookPath(b); err != nil {
 			testenv.Unavailable(t, "%s is not installed: run `make kube-e2e` (test/kube/install-deps.sh installs the packages): %v", b, err)
 		}

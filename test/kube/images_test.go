@@ -17,6 +17,8 @@ const (
 	pauseImage   = "localhost/overlay-lab/pause:lab"
 	echoImage    = "localhost/overlay-lab/echo:lab"
 	overlayImage = "localhost/overlay-lab/overlay:lab1"
+	// overlayImage2 is the same image under a new tag: the rolling update's.
+	overlayImage2 = "localhost/overlay-lab/overlay:lab2"
 )
 
 // buildImages builds the echo program (test/kube/echo, static) and writes
@@ -56,6 +58,7 @@ func (c *cluster) buildImages(t testing.TB) string {
 		ociimage.Image{Name: pauseImage, Layer: echoLayer, Entrypoint: []string{"/kube-echo", "pause"}},
 		ociimage.Image{Name: echoImage, Layer: echoLayer, Entrypoint: []string{"/kube-echo"}, Cmd: []string{"serve"}},
 		ociimage.Image{Name: overlayImage, Layer: overlayLayer, Entrypoint: []string{"/usr/local/bin/overlayd"}},
+		ociimage.Image{Name: overlayImage2, Layer: overlayLayer, Entrypoint: []string{"/usr/local/bin/overlayd"}},
 	)
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,13 @@
 #!/bin/sh
 # Installs what the Kubernetes lab (test/kube) runs beside the components
 # `make kube` builds: Debian's containerd (and its shim) and runc, and
-# iptables (kube-proxy's iptables mode runs it). No service is started: the
-# lab runs its own containerd on every node, inside the node's namespaces.
+# iptables and nft (kube-proxy runs them in its iptables and nftables
+# modes). No service is started: the lab runs its own containerd on every
+# node, inside the node's namespaces.
 set -eu
 
 need=""
-for pkg in containerd runc iptables; do
+for pkg in containerd runc iptables nftables; do
 	if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
 		need="$need $pkg"
 	fi

@@ -19,8 +19,40 @@ import (
 const networkConfig = `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
-// manifest and runs the network matrix.
+// manifest and runs the network matrix, once with kube-proxy in iptables
+// mode (and a rolling update of the DaemonSet under traffic) and once in
+// nftables mode, each pass on a cluster of its own. The matrix of every
+// pass is logged as a table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
+	var passes []map[string]any
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) {
+			c := deploy(t, mode)
+			m := newMatrix(c, mode)
+			m.setup()
+			if mode == "iptables" {
+				m.rollingUpdate(t)
+			}
+			m.run(t)
+			passes = append(passes, map[string]any{"family": "IPv4", "proxyMode": mode, "rows": m.results})
+		})
+	}
+	if path := os.Getenv("KUBE_MATRIX"); path != "" {
+		data, err := json.MarshalIndent(map[string]any{"passes": passes}, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+			t.Errorf("write %s: %v", path, err)
+		}
+	}
+}
+
+// deploy builds a three-node lab with kube-proxy in proxyMode, stores the
+// network config in the overlay's etcd and applies the shipped manifest;
+// it returns once every node is Ready and overlayd ready on each.
+func deploy(t *testing.T, proxyMode string) *cluster {
+	start := time.Now()
 	c := newCluster(t, 3)
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
@@ -35,17 +67,14 @@ func TestKubernetes(t *testing.T) {
 		t.Fatalf("store the network config: %v\n%s", err, out)
 	}
 	for _, n := range c.nodes {
-		c.startKube(n, "iptables")
+		c.startKube(n, proxyMode)
 	}
 	c.waitNodes(false)
 	c.applyManifest()
 	c.waitNodes(true)
-	c.waitDaemonSet()
-	t.Logf("all %d nodes Ready with overlayd", len(c.nodes))
-
-	m := newMatrix(c)
-	m.setup()
-	m.run(t)
+	c.waitDaemonSet(overlayImage)
+	t.Logf("all %d nodes Ready with overlayd, %s after the lab's start", len(c.nodes), time.Since(start).Round(time.Second))
+	return c
 }
 
 // manifest is deploy/kubernetes/overlay.yaml with what a user sets: the
@@ -152,21 +181,51 @@ func (c *cluster) waitNodes(ready bool) {
 	})
 }
 
-// waitDaemonSet waits until overlayd's pod is ready on every node.
-func (c *cluster) waitDaemonSet() {
-	testenv.Eventually(c.t, 2*time.Minute, "the overlayd DaemonSet to be ready on every node", func() error {
+// waitDaemonSet waits until overlayd's pod runs image and is ready on
+// every node, and the DaemonSet controller has seen its latest spec.
+func (c *cluster) waitDaemonSet(image string) {
+	testenv.Eventually(c.t, 2*time.Minute, "the overlayd DaemonSet to be ready on every node with "+image, func() error {
 		var ds struct {
+			Metadata struct {
+				Generation int64 `json:"generation"`
+			} `json:"metadata"`
 			Status struct {
-				Desired int `json:"desiredNumberScheduled"`
-				Ready   int `json:"numberReady"`
-				Updated int `json:"updatedNumberScheduled"`
+				ObservedGeneration int64 `json:"observedGeneration"`
+				Desired            int   `json:"desiredNumberScheduled"`
+				Ready              int   `json:"numberReady"`
+				Updated            int   `json:"updatedNumberScheduled"`
+				Available          int   `json:"numberAvailable"`
 			} `json:"status"`
 		}
 		if err := c.kubeGet(&ds, "-n", "overlay-system", "daemonset", "overlayd"); err != nil {
 			return err
 		}
-		if ds.Status.Desired != len(c.nodes) || ds.Status.Ready != len(c.nodes) {
-			return fmt.Errorf("desired %d, ready %d", ds.Status.Desired, ds.Status.Ready)
+		st, want := ds.Status, len(c.nodes)
+		if ds.Status.ObservedGeneration != ds.Metadata.Generation || st.Desired != want || st.Ready != want || st.Updated != want || st.Available != want {
+			return fmt.Errorf("status %+v, generation %d", st, ds.Metadata.Generation)
+		}
+		var pl struct {
+			Items []struct {
+				Metadata struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+				Spec struct {
+					Containers []struct {
+						Image string `json:"image"`
+					} `json:"containers"`
+				} `json:"spec"`
+			} `json:"items"`
+		}
+		if err := c.kubeGet(&pl, "-n", "overlay-system", "pods", "-l", "app=overlayd"); err != nil {
+			return err
+		}
+		if len(pl.Items) != want {
+			return fmt.Errorf("%d overlayd pods", len(pl.Items))
+		}
+		for _, p := range pl.Items {
+			if p.Spec.Containers[0].Image != image {
+				return fmt.Errorf("pod %s runs %s", p.Metadata.Name, p.Spec.Containers[0].Image)
+			}
 		}
 		return nil
 	})

@@ -21,6 +21,7 @@ import (
 type echoReply struct {
 	Client string `json:"client"`
 	Pod    string `json:"pod"`
+	Data   string `json:"data"` // a datagram's payload, sent back
 }
 
 // probeTimeout bounds one probe.

@@ -2,7 +2,6 @@ package kubee2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -36,6 +35,7 @@ const (
 // "internet" behind the router and the metadata address.
 type matrix struct {
 	c        *cluster
+	mode     string // kube-proxy's
 	pods     map[string]podInfo
 	svcs     map[string]service
 	internet netns.NsHandle
@@ -58,7 +58,9 @@ type result struct {
 	Detail   string `json:"detail,omitempty"`
 }
 
-func newMatrix(c *cluster) *matrix { return &matrix{c: c, svcs: map[string]service{}} }
+func newMatrix(c *cluster, proxyMode string) *matrix {
+	return &matrix{c: c, mode: proxyMode, svcs: map[string]service{}}
+}
 
 // Services: a port "same" (8080 -> 8080) and a port "remap" (80 -> 8080).
 // selector nil: no selector, the EndpointSlice is written by the test.
@@ -470,8 +472,7 @@ func (m *matrix) run(t *testing.T) {
 	m.report(t)
 }
 
-// report prints the matrix as a table and writes it as JSON to
-// $KUBE_MATRIX (if set).
+// report prints the matrix as a table.
 func (m *matrix) report(t *testing.T) {
 	var b strings.Builder
 	w := 0
@@ -479,7 +480,7 @@ func (m *matrix) report(t *testing.T) {
 		w = max(w, len(r.Row))
 	}
 	pass := 0
-	fmt.Fprintf(&b, "\n%-*s  %-28s  %-16s  %s\n", w, "row (IPv4, kube-proxy iptables)", "expected source", "observed source", "pass")
+	fmt.Fprintf(&b, "\n%-*s  %-28s  %-16s  %s\n", w, "row (IPv4, kube-proxy "+m.mode+")", "expected source", "observed source", "pass")
 	for _, r := range m.results {
 		mark := "FAIL"
 		if r.Pass {
@@ -489,15 +490,6 @@ func (m *matrix) report(t *testing.T) {
 	}
 	fmt.Fprintf(&b, "%d of %d rows pass\n", pass, len(m.results))
 	t.Log(b.String())
-	if path := os.Getenv("KUBE_MATRIX"); path != "" {
-		data, err := json.MarshalIndent(map[string]any{"family": "IPv4", "proxyMode": "iptables", "rows": m.results}, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
-			t.Errorf("write %s: %v", path, err)
-		}
-	}
 }
 
 // echoPod is a kube-echo pod on node, labelled app=name plus labels, with

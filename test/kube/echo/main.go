@@ -4,7 +4,8 @@
 //	kube-echo serve [-http :8080] [-udp :8081]
 //	                                answers every HTTP request and every UDP
 //	                                datagram with {"client":"<source ip:port>","pod":"<hostname>"}:
-//	                                the source address as this server sees it
+//	                                the source address as this server sees it (a
+//	                                datagram's answer also carries its payload, "data")
 //	kube-echo get URL               a client: prints the body of GET URL
 //
 // It is built by the lab (test/kube) and never shipped.
@@ -29,6 +30,7 @@ import (
 type reply struct {
 	Client string `json:"client"`
 	Pod    string `json:"pod"`
+	Data   string `json:"data,omitempty"`
 }
 
 func main() {
@@ -71,8 +73,8 @@ func main() {
 
 func serve(httpAddr, udpAddr string) error {
 	host, _ := os.Hostname()
-	answer := func(client string) []byte {
-		data, _ := json.Marshal(reply{Client: client, Pod: host})
+	answer := func(client, payload string) []byte {
+		data, _ := json.Marshal(reply{Client: client, Pod: host, Data: payload})
 		return append(data, '\n')
 	}
 	errs := make(chan error, 2)
@@ -84,12 +86,12 @@ func serve(httpAddr, udpAddr string) error {
 		go func() {
 			buf := make([]byte, 2048)
 			for {
-				_, from, err := conn.ReadFrom(buf)
+				n, from, err := conn.ReadFrom(buf)
 				if err != nil {
 					errs <- err
 					return
 				}
-				_, _ = conn.WriteTo(answer(from.String()), from)
+				_, _ = conn.WriteTo(answer(from.String(), string(buf[:n])), from)
 			}
 		}()
 	}
@@ -98,7 +100,7 @@ func serve(httpAddr, udpAddr string) error {
 		ReadHeaderTimeout: 5 * time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(answer(r.RemoteAddr))
+			_, _ = w.Write(answer(r.RemoteAddr, ""))
 		}),
 	}
 	go func() { errs <- srv.ListenAndServe() }()

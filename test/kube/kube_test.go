@@ -18,27 +18,46 @@ import (
 // etcd before applying the manifest (its step 2).
 const networkConfig = `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
 
+// pass is one run of the matrix on a cluster of its own.
+type pass struct {
+	name      string
+	proxyMode string // kube-proxy's
+	// forward: "" leaves the nodes' forwarding alone (a new namespace
+	// forwards everything); "drop+accept" gives each node iptables'
+	// FORWARD policy drop (as Docker leaves it) and the accept rules for
+	// the cluster network that Documentation/operations.md prescribes.
+	forward string
+	rolling bool // also roll the DaemonSet to a new image under traffic
+}
+
+var passes = []pass{
+	{name: "iptables", proxyMode: "iptables", rolling: true},
+	{name: "nftables", proxyMode: "nftables"},
+	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
+}
+
 // TestKubernetes builds the lab, deploys overlay with the shipped
-// manifest and runs the network matrix, once with kube-proxy in iptables
-// mode (and a rolling update of the DaemonSet under traffic) and once in
-// nftables mode, each pass on a cluster of its own. The matrix of every
-// pass is logged as a table and written as JSON to $KUBE_MATRIX.
+// manifest and runs the network matrix, once per pass, each on a cluster
+// of its own: kube-proxy in iptables mode (with a rolling update of the
+// DaemonSet under traffic), in nftables mode, and in iptables mode on
+// nodes whose FORWARD policy is drop. Every pass's matrix is logged as a
+// table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
-	var passes []map[string]any
-	for _, mode := range []string{"iptables", "nftables"} {
-		t.Run(mode, func(t *testing.T) {
-			c := deploy(t, mode)
-			m := newMatrix(c, mode)
+	var out []map[string]any
+	for _, p := range passes {
+		t.Run(p.name, func(t *testing.T) {
+			c := deploy(t, p)
+			m := newMatrix(c, p.name)
 			m.setup()
-			if mode == "iptables" {
+			if p.rolling {
 				m.rollingUpdate(t)
 			}
 			m.run(t)
-			passes = append(passes, map[string]any{"family": "IPv4", "proxyMode": mode, "rows": m.results})
+			out = append(out, map[string]any{"pass": p.name, "family": "IPv4", "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
 		})
 	}
 	if path := os.Getenv("KUBE_MATRIX"); path != "" {
-		data, err := json.MarshalIndent(map[string]any{"passes": passes}, "", "  ")
+		data, err := json.MarshalIndent(map[string]any{"passes": out}, "", "  ")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,16 +67,21 @@ func TestKubernetes(t *testing.T) {
 	}
 }
 
-// deploy builds a three-node lab with kube-proxy in proxyMode, stores the
-// network config in the overlay's etcd and applies the shipped manifest;
-// it returns once every node is Ready and overlayd ready on each.
-func deploy(t *testing.T, proxyMode string) *cluster {
+// deploy builds a three-node lab for pass p, stores the network config in
+// the overlay's etcd and applies the shipped manifest; it returns once
+// every node is Ready and overlayd ready on each.
+func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
 	c := newCluster(t, 3)
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
 		c.importImages(n, archive)
+		if p.forward == "drop+accept" {
+			if err := forwardDrop(n.NS, netip.MustParsePrefix(podNetwork), true); err != nil {
+				t.Fatalf("%s: %v", n.Name, err)
+			}
+		}
 	}
 	netFile := filepath.Join(c.dir, "net.json")
 	if err := os.WriteFile(netFile, []byte(networkConfig), 0o644); err != nil {
@@ -67,7 +91,7 @@ func deploy(t *testing.T, proxyMode string) *cluster {
 		t.Fatalf("store the network config: %v\n%s", err, out)
 	}
 	for _, n := range c.nodes {
-		c.startKube(n, proxyMode)
+		c.startKube(n, p.proxyMode)
 	}
 	c.waitNodes(false)
 	c.applyManifest()

@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		s := <-sig
+		// go test may be gone too: a write to its pipe must fail, not
+		// kill this process before the lab is removed (SIGPIPE).
+		signal.Ignore(syscall.SIGPIPE)
 		fmt.Fprintf(os.Stderr, "kube lab: %v: removing the lab\n", s)
 		liveMu.Lock()
 		var live []*cluster

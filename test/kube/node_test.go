@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -261,16 +262,50 @@ func removeCgroups(prefix string) error {
 	return errors.Join(errs...)
 }
 
-// removeStaleCgroups removes the cgroups of lab runs whose process is gone.
+// removeStaleCgroups removes the cgroups of lab runs whose process is
+// gone, after killing what still runs in them: containers of that run
+// whose supervisor was killed before it could stop them (SIGKILL), and
+// the containerd shims that are their parents. Only processes in the
+// lab's own cgroups, and their shims, are signalled.
 func removeStaleCgroups() {
 	for _, h := range cgroupDirs() {
 		tops, _ := filepath.Glob(filepath.Join(h, "ovlkube*"))
 		for _, top := range tops {
 			rest := strings.TrimPrefix(filepath.Base(top), "ovlkube")
 			pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-			if err == nil && !lab.ProcessAlive(pid) {
-				_ = removeCgroups(filepath.Base(top))
+			if err != nil || lab.ProcessAlive(pid) {
+				continue
 			}
+			for _, p := range cgroupProcs(top) {
+				if parent := ppid(p); parent > 1 && strings.HasPrefix(comm(parent), "containerd-shim") {
+					_ = syscall.Kill(parent, syscall.SIGKILL)
+				}
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+			_ = removeCgroups(filepath.Base(top))
 		}
 	}
+}
+
+// cgroupProcs lists the processes in cgroup dir and below it.
+func cgroupProcs(dir string) []int {
+	var out []int
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		data, _ := os.ReadFile(p)
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+func comm(pid int) string {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(data))
 }

@@ -73,6 +73,9 @@ type event struct {
 // runSupervisor is the supervisor's main; mounts come as JSON in
 // supervisorEnv. It never returns.
 func runSupervisor() {
+	// The test may be gone (killed) while this stops the node: a write
+	// to its pipe must fail, not kill this process half-way (SIGPIPE).
+	signal.Ignore(syscall.SIGPIPE)
 	out := json.NewEncoder(os.Stdout)
 	var outMu sync.Mutex
 	emit := func(e event) {

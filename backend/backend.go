@@ -15,29 +15,59 @@
 // state behind, and the daemon needs no memory of what it sent before.
 //
 // This package imports neither etcd nor netlink: the daemon depends on the
-// small interface here, the VXLAN implementation lives in backend/vxlan.
+// small interfaces here (Plane, one per address family, and Codec, the
+// backend's part of a lease value); the VXLAN implementation lives in
+// backend/vxlan.
 package backend
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
 	"time"
 )
 
-// Peer is another host's lease as the data plane needs it: the one shape a
-// peer has from the lease (subnet.Config.Peer makes it) to the kernel. Its
-// values are validated once, where the untrusted lease enters
-// (subnet.Config.Peer): an IPv4 subnet of the network, a usable unicast
-// IPv4 PublicIP, a unicast VTEP MAC. A backend checks only what needs the
-// whole set or this host: duplicates, our own subnet and address.
-// It is a comparable value without pointers, so sets of thousands are cheap
-// to keep and to compare.
+// Peer is another host's lease as a data plane needs it, in one address
+// family: the one shape a peer has from the lease to the kernel. Its
+// values are validated once, where the untrusted lease enters the daemon
+// (subnet.Config.CheckPeer, and the backend's codec for Data): a subnet
+// of the network of the plane's family, a usable unicast PublicIP of
+// that family, the backend's data as its codec accepted it. A plane
+// checks only what needs the whole set or this host: duplicates, our own
+// subnet and address.
+// It is a comparable value, so sets of thousands are cheap to keep and to
+// compare.
 type Peer struct {
-	Subnet   netip.Prefix // the peer's lease, e.g. 10.244.7.0/24
-	PublicIP netip.Addr   // underlay address of the peer's VTEP
-	VtepMAC  MAC          // MAC of the peer's VTEP device
+	Subnet   netip.Prefix // the peer's lease, e.g. 10.244.7.0/24 or fd00:10:244:7::/64
+	PublicIP netip.Addr   // the peer's underlay address, e.g. 198.18.0.7 or 2001:db8::7
+	Data     PeerData     // the backend's own data about the peer (VXLAN: its VTEP MAC)
+}
+
+// PeerData is a backend's own data about a peer, decoded from the lease's
+// backend data by the backend's codec (backend/vxlan.Codec), in a form
+// only that backend reads: VXLAN keeps the peer's VTEP MAC in it
+// (vxlan.PeerData, vxlan.PeerMAC). Fixed bytes rather than an interface
+// or a string, so a Peer stays comparable and is made without an
+// allocation per peer (thousands at a cold start). Its size is what the
+// backends of this tree need; a backend with more to say (a WireGuard
+// public key, 32 bytes) grows it, at 24 bytes per peer and copy.
+type PeerData [8]byte
+
+// Codec is a backend's part of a lease value: it reads a peer's backend
+// data (the lease's BackendData, and BackendV6Data for the IPv6 device,
+// raw JSON the control plane does not interpret) into the PeerData the
+// backend's planes take, once, where the lease enters the daemon.
+// backend/vxlan.Codec is one.
+type Codec interface {
+	// Decode reads one family's backend data (member names it in errors)
+	// and says why it does not fit the network (misfit: the lease is then
+	// orphaned, e.g. VXLAN data of another VNI) and why it cannot be used
+	// (err); data is valid when err is nil.
+	Decode(member string, raw json.RawMessage) (data PeerData, misfit, err error)
+	// CheckData is Decode without the data (subnet.DataChecker).
+	CheckData(member string, raw json.RawMessage) (misfit, err error)
 }
 
 // MAC is an Ethernet address as a comparable value.
@@ -63,12 +93,47 @@ func (m MAC) String() string {
 	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5])
 }
 
-// Backend is what the daemon drives. SetPeers may be called from any
-// goroutine at any time, before or while Run runs; it never blocks on the
-// kernel.
-type Backend interface {
+// Family is an address family of the overlay: a plane carries either
+// the IPv4 overlay or the IPv6 one.
+type Family uint8
+
+// The two families. The zero Family means IPv4 wherever one is expected.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// Plane is one data plane the daemon drives: one backend's overlay of one
+// address family on this host (a dual-stack host drives two, one per
+// family, each with its own device and kernel state). The daemon builds
+// planes through one factory (daemon.Kernel.Plane), for running and for
+// `overlayd teardown` alike, and knows no backend by name.
+//
+// SetPeers may be called from any goroutine at any time, before or while
+// Run runs; it never blocks on the kernel. EnsureDevice, AdoptRoutes and
+// Teardown touch the kernel at once and may be called while Run runs: a
+// plane serialises its kernel work.
+type Plane interface {
+	// Family is the address family the plane carries.
+	Family() Family
+	// EnsureDevice creates the plane's device or adopts the one there,
+	// fixing what differs, and says what this host publishes (its MAC)
+	// and hands pods (its MTU).
+	EnsureDevice(ctx context.Context) (Device, error)
+	// AdoptRoutes makes the routes another program left on the plane's
+	// device ours, so that the first pass replaces each without a gap
+	// (taking over from flanneld), and returns how many it adopted.
+	AdoptRoutes(ctx context.Context) (int, error)
 	// SetPeers replaces the desired peer set and wakes the reconciler. The
-	// slice is copied; bursts of calls coalesce into one kernel pass.
+	// slice is not kept (the plane copies what it needs); bursts of calls
+	// coalesce into one kernel pass.
 	SetPeers(peers []Peer)
 	// Run reconciles the kernel with the peer set until ctx is cancelled,
 	// then returns nil. Failures are retried with backoff and reported
@@ -76,6 +141,21 @@ type Backend interface {
 	Run(ctx context.Context) error
 	// Status is a consistent snapshot for readiness checks and metrics.
 	Status() Status
+	// Teardown removes everything the plane programs, its device
+	// included, and keeps Run from touching the kernel again. The daemon
+	// calls it for `overlayd teardown` only: a shutdown leaves the data
+	// path in place, so a restart drops no packets.
+	Teardown(ctx context.Context) error
+}
+
+// Device is a plane's device after EnsureDevice.
+type Device struct {
+	Name  string
+	Index int
+	// MAC is the device's hardware address, which this host publishes in
+	// its lease (VXLAN's VTEP MAC); nil for a device without one.
+	MAC net.HardwareAddr
+	MTU int // hand to pods (OVERLAY_MTU)
 }
 
 // Status describes the data plane after its most recent reconcile pass.

@@ -124,47 +124,72 @@ func ParseConf(data []byte) (*NetConf, error) {
 		HealthAddr:   DefaultHealthAddr,
 		DelegateType: DefaultDelegateType,
 	}
+	if err := c.setPaths(raw); err != nil {
+		return nil, err
+	}
+	if err := c.setObjects(raw); err != nil {
+		return nil, err
+	}
+	if err := c.setAttachments(raw); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// setPaths sets the files and directories (subnetFile, dataDir,
+// flannelDataDir) and healthAddr from raw, each checked.
+func (c *NetConf) setPaths(raw rawConf) error {
 	var err error
 	if raw.SubnetFile != nil {
 		if c.SubnetFile, err = absPath("subnetFile", *raw.SubnetFile); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if raw.DataDir != nil {
 		if c.DataDir, err = absPath("dataDir", *raw.DataDir); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := c.setFlannelDataDir(raw.FlannelDataDir); err != nil {
-		return nil, err
+		return err
 	}
 	if raw.HealthAddr != nil {
 		if err := checkHealthAddr(*raw.HealthAddr); err != nil {
-			return nil, err
+			return err
 		}
 		c.HealthAddr = *raw.HealthAddr
 	}
+	return nil
+}
+
+// setObjects sets the objects passed through (delegate, ipam,
+// runtimeConfig, args, prevResult) from raw, each checked to be one.
+func (c *NetConf) setObjects(raw rawConf) error {
+	var err error
 	if c.Delegate, err = object("delegate", raw.Delegate); err != nil {
-		return nil, err
+		return err
 	}
 	if c.IPAM, err = object("ipam", raw.IPAM); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.takeDelegateKeys(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := validateIPAM(c.IPAM); err != nil {
-		return nil, err
+		return err
 	}
 	if c.RuntimeConfig, err = objectRaw("runtimeConfig", raw.RuntimeConfig); err != nil {
-		return nil, err
+		return err
 	}
 	if c.Args, err = objectRaw("args", raw.Args); err != nil {
-		return nil, err
+		return err
 	}
-	if c.PrevResult, err = objectRaw("prevResult", raw.PrevResult); err != nil {
-		return nil, err
-	}
+	c.PrevResult, err = objectRaw("prevResult", raw.PrevResult)
+	return err
+}
+
+// setAttachments sets GC's valid attachments from either key.
+func (c *NetConf) setAttachments(raw rawConf) error {
 	for _, key := range []struct {
 		name string
 		raw  json.RawMessage
@@ -176,12 +201,12 @@ func ParseConf(data []byte) (*NetConf, error) {
 		}
 		var list []types.GCAttachment
 		if err := json.Unmarshal(key.raw, &list); err != nil {
-			return nil, invalidf("%s must be a list of {containerID, ifname}: %v", key.name, err)
+			return invalidf("%s must be a list of {containerID, ifname}: %v", key.name, err)
 		}
 		c.HasValidAttachments = true
 		c.ValidAttachments = append(c.ValidAttachments, list...)
 	}
-	return c, nil
+	return nil
 }
 
 // setFlannelDataDir sets FlannelDataDir from its key: absent or "" leaves

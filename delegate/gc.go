@@ -37,8 +37,33 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	valid := NewValidSet(pairs)
 	ctx := context.Background()
-	var errs []error
 
+	errs := p.gcCache(ctx, conf, valid, validFiles, args.Path)
+	errs = append(errs, p.gcFlannel(conf, valid)...)
+	released, err := SweepHostLocal(conf.HostLocalDir(), valid)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("sweep host-local reservations in %s: %w", conf.HostLocalDir(), err))
+	}
+	for _, a := range released {
+		p.logf("GC: released host-local reservation %s", a)
+	}
+	if err := p.forwardGC(ctx, conf, args.Path); err != nil {
+		errs = append(errs, err)
+	}
+
+	if len(errs) > 0 {
+		return cniError(CodeGCIncomplete, errors.Join(errs...),
+			"GC of network %q left %d stale resource(s) behind: see the details; the next GC retries them", conf.Name, len(errs))
+	}
+	return nil
+}
+
+// gcCache deletes, through the delegate, each cached attachment of conf's
+// network that is not valid, and removes its cache entry once that
+// succeeded; an unusable entry is removed unless it is a valid
+// attachment's (validFiles). It returns every failure.
+func (p *Plugin) gcCache(ctx context.Context, conf *NetConf, valid ValidSet, validFiles map[string]bool, path string) []error {
+	var errs []error
 	listed, err := Cache{Dir: conf.DataDir}.List(conf.Name)
 	if err != nil {
 		errs = append(errs, err)
@@ -63,7 +88,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		if valid.Has(att.ContainerID, att.IfName) {
 			continue
 		}
-		rt := Runtime{ContainerID: att.ContainerID, IfName: att.IfName, Path: args.Path}
+		rt := Runtime{ContainerID: att.ContainerID, IfName: att.IfName, Path: path}
 		if err := p.invoker.Del(ctx, l.Entry.Delegate.Type, l.Entry.Delegate.Config, rt); err != nil {
 			errs = append(errs, fmt.Errorf("delete stale %s: %w", att, err))
 			continue
@@ -74,20 +99,15 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 		p.logf("GC: deleted stale %s", att)
 	}
+	return errs
+}
 
-	errs = append(errs, p.gcFlannel(conf, valid)...)
-
-	released, err := SweepHostLocal(conf.HostLocalDir(), valid)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("sweep host-local reservations in %s: %w", conf.HostLocalDir(), err))
-	}
-	for _, a := range released {
-		p.logf("GC: released host-local reservation %s", a)
-	}
-
-	// Without subnet.env, or with a configuration that cannot be rendered
-	// against it, no ADD can have succeeded since: the sweep above did what
-	// the delegate's GC would (an error would fail every GC to come).
+// forwardGC forwards the GC to the delegate, rendered against subnet.env.
+// Without subnet.env, or with a configuration that cannot be rendered
+// against it, no ADD can have succeeded since: the sweep of host-local's
+// reservations did what the delegate's GC would (an error would fail
+// every GC to come).
+func (p *Plugin) forwardGC(ctx context.Context, conf *NetConf, path string) error {
 	env, err := readEnv(conf.SubnetFile)
 	var d Delegate
 	if err == nil {
@@ -95,15 +115,9 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	if err != nil {
 		p.logf("GC: not forwarding GC to the delegate, its configuration cannot be rendered: %v", err)
-	} else if err := p.delegateGC(ctx, d, conf.ValidAttachments, args.Path); err != nil {
-		errs = append(errs, err)
+		return nil
 	}
-
-	if len(errs) > 0 {
-		return cniError(CodeGCIncomplete, errors.Join(errs...),
-			"GC of network %q left %d stale resource(s) behind: see the details; the next GC retries them", conf.Name, len(errs))
-	}
-	return nil
+	return p.delegateGC(ctx, d, conf.ValidAttachments, path)
 }
 
 // delegateGC forwards the GC to the delegate with the valid attachments.

@@ -13,11 +13,12 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // DefaultHealthAddr is where overlayd serves /readyz unless told otherwise
 // (overlayd run --health-addr); STATUS asks it there.
-const DefaultHealthAddr = "127.0.0.1:9436"
+const DefaultHealthAddr = subnet.DefaultHealthAddr
 
 // readyzTimeout bounds STATUS's question to overlayd: the runtime calls
 // STATUS every few seconds and must not hang on a stuck daemon.

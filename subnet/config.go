@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/overlaynet/overlay/internal/lib/jsonobj"
 )
 
 // Defaults of the network config, the same as flannel's for vxlan.
@@ -93,8 +95,8 @@ type rawBackend struct {
 }
 
 const (
-	wantString = "a string"
-	wantNumber = "a whole number"
+	wantString = jsonobj.WantString
+	wantNumber = jsonobj.WantNumber
 	wantBool   = "true or false"
 )
 
@@ -112,26 +114,26 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	var raw rawConfig
-	if err := decodeObject("", data, []field{
-		{"EnableIPv4", &raw.EnableIPv4, wantBool, nil},
-		{"EnableIPv6", &raw.EnableIPv6, wantBool, nil},
-		{"Network", &raw.Network, wantString + " such as \"10.244.0.0/16\"", nil},
-		{"SubnetLen", &raw.SubnetLen, wantNumber + " such as 24", nil},
-		{"SubnetMin", &raw.SubnetMin, wantString + " such as \"10.244.1.0\"", nil},
-		{"SubnetMax", &raw.SubnetMax, wantString + " such as \"10.244.255.0\"", nil},
-		{"IPv6Network", &raw.IPv6Network, wantString + " such as \"fd00:10:244::/48\"", nil},
-		{"IPv6SubnetLen", &raw.IPv6SubnetLen, wantNumber + " such as 64", nil},
-		{"IPv6SubnetMin", &raw.IPv6SubnetMin, wantString + " such as \"fd00:10:244:1::\"", nil},
-		{"IPv6SubnetMax", &raw.IPv6SubnetMax, wantString + " such as \"fd00:10:244:ffff::\"", nil},
-		{name: "Backend", sub: func(path string, data json.RawMessage) error {
+	if err := jsonobj.Decode("", data, []jsonobj.Field{
+		{Name: "EnableIPv4", Dst: &raw.EnableIPv4, Want: wantBool},
+		{Name: "EnableIPv6", Dst: &raw.EnableIPv6, Want: wantBool},
+		{Name: "Network", Dst: &raw.Network, Want: wantString + " such as \"10.244.0.0/16\""},
+		{Name: "SubnetLen", Dst: &raw.SubnetLen, Want: wantNumber + " such as 24"},
+		{Name: "SubnetMin", Dst: &raw.SubnetMin, Want: wantString + " such as \"10.244.1.0\""},
+		{Name: "SubnetMax", Dst: &raw.SubnetMax, Want: wantString + " such as \"10.244.255.0\""},
+		{Name: "IPv6Network", Dst: &raw.IPv6Network, Want: wantString + " such as \"fd00:10:244::/48\""},
+		{Name: "IPv6SubnetLen", Dst: &raw.IPv6SubnetLen, Want: wantNumber + " such as 64"},
+		{Name: "IPv6SubnetMin", Dst: &raw.IPv6SubnetMin, Want: wantString + " such as \"fd00:10:244:1::\""},
+		{Name: "IPv6SubnetMax", Dst: &raw.IPv6SubnetMax, Want: wantString + " such as \"fd00:10:244:ffff::\""},
+		{Name: "Backend", Sub: func(path string, data json.RawMessage) error {
 			b := &rawBackend{}
 			raw.Backend = b
-			return decodeObject(path, data, []field{
-				{"Type", &b.Type, wantString + " such as \"vxlan\"", nil},
-				{"VNI", &b.VNI, wantNumber + " in 1..16777215", nil},
-				{"Port", &b.Port, wantNumber + " in 1..65535", nil},
-				{"DirectRouting", &b.DirectRouting, wantBool, nil},
-				{"MTU", &b.MTU, wantNumber + " (0, or 576..65485)", nil},
+			return jsonobj.Decode(path, data, []jsonobj.Field{
+				{Name: "Type", Dst: &b.Type, Want: wantString + " such as \"vxlan\""},
+				{Name: "VNI", Dst: &b.VNI, Want: wantNumber + " in 1..16777215"},
+				{Name: "Port", Dst: &b.Port, Want: wantNumber + " in 1..65535"},
+				{Name: "DirectRouting", Dst: &b.DirectRouting, Want: wantBool},
+				{Name: "MTU", Dst: &b.MTU, Want: wantNumber + " (0, or 576..65485)"},
 			})
 		}},
 	}); err != nil {
@@ -236,10 +238,10 @@ func oneValue(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var v json.RawMessage
 	if err := dec.Decode(&v); err != nil {
-		return syntaxError("", data, err)
+		return jsonobj.SyntaxError("", data, err)
 	}
 	if dec.More() {
-		line, col := position(data, dec.InputOffset()+1)
+		line, col := jsonobj.Position(data, dec.InputOffset()+1)
 		return fmt.Errorf("unexpected data after the JSON object at line %d, column %d", line, col)
 	}
 	return nil

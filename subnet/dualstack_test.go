@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan"
 )
 
 func TestLeaseKeyForms(t *testing.T) {
@@ -77,8 +78,8 @@ func TestDualStackAttrsAreFlannelCompatible(t *testing.T) {
 	if a.PublicAddrV6() != mustAddr("2001:db8::7") {
 		t.Errorf("PublicAddrV6 = %v", a.PublicAddrV6())
 	}
-	if d, err := a.VXLANv6(); err != nil || d != (VXLANData{VNI: 1, VtepMAC: "0e:00:00:00:06:07"}) {
-		t.Errorf("VXLANv6 = %+v, %v", d, err)
+	if d, err := vxlan.DecodeLeaseData("BackendV6Data", a.BackendV6Data); err != nil || d != (vxlan.LeaseData{VNI: 1, VtepMAC: "0e:00:00:00:06:07"}) {
+		t.Errorf("BackendV6Data = %+v, %v", d, err)
 	}
 	b, err := a.Marshal()
 	if err != nil || string(b) != flannel {
@@ -114,14 +115,14 @@ func goodDualStackLease() Lease {
 
 func TestDualStackPeerValidation(t *testing.T) {
 	cfg := dualStackConfig(t)
-	v4, v6, err := cfg.Peer(goodDualStackLease())
+	v4, v6, err := peers(cfg, goodDualStackLease())
 	if err != nil {
 		t.Fatalf("Peer(good) = %v", err)
 	}
-	if want := (backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 0, 7}}); v4 != want {
+	if want := (backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, 7})}); v4 != want {
 		t.Errorf("IPv4 peer = %+v, want %+v", v4, want)
 	}
-	if want := (backend.Peer{Subnet: mustPrefix("fd00:10:244:7::/64"), PublicIP: mustAddr("2001:db8::7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 6, 7}}); v6 != want {
+	if want := (backend.Peer{Subnet: mustPrefix("fd00:10:244:7::/64"), PublicIP: mustAddr("2001:db8::7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 6, 7})}); v6 != want {
 		t.Errorf("IPv6 peer = %+v, want %+v", v6, want)
 	}
 
@@ -156,7 +157,7 @@ func TestDualStackPeerValidation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l := goodDualStackLease()
 			tt.mutate(&l)
-			_, _, err := cfg.Peer(l)
+			_, _, err := peers(cfg, l)
 			if err == nil || !errors.Is(err, ErrInvalidLease) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Peer = %v, want an invalid lease error with %q", err, tt.want)
 			}
@@ -175,7 +176,7 @@ func TestDualStackPeerValidation(t *testing.T) {
 // IPv6 half of a key the network carries IPv6 for still orphans it.
 func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
 	v4net, dual := mustConfig(t, `{"Network":"10.244.0.0/16"}`), dualStackConfig(t)
-	want4 := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), VtepMAC: backend.MAC{0x0e, 0, 0, 0, 0, 7}}
+	want4 := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, 7})}
 	dualKey := goodDualStackLease()
 	dualKey.Attrs.BackendV6Data = []byte(`{"VNI":9,"VtepMAC":"0e:00:00:00:06:07"}`) // ignored with the IPv6 half
 	v4Key := goodDualStackLease()
@@ -190,12 +191,12 @@ func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
 		{"IPv4-only key, dual-stack network", dual, v4Key, "its key names no IPv6 subnet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for what, err := range map[string]error{"Orphaned": tc.cfg.Orphaned(tc.l), "CheckClaim": tc.cfg.CheckClaim(tc.l)} {
+			for what, err := range map[string]error{"Orphaned": tc.cfg.Orphaned(tc.l, codec(tc.cfg)), "CheckClaim": tc.cfg.CheckClaim(tc.l, codec(tc.cfg))} {
 				if err != nil {
 					t.Errorf("%s = %v, want nil", what, err)
 				}
 			}
-			v4, v6, err := tc.cfg.Peer(tc.l)
+			v4, v6, err := peers(tc.cfg, tc.l)
 			if err != nil || v4 != want4 || v6 != (backend.Peer{}) {
 				t.Errorf("Peer = %+v, %+v, %v; want the IPv4 half %+v alone", v4, v6, err, want4)
 			}
@@ -205,7 +206,7 @@ func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
 			// The IPv4 half is checked as ever.
 			bad := tc.l
 			bad.Attrs.PublicIP = "127.0.0.1"
-			if _, _, err := tc.cfg.Peer(bad); !errors.Is(err, ErrInvalidLease) {
+			if _, _, err := peers(tc.cfg, bad); !errors.Is(err, ErrInvalidLease) {
 				t.Errorf("Peer with a loopback PublicIP = %v, want invalid", err)
 			}
 		})
@@ -221,7 +222,7 @@ func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
 	}
 	// An IPv6-only network has no IPv4 half to use.
 	v6only := mustConfig(t, `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/48"}`)
-	if err := v6only.Orphaned(v4Key); !errors.Is(err, ErrOrphaned) {
+	if err := v6only.Orphaned(v4Key, codec(v6only)); !errors.Is(err, ErrOrphaned) {
 		t.Errorf("IPv4-only key in an IPv6-only network: %v, want orphaned", err)
 	}
 }
@@ -230,7 +231,7 @@ func TestLeaseFamiliesMustBeTheNetworks(t *testing.T) {
 	l := goodDualStackLease()
 	// A reservation that names only its node needs neither address.
 	r := Lease{Subnet: l.Subnet, IPv6Subnet: mustPrefix("fd00:10:244:7::/64"), Reserved: true, Attrs: LeaseAttrs{NodeID: "n7"}}
-	if err := dualStackConfig(t).CheckClaim(r); err != nil {
+	if err := dualStackConfig(t).CheckClaim(r, codec(dualStackConfig(t))); err != nil {
 		t.Errorf("dual-stack reservation by node: %v", err)
 	}
 }

@@ -18,6 +18,13 @@ import (
 // DefaultEnvFile is where overlayd writes subnet.env and overlay-cni reads it.
 const DefaultEnvFile = "/run/overlay/subnet.env"
 
+// DefaultHealthAddr is where overlayd serves /healthz, /readyz, /metrics
+// and /status unless --health-addr says otherwise (loopback only, like
+// most node agents), and so where overlay-cni's STATUS asks it: like
+// subnet.env, a meeting point of the daemon and the plugin, kept here, in
+// the one package both import.
+const DefaultHealthAddr = "127.0.0.1:9436"
+
 // Env is the content of subnet.env (a contract, DESIGN.md §6): what the CNI
 // plugin needs to know about this host's lease.
 type Env struct {

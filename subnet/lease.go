@@ -2,14 +2,14 @@ package subnet
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"strconv"
 
-	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/lib/jsonobj"
 )
 
 // MaxLeaseValueSize bounds a lease value read from etcd; a real one is about
@@ -49,18 +49,12 @@ type LeaseAttrs struct {
 	PublicIPv6  string          `json:",omitempty"`
 	BackendType string          `json:",omitempty"`
 	BackendData json.RawMessage `json:",omitempty"`
-	// BackendV6Data is the IPv6 device's VXLANData, dual-stack leases only.
+	// BackendV6Data is the IPv6 device's backend data, dual-stack leases only.
 	BackendV6Data json.RawMessage `json:",omitempty"`
 	// NodeID names the overlayd host that owns the lease; absent in leases
 	// written by flanneld, where PublicIP is the identity.
 	NodeID   string `json:",omitempty"`
 	Hostname string `json:",omitempty"`
-}
-
-// VXLANData is BackendData for the vxlan backend.
-type VXLANData struct {
-	VNI     int
-	VtepMAC string
 }
 
 // Unclaimed reports whether l is a reservation no host has adopted yet: a
@@ -80,16 +74,16 @@ func (l Lease) ID() ID { return l.Subnets().ID() }
 // Key returns l's key suffix, e.g. "10.244.7.0-24".
 func (l Lease) Key() string { return l.Subnets().Key() }
 
-// NewVXLANAttrs builds the value this host writes for its lease.
-func NewVXLANAttrs(publicIP netip.Addr, vni int, mac net.HardwareAddr, nodeID, hostname string) LeaseAttrs {
-	data, _ := json.Marshal(VXLANData{VNI: vni, VtepMAC: mac.String()}) // cannot fail: two plain fields
-	return LeaseAttrs{PublicIP: publicIP.String(), BackendType: DefaultBackendType, BackendData: data, NodeID: nodeID, Hostname: hostname}
+// NewAttrs builds the value a host writes for its lease: its public
+// address, the backend's type and the backend's data, which the backend's
+// codec encoded (backend/vxlan.Codec.Encode); subnet does not interpret it.
+func NewAttrs(publicIP netip.Addr, backendType string, data json.RawMessage, nodeID, hostname string) LeaseAttrs {
+	return LeaseAttrs{PublicIP: publicIP.String(), BackendType: backendType, BackendData: data, NodeID: nodeID, Hostname: hostname}
 }
 
 // WithIPv6 adds what a dual-stack lease says of the host's IPv6 device:
-// its underlay address and its VTEP.
-func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, vni int, mac net.HardwareAddr) LeaseAttrs {
-	data, _ := json.Marshal(VXLANData{VNI: vni, VtepMAC: mac.String()}) // cannot fail: two plain fields
+// its underlay address and the backend's data of it.
+func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, data json.RawMessage) LeaseAttrs {
 	a.PublicIPv6, a.BackendV6Data = publicIPv6.String(), data
 	return a
 }
@@ -98,7 +92,7 @@ func (a LeaseAttrs) WithIPv6(publicIPv6 netip.Addr, vni int, mac net.HardwareAdd
 func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 
 // DecodeAttrs parses a lease value. It checks only that it is a bounded JSON
-// object without two members naming one field (twinMembers); Config.Peer
+// object without two members naming one field (twinMembers); Config.CheckPeer
 // decides whether the lease can be programmed.
 func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	var a LeaseAttrs
@@ -141,14 +135,14 @@ var errCaseTwins = errors.New("members that differ only in case, one of them not
 // names the member as written and what it must be.
 func attrsByMember(value []byte) (LeaseAttrs, error) {
 	var a LeaseAttrs
-	if err := decodeObject("", value, []field{
-		{"PublicIP", &a.PublicIP, wantString + " such as \"198.18.0.7\"", nil},
-		{"PublicIPv6", &a.PublicIPv6, wantString + " such as \"2001:db8::7\"", nil},
-		{"BackendType", &a.BackendType, wantString + " such as \"vxlan\"", nil},
-		{"BackendData", &a.BackendData, "an object", nil},
-		{"BackendV6Data", &a.BackendV6Data, "an object", nil},
-		{"NodeID", &a.NodeID, wantString, nil},
-		{"Hostname", &a.Hostname, wantString, nil},
+	if err := jsonobj.Decode("", value, []jsonobj.Field{
+		{Name: "PublicIP", Dst: &a.PublicIP, Want: wantString + " such as \"198.18.0.7\""},
+		{Name: "PublicIPv6", Dst: &a.PublicIPv6, Want: wantString + " such as \"2001:db8::7\""},
+		{Name: "BackendType", Dst: &a.BackendType, Want: wantString + " such as \"vxlan\""},
+		{Name: "BackendData", Dst: &a.BackendData, Want: "an object"},
+		{Name: "BackendV6Data", Dst: &a.BackendV6Data, Want: "an object"},
+		{Name: "NodeID", Dst: &a.NodeID, Want: wantString},
+		{Name: "Hostname", Dst: &a.Hostname, Want: wantString},
 	}); err != nil {
 		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, err)
 	}
@@ -176,49 +170,6 @@ func parseAddr(s string) netip.Addr {
 		return netip.Addr{}
 	}
 	return addr
-}
-
-// VXLAN parses BackendData as vxlan data.
-func (a LeaseAttrs) VXLAN() (VXLANData, error) { return decodeVXLAN("BackendData", a.BackendData) }
-
-// VXLANv6 parses BackendV6Data, the IPv6 device's vxlan data.
-func (a LeaseAttrs) VXLANv6() (VXLANData, error) {
-	return decodeVXLAN("BackendV6Data", a.BackendV6Data)
-}
-
-// The errors of absent backend data, made once: an IPv4-only lease has no
-// BackendV6Data, and every check of it would otherwise allocate one.
-var missingData = map[string]error{
-	"BackendData":   fmt.Errorf("%w: BackendData is missing", ErrInvalidLease),
-	"BackendV6Data": fmt.Errorf("%w: BackendV6Data is missing", ErrInvalidLease),
-}
-
-func decodeVXLAN(name string, raw json.RawMessage) (VXLANData, error) {
-	var d VXLANData
-	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return d, missingData[name]
-	}
-	if fast, ok := decodeVXLANFast(raw); ok {
-		return fast, nil
-	}
-	if err := json.Unmarshal(raw, &d); err != nil { // as in DecodeAttrs
-		if _, err := vxlanByMember(name, raw); err != nil {
-			return VXLANData{}, err
-		}
-		return VXLANData{}, fmt.Errorf("%w: %q: %w", ErrInvalidLease, name, errCaseTwins)
-	}
-	return d, nil
-}
-
-func vxlanByMember(name string, raw json.RawMessage) (VXLANData, error) {
-	var d VXLANData
-	if err := decodeObject(name+".", raw, []field{
-		{"VNI", &d.VNI, wantNumber, nil},
-		{"VtepMAC", &d.VtepMAC, wantString + " such as \"0e:00:00:00:00:07\"", nil},
-	}); err != nil {
-		return VXLANData{}, fmt.Errorf("%w: %w", ErrInvalidLease, err)
-	}
-	return d, nil
 }
 
 // OwnedBy reports whether the lease names this host: by NodeID when the lease
@@ -265,11 +216,39 @@ func orphaned(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrOrphaned}, args...)...)
 }
 
-// Orphaned says why l does not fit this network config, or nil: the
-// checks of Peer that depend on the config rather than on the lease alone.
-func (c *Config) Orphaned(l Lease) error { return c.orphaned(l, l.Attrs.vxlanData()) }
+// DataChecker is a backend's reading of the backend data of leases: the
+// member BackendData, and BackendV6Data for the IPv6 device, which subnet
+// keeps as raw JSON and does not interpret. Each backend owns its codec
+// (backend/vxlan.Codec); the checks that need it take it.
+type DataChecker interface {
+	// CheckData reads one family's backend data as the lease holds it
+	// (member names it in errors) and says why it does not fit this
+	// network (misfit: the lease is orphaned, e.g. VXLAN data of another
+	// VNI) and why it cannot be used (err: absent, malformed, a bad MAC).
+	// Neither error wraps ErrInvalidLease: the caller marks them.
+	CheckData(member string, raw json.RawMessage) (misfit, err error)
+}
 
-func (c *Config) orphaned(l Lease, d vxlanData) error {
+// DataCheck is what a backend's codec found in one family's backend data
+// of a lease (see DataChecker), for CheckPeer.
+type DataCheck struct{ Misfit, Err error }
+
+// dataChecks reads l's backend data of each family with data.
+func dataChecks(l Lease, data DataChecker) (d4, d6 DataCheck) {
+	d4.Misfit, d4.Err = data.CheckData("BackendData", l.Attrs.BackendData)
+	d6.Misfit, d6.Err = data.CheckData("BackendV6Data", l.Attrs.BackendV6Data)
+	return d4, d6
+}
+
+// Orphaned says why l does not fit this network config, or nil: the
+// checks of CheckPeer that depend on the config rather than on the lease
+// alone. data reads the backend's data (its VNI must be the network's).
+func (c *Config) Orphaned(l Lease, data DataChecker) error {
+	d4, d6 := dataChecks(l, data)
+	return c.orphaned(l, d4, d6)
+}
+
+func (c *Config) orphaned(l Lease, d4, d6 DataCheck) error {
 	if err := c.fits(ipv4, c.EnableIPv4, &c.Pool, l.Subnet); err != nil {
 		return err
 	}
@@ -277,11 +256,11 @@ func (c *Config) orphaned(l Lease, d vxlanData) error {
 	if err := c.fits(ipv6, c.EnableIPv6, &c.IPv6, l.IPv6Subnet); err != nil && !half {
 		return err
 	}
-	if d.err4 == nil && d.v4.VNI != 0 && d.v4.VNI != c.Backend.VNI {
-		return orphaned("its VNI %d is not the network's Backend.VNI %d", d.v4.VNI, c.Backend.VNI)
+	if d4.Misfit != nil {
+		return orphaned("its %v", d4.Misfit)
 	}
-	if d.err6 == nil && d.v6.VNI != 0 && d.v6.VNI != c.Backend.VNI && !half {
-		return orphaned("its IPv6 VNI %d is not the network's Backend.VNI %d", d.v6.VNI, c.Backend.VNI)
+	if d6.Misfit != nil && !half {
+		return orphaned("its IPv6 %v", d6.Misfit)
 	}
 	return nil
 }
@@ -313,21 +292,6 @@ func (c *Config) IPv4Only(l Lease) string {
 	return fmt.Sprintf("its key names the IPv6 subnet %s, but the network carries no IPv6 (its host has not restarted since): its IPv4 half is used; it drops the IPv6 subnet when its host restarts", l.IPv6Subnet)
 }
 
-// vxlanData is a lease value's backend data of each family, decoded once
-// for all of Peer's checks (with thousands of leases at a cold start, each
-// JSON decoding counts).
-type vxlanData struct {
-	v4, v6     VXLANData
-	err4, err6 error
-}
-
-func (a LeaseAttrs) vxlanData() vxlanData {
-	var d vxlanData
-	d.v4, d.err4 = a.VXLAN()
-	d.v6, d.err6 = a.VXLANv6()
-	return d
-}
-
 // fits says why a lease's subnet s of family f does not fit pool, which
 // the network carries if enabled.
 func (c *Config) fits(f family, enabled bool, pool *Pool, s netip.Prefix) error {
@@ -352,13 +316,16 @@ func (c *Config) fits(f family, enabled bool, pool *Pool, s netip.Prefix) error 
 // and subnets: they fit this network, each public address (PublicIP,
 // and PublicIPv6 in a network that carries IPv6) is a usable VTEP address
 // outside the network, NodeID (if any) is one overlayd accepts.
-// Peer applies it to what the daemon reads; `overlayd lease reserve`
+// CheckPeer applies it to what the daemon reads; `overlayd lease reserve`
 // applies it to what it writes, so the CLI never writes what a daemon
-// would skip.
-func (c *Config) CheckClaim(l Lease) error { return c.checkClaim(l, l.Attrs.vxlanData()) }
+// would skip. data reads the backend's data (see Orphaned).
+func (c *Config) CheckClaim(l Lease, data DataChecker) error {
+	d4, d6 := dataChecks(l, data)
+	return c.checkClaim(l, d4, d6)
+}
 
-func (c *Config) checkClaim(l Lease, d vxlanData) error {
-	if err := c.orphaned(l, d); err != nil {
+func (c *Config) checkClaim(l Lease, d4, d6 DataCheck) error {
+	if err := c.orphaned(l, d4, d6); err != nil {
 		return err
 	}
 	// A reservation may name only its node, whose addresses are not known
@@ -394,45 +361,38 @@ func (c *Config) checkVTEP(f family, enabled bool, pool *Pool, raw string) error
 	return nil
 }
 
-// Peer validates a lease read from etcd for programming into the kernel. The
-// lease is untrusted: anything that could misroute traffic is rejected with
-// an error naming the field. This is the one place peers are validated: the
-// backends take the result as it is. It returns the peer as the IPv4 and as
-// the IPv6 data plane take it (the zero Peer for a family the network does
-// not carry, and for the IPv6 half IPv4Only explains).
-func (c *Config) Peer(l Lease) (v4, v6 backend.Peer, err error) {
-	d := l.Attrs.vxlanData()
-	if err := c.checkClaim(l, d); err != nil {
-		return v4, v6, err
-	}
-	if l.Attrs.BackendType != DefaultBackendType {
-		return v4, v6, fmt.Errorf("%w: BackendType %q, this network uses vxlan", ErrInvalidLease, l.Attrs.BackendType)
-	}
-	if c.EnableIPv4 {
-		if v4, err = peerOf(l.Subnet, l.Attrs.PublicAddr(), d.v4, d.err4); err != nil {
-			return v4, v6, err
-		}
-	}
-	if c.EnableIPv6 && !c.IPv4Half(l) {
-		if v6, err = peerOf(l.IPv6Subnet, l.Attrs.PublicAddrV6(), d.v6, d.err6); err != nil {
-			return v4, v6, err
-		}
-	}
-	return v4, v6, nil
+// CheckLease is CheckPeer with the backend data read by data: why a lease
+// read from etcd cannot be a peer, or nil.
+func (c *Config) CheckLease(l Lease, data DataChecker) error {
+	d4, d6 := dataChecks(l, data)
+	_, _, err := c.CheckPeer(l, d4, d6)
+	return err
 }
 
-// peerOf is one family's peer, given a subnet and public address CheckClaim
-// accepted and the family's backend data as decoded (d, err).
-func peerOf(s netip.Prefix, public netip.Addr, d VXLANData, err error) (backend.Peer, error) {
-	if err != nil {
-		return backend.Peer{}, err
+// CheckPeer validates a lease read from etcd for programming into the
+// kernel, given what the backend's codec found in its data of each family
+// (d4 of BackendData, d6 of BackendV6Data: the caller decodes each once,
+// and keeps what it decoded for the peer). The lease is untrusted:
+// anything that could misroute traffic is rejected with an error naming
+// the field. This is the one place peers are validated: the data planes
+// take the result as it is. It reports the families the lease is a peer
+// of: IPv4 if the network carries it, IPv6 if the network carries it and
+// it is not the half IPv4Only explains.
+func (c *Config) CheckPeer(l Lease, d4, d6 DataCheck) (v4, v6 bool, err error) {
+	if err := c.checkClaim(l, d4, d6); err != nil {
+		return false, false, err
 	}
-	hw, err := ParseVtepMAC(d.VtepMAC)
-	if err != nil {
-		return backend.Peer{}, err
+	if want := cmp.Or(c.Backend.Type, DefaultBackendType); l.Attrs.BackendType != want {
+		return false, false, fmt.Errorf("%w: BackendType %q, this network uses %s", ErrInvalidLease, l.Attrs.BackendType, want)
 	}
-	mac, _ := backend.MACFrom(hw) // ParseVtepMAC checked the length
-	return backend.Peer{Subnet: s, PublicIP: public, VtepMAC: mac}, nil
+	v4, v6 = c.EnableIPv4, c.EnableIPv6 && !c.IPv4Half(l)
+	if v4 && d4.Err != nil {
+		return false, false, fmt.Errorf("%w: %w", ErrInvalidLease, d4.Err)
+	}
+	if v6 && d6.Err != nil {
+		return false, false, fmt.Errorf("%w: %w", ErrInvalidLease, d6.Err)
+	}
+	return v4, v6, nil
 }
 
 // checkPublicIP checks a lease's public address of family f, raw as
@@ -518,19 +478,4 @@ func ShownAddr(s string) string {
 		return ip.String()
 	}
 	return strconv.Quote(s)
-}
-
-// ParseVtepMAC accepts only a 6-byte unicast MAC that is not all zeros.
-func ParseVtepMAC(s string) (net.HardwareAddr, error) {
-	mac, err := net.ParseMAC(s)
-	if err != nil || len(mac) != 6 {
-		return nil, fmt.Errorf("%w: VtepMAC %q is not a 6-byte MAC address", ErrInvalidLease, s)
-	}
-	if mac[0]&1 == 1 {
-		return nil, fmt.Errorf("%w: VtepMAC %s is a multicast address", ErrInvalidLease, mac)
-	}
-	if bytes.Equal(mac, make([]byte, 6)) {
-		return nil, fmt.Errorf("%w: VtepMAC is all zeros", ErrInvalidLease)
-	}
-	return mac, nil
 }

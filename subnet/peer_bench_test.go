@@ -20,7 +20,7 @@ func BenchmarkConfigPeer(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, err := cfg.Peer(tc.l); err != nil {
+				if _, _, err := peers(cfg, tc.l); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -51,7 +51,7 @@ func TestAdoptFlannelDeviceAndRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Name != "flannel.1" || info.Index != fl.Index || info.VtepMAC.String() != flannelMAC.String() {
+	if info.Name != "flannel.1" || info.Index != fl.Index || info.MAC.String() != flannelMAC.String() {
 		t.Fatalf("EnsureDevice = %+v, want flannel.1 (index %d) kept with its MAC %s", info, fl.Index, flannelMAC)
 	}
 	n, err := b.AdoptRoutes(context.Background())

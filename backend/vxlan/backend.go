@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -58,7 +57,7 @@ type Backend struct {
 	rec  *reconciler
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var _ backend.Plane = (*Backend)(nil)
 
 // New returns a Backend that programs the kernel through nl. It checks the
 // configuration but touches nothing; EnsureDevice, Reconcile or Run do.
@@ -74,11 +73,11 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	name := cmp.Or(cfg.DeviceName, cfg.fam.deviceName(cfg.VNI))
+	name := cmp.Or(cfg.DeviceName, famDeviceName(cfg.fam, cfg.VNI))
 	log = log.With("component", "vxlan", "device", name)
 	hw := cfg.VtepMAC
 	if hw == nil {
-		hw = cfg.fam.vtepMAC(cfg.NodeID, cfg.VNI)
+		hw = famVtepMAC(cfg.fam, cfg.NodeID, cfg.VNI)
 	}
 	mac, _ := backend.MACFrom(hw) // withDefaults checked an explicit one
 	b := &Backend{
@@ -107,13 +106,9 @@ func New(cfg Config, nl Netlink) (*Backend, error) {
 	return b, nil
 }
 
-// DeviceInfo describes the overlay device after EnsureDevice.
-type DeviceInfo struct {
-	Name    string
-	Index   int
-	VtepMAC net.HardwareAddr // publish in the lease (BackendData.VtepMAC)
-	MTU     int              // hand to pods (OVERLAY_MTU)
-}
+// DeviceInfo describes the overlay device after EnsureDevice: its MAC is
+// the VTEP MAC to publish in the lease (BackendData.VtepMAC).
+type DeviceInfo = backend.Device
 
 // EnsureDevice creates the overlay device or adopts the existing one,
 // fixing in place what differs and recreating it if its identity differs.
@@ -172,7 +167,7 @@ func (b *Backend) AdoptRoutes(ctx context.Context) (int, error) {
 // Config.
 func (b *Backend) Family() Family { return b.cfg.fam }
 
-// SetPeers implements backend.Backend. Invalid peers (of the other family,
+// SetPeers implements backend.Plane. Invalid peers (of the other family,
 // bad MAC, overlapping our lease, duplicates) are dropped, logged once and
 // counted in Status.InvalidPeers. A set equal to the current one (in any
 // order) is a no-op.
@@ -196,7 +191,7 @@ func (b *Backend) SetPeers(peers []Peer) {
 	poke(b.kick)
 }
 
-// Status implements backend.Backend.
+// Status implements backend.Plane.
 func (b *Backend) Status() backend.Status {
 	b.mu.Lock()
 	defer b.mu.Unlock()

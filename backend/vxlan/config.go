@@ -162,14 +162,14 @@ func vtepMAC(salt, nodeID string, vni int) net.HardwareAddr {
 
 // deviceName and vtepMAC are the device name and MAC of the overlay of
 // family fam.
-func (fam Family) deviceName(vni int) string {
+func famDeviceName(fam Family, vni int) string {
 	if fam == IPv6 {
 		return DeviceNameV6(vni)
 	}
 	return DeviceName(vni)
 }
 
-func (fam Family) vtepMAC(nodeID string, vni int) net.HardwareAddr {
+func famVtepMAC(fam Family, nodeID string, vni int) net.HardwareAddr {
 	if fam == IPv6 {
 		return VtepMACv6(nodeID, vni)
 	}
@@ -177,7 +177,7 @@ func (fam Family) vtepMAC(nodeID string, vni int) net.HardwareAddr {
 }
 
 // overhead is what VXLAN over the underlay of family fam adds.
-func (fam Family) overhead() int {
+func famOverhead(fam Family) int {
 	if fam == IPv6 {
 		return OverheadV6
 	}
@@ -251,7 +251,7 @@ func (c Config) withDefaults() (Config, error) {
 
 // has reports whether a is an address of family fam proper: an
 // IPv4-mapped IPv6 address is neither family's.
-func (fam Family) has(a netip.Addr) bool {
+func famHas(fam Family, a netip.Addr) bool {
 	if fam == IPv6 {
 		return a.Is6() && !a.Is4In6()
 	}
@@ -262,10 +262,10 @@ func (fam Family) has(a netip.Addr) bool {
 // (teardown can do without it).
 func (c Config) checkDevice() error {
 	var errs []error
-	if a := c.LocalIP; !c.fam.has(a) || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+	if a := c.LocalIP; !famHas(c.fam, a) || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
 		errs = append(errs, fmt.Errorf("LocalIP %v is not a usable %v address", c.LocalIP, c.fam))
 	}
-	if !c.OwnSubnet.IsValid() || !c.fam.has(c.OwnSubnet.Addr()) || c.OwnSubnet.Masked() != c.OwnSubnet {
+	if !c.OwnSubnet.IsValid() || !famHas(c.fam, c.OwnSubnet.Addr()) || c.OwnSubnet.Masked() != c.OwnSubnet {
 		errs = append(errs, fmt.Errorf("OwnSubnet %v is not an %v network prefix", c.OwnSubnet, c.fam))
 	}
 	if c.NodeID == "" {

@@ -137,7 +137,7 @@ func (c *counters) write(f func() error) error {
 func (d *device) spec(underlay Link) Link {
 	mtu := d.cfg.MTU
 	if mtu == 0 {
-		mtu = underlay.MTU - d.cfg.fam.overhead()
+		mtu = underlay.MTU - famOverhead(d.cfg.fam)
 	}
 	return Link{
 		Name:          d.name,

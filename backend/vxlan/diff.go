@@ -190,9 +190,9 @@ func (p *plan) planPeer(i int, w Peer, v *view, wanted *wantedSet) {
 			wanted.hops[hop] = true
 		}
 		if wanted.macs != nil {
-			wanted.macs[w.VtepMAC] = true
+			wanted.macs[PeerMAC(w)] = true
 		}
-		if n, ok := v.neigh(hop); !ok || n.MAC != w.VtepMAC || n.State != NUDPermanent {
+		if n, ok := v.neigh(hop); !ok || n.MAC != PeerMAC(w) || n.State != NUDPermanent {
 			p.set(opNeighSet, i)
 		}
 		p.planFDB(i, w, v)
@@ -208,8 +208,8 @@ func (p *plan) planPeer(i int, w Peer, v *view, wanted *wantedSet) {
 
 // planFDB plans w's FDB entry: exactly one permanent remote, its public IP.
 func (p *plan) planFDB(i int, w Peer, v *view) {
-	first, ok := v.fdbs[w.VtepMAC]
-	_, several := v.fdbMore[w.VtepMAC]
+	first, ok := v.fdbs[PeerMAC(w)]
+	_, several := v.fdbMore[PeerMAC(w)]
 	switch {
 	case !ok:
 		p.set(opFDBSet, i)
@@ -220,7 +220,7 @@ func (p *plan) planFDB(i int, w Peer, v *view) {
 	default:
 		// Several remotes for one MAC (someone appended): keep exactly
 		// the wanted one.
-		all := v.fdbAll(w.VtepMAC)
+		all := v.fdbAll(PeerMAC(w))
 		if !slices.ContainsFunc(all, func(f FDB) bool { return f.Dst == w.PublicIP && f.State == NUDPermanent }) {
 			p.set(opFDBSet, i)
 		}
@@ -295,8 +295,8 @@ func entriesOf(w Peer, env diffEnv, connected []netip.Prefix) (route Route, neig
 	} else {
 		hop := w.Subnet.Addr()
 		route = Route{Dst: w.Subnet, Gw: hop, LinkIndex: env.Dev, OnLink: true, Protocol: RouteProtocol}
-		neigh = Neigh{LinkIndex: env.Dev, IP: hop, MAC: w.VtepMAC, State: NUDPermanent}
-		fdb = FDB{LinkIndex: env.Dev, MAC: w.VtepMAC, Dst: w.PublicIP, State: NUDPermanent}
+		neigh = Neigh{LinkIndex: env.Dev, IP: hop, MAC: PeerMAC(w), State: NUDPermanent}
+		fdb = FDB{LinkIndex: env.Dev, MAC: PeerMAC(w), Dst: w.PublicIP, State: NUDPermanent}
 		encap = true
 	}
 	route.Priority = RouteMetric(route.Dst)

@@ -25,7 +25,7 @@ func tSpec(n int) Peer {
 	return Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
-		VtepMAC:  tMAC(n),
+		Data:     PeerData(tMAC(n)),
 	}
 }
 
@@ -34,8 +34,8 @@ func programmed(s Peer) kernelState {
 	hop := s.Subnet.Addr()
 	return kernelState{
 		Routes: []Route{{Dst: s.Subnet, Gw: hop, LinkIndex: tDev, OnLink: true, Protocol: RouteProtocol, Priority: RouteMetric(s.Subnet)}},
-		Neighs: []Neigh{{LinkIndex: tDev, IP: hop, MAC: s.VtepMAC, State: NUDPermanent}},
-		FDBs:   []FDB{{LinkIndex: tDev, MAC: s.VtepMAC, Dst: s.PublicIP, State: NUDPermanent}},
+		Neighs: []Neigh{{LinkIndex: tDev, IP: hop, MAC: PeerMAC(s), State: NUDPermanent}},
+		FDBs:   []FDB{{LinkIndex: tDev, MAC: PeerMAC(s), Dst: s.PublicIP, State: NUDPermanent}},
 	}
 }
 
@@ -76,7 +76,7 @@ func ourRoute(dst, gw string, link int) Route {
 func TestDiff(t *testing.T) {
 	p2, p3 := tSpec(2), tSpec(3)
 	p2newMAC := p2
-	p2newMAC.VtepMAC = tMAC(0x22)
+	p2newMAC.Data = PeerData(tMAC(0x22))
 	p2newIP := p2
 	p2newIP.PublicIP = netip.MustParseAddr("198.18.0.222")
 	p3far := p3
@@ -85,7 +85,7 @@ func TestDiff(t *testing.T) {
 	// The IPv6 overlay's peers.
 	q2, q3 := tSpec6(2), tSpec6(3)
 	q2newMAC := q2
-	q2newMAC.VtepMAC = tMAC(0x22)
+	q2newMAC.Data = PeerData(tMAC(0x22))
 	q3far := q3
 	q3far.PublicIP = netip.MustParseAddr("2001:db8:ffff::3") // not on the underlay's subnet
 
@@ -224,7 +224,7 @@ func TestDiff(t *testing.T) {
 			have: kernelState{
 				Routes: []Route{ourRoute("10.244.2.0/24", "10.244.2.1", tDev)},
 				Neighs: []Neigh{{LinkIndex: tDev, IP: p2.Subnet.Addr(), MAC: tMAC(0x99), State: NUDPermanent}},
-				FDBs:   []FDB{{LinkIndex: tDev, MAC: p2.VtepMAC, Dst: p2.PublicIP, State: 0x02}},
+				FDBs:   []FDB{{LinkIndex: tDev, MAC: PeerMAC(p2), Dst: p2.PublicIP, State: 0x02}},
 			},
 			ops: []string{
 				"neigh-set 10.244.2.0 lladdr 0e:00:00:00:00:02 dev 10 state 0x80",
@@ -236,7 +236,7 @@ func TestDiff(t *testing.T) {
 			name: "extra remotes appended to a wanted MAC are pruned after the set",
 			want: []Peer{p2newIP},
 			have: merge(programmed(p2), kernelState{FDBs: []FDB{
-				{LinkIndex: tDev, MAC: p2.VtepMAC, Dst: netip.MustParseAddr("198.18.0.77"), State: NUDPermanent},
+				{LinkIndex: tDev, MAC: PeerMAC(p2), Dst: netip.MustParseAddr("198.18.0.77"), State: NUDPermanent},
 			}}),
 			ops: []string{
 				"fdb-set 0e:00:00:00:00:02 dst 198.18.0.222 dev 10 state 0x80",
@@ -348,7 +348,7 @@ func TestDiff(t *testing.T) {
 // TestDiffApplyConverges applies plans to a tiny model of the kernel and
 // checks that a second diff is empty, for every pair of scenarios.
 func TestDiffIsIdempotentAfterApply(t *testing.T) {
-	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {func() Peer { s := tSpec(2); s.VtepMAC = tMAC(0x22); return s }()}}
+	sets := [][]Peer{nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {func() Peer { s := tSpec(2); s.Data = PeerData(tMAC(0x22)); return s }()}}
 	for i, from := range sets {
 		for j, to := range sets {
 			t.Run(fmt.Sprintf("%d->%d", i, j), func(t *testing.T) {
@@ -374,11 +374,11 @@ func TestViewFollowsWritesAndScopedDiffConverges(t *testing.T) {
 	moved := tSpec(3)
 	moved.PublicIP = netip.MustParseAddr("198.18.9.9")
 	remac := tSpec(2)
-	remac.VtepMAC = tMAC(0x22)
+	remac.Data = PeerData(tMAC(0x22))
 	moved6 := tSpec6(3)
 	moved6.PublicIP = netip.MustParseAddr("2001:db8::99")
 	remac6 := tSpec6(2)
-	remac6.VtepMAC = tMAC(0x22)
+	remac6.Data = PeerData(tMAC(0x22))
 	setsOf := map[Family][][]Peer{
 		IPv4: {nil, {tSpec(2)}, {tSpec(2), tSpec(3)}, {remac, moved, tSpec(4)}, {tSpec(4)}},
 		IPv6: {nil, {tSpec6(2)}, {tSpec6(2), tSpec6(3)}, {remac6, moved6, tSpec6(0x10)}, {tSpec6(0x10)}},
@@ -472,15 +472,15 @@ func TestValidatePeers(t *testing.T) {
 		{"IPv6 subnet", IPv4, mod(IPv4, 5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00::/64") }), "not an IPv4 peer with a VTEP MAC"},
 		{"IPv6 peer", IPv4, tSpec6(5), "not an IPv4 peer with a VTEP MAC"},
 		{"no public IP", IPv4, mod(IPv4, 5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv4 peer with a VTEP MAC"},
-		{"no MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv4 peer with a VTEP MAC"},
+		{"no MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.Data = PeerData(MAC{}) }), "not an IPv4 peer with a VTEP MAC"},
 		{"our public IP", IPv4, mod(IPv4, 5, func(p *Peer) { p.PublicIP = local[IPv4] }), "public IP is our own"},
 		{"our subnet", IPv4, mod(IPv4, 5, func(p *Peer) { p.Subnet = own[IPv4] }), "subnet overlaps our own lease"},
-		{"duplicate subnet", IPv4, mod(IPv4, 2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
+		{"duplicate subnet", IPv4, mod(IPv4, 2, func(p *Peer) { p.Data = PeerData(tMAC(0x55)) }), "duplicate subnet"},
 		{"same network address", IPv4, mod(IPv4, 2, func(p *Peer) {
 			p.Subnet = netip.MustParsePrefix("10.244.2.0/25")
-			p.VtepMAC = tMAC(0x55)
+			p.Data = PeerData(tMAC(0x55))
 		}), "network address used by another peer's subnet"},
-		{"duplicate MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.VtepMAC = tMAC(2) }), "VTEP MAC used by another peer"},
+		{"duplicate MAC", IPv4, mod(IPv4, 5, func(p *Peer) { p.Data = PeerData(tMAC(2)) }), "VTEP MAC used by another peer"},
 
 		{"IPv4 peer", IPv6, tSpec(5), "not an IPv6 peer with a VTEP MAC"},
 		{"IPv4 public IP", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.MustParseAddr("198.18.0.5") }), "not an IPv6 peer with a VTEP MAC"},
@@ -489,16 +489,16 @@ func TestValidatePeers(t *testing.T) {
 		{"zoned public IP", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.MustParseAddr("fe80::5%ul0") }), "not an IPv6 peer with a VTEP MAC"},
 		{"no public IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = netip.Addr{} }), "not an IPv6 peer with a VTEP MAC"},
 		{"no subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = netip.Prefix{} }), "not an IPv6 peer with a VTEP MAC"},
-		{"no MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.VtepMAC = MAC{} }), "not an IPv6 peer with a VTEP MAC"},
+		{"no MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.Data = PeerData(MAC{}) }), "not an IPv6 peer with a VTEP MAC"},
 		{"our public IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.PublicIP = local[IPv6] }), "public IP is our own"},
 		{"our IPv6 subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = own[IPv6] }), "subnet overlaps our own lease"},
 		{"inside our IPv6 subnet", IPv6, mod(IPv6, 5, func(p *Peer) { p.Subnet = netip.MustParsePrefix("fd00:10:244:1:8000::/80") }), "subnet overlaps our own lease"},
-		{"duplicate IPv6 subnet", IPv6, mod(IPv6, 2, func(p *Peer) { p.VtepMAC = tMAC(0x55) }), "duplicate subnet"},
+		{"duplicate IPv6 subnet", IPv6, mod(IPv6, 2, func(p *Peer) { p.Data = PeerData(tMAC(0x55)) }), "duplicate subnet"},
 		{"same IPv6 network address", IPv6, mod(IPv6, 2, func(p *Peer) {
 			p.Subnet = netip.MustParsePrefix("fd00:10:244:2::/80")
-			p.VtepMAC = tMAC(0x55)
+			p.Data = PeerData(tMAC(0x55))
 		}), "network address used by another peer's subnet"},
-		{"duplicate MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.VtepMAC = tSpec6(2).VtepMAC }), "VTEP MAC used by another peer"},
+		{"duplicate MAC on IPv6", IPv6, mod(IPv6, 5, func(p *Peer) { p.Data = tSpec6(2).Data }), "VTEP MAC used by another peer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.fam.String()+"/"+tt.name, func(t *testing.T) {
@@ -608,7 +608,7 @@ func TestWriteErrorUnwraps(t *testing.T) {
 func TestSpecDelta(t *testing.T) {
 	s2, s3, s4 := tSpec(2), tSpec(3), tSpec(4)
 	s3b := s3
-	s3b.VtepMAC = tMAC(0x33)
+	s3b.Data = PeerData(tMAC(0x33))
 	for _, tt := range []struct {
 		name             string
 		old, new         []Peer
@@ -635,7 +635,7 @@ func TestSpecDelta(t *testing.T) {
 // peer needs it, or if the notification does not say which entry it was.
 func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 	p := tSpec(2)
-	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, VtepMAC: p.VtepMAC}}, IPv4, netip.Prefix{}, netip.Addr{})
+	_, _, idx := validatePeers([]Peer{{Subnet: p.Subnet, PublicIP: p.PublicIP, Data: p.Data}}, IPv4, netip.Prefix{}, netip.Addr{})
 	b := &Backend{}
 	if b.wants(Event{Kind: EventRouteDel, Dst: p.Subnet}) {
 		t.Errorf("no peers desired yet, but a deletion wants a pass")
@@ -650,8 +650,8 @@ func TestWantsOnlyDesiredPeersEntries(t *testing.T) {
 		{Event{Kind: EventRouteDel, Dst: other.Subnet}, false},
 		{Event{Kind: EventNeighDel, IP: p.Subnet.Addr()}, true},
 		{Event{Kind: EventNeighDel, IP: other.Subnet.Addr()}, false},
-		{Event{Kind: EventNeighDel, FDB: true, MAC: p.VtepMAC}, true},
-		{Event{Kind: EventNeighDel, FDB: true, MAC: other.VtepMAC}, false},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: PeerMAC(p)}, true},
+		{Event{Kind: EventNeighDel, FDB: true, MAC: PeerMAC(other)}, false},
 		{Event{Kind: EventRouteDel}, true},            // which route: unknown
 		{Event{Kind: EventNeighDel, FDB: true}, true}, // which MAC: unknown
 	} {

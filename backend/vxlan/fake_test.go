@@ -103,7 +103,7 @@ fdb 0e:00:06:00:00:03 dst 2001:db8::3 dev overlay-v6.1
 		t.Run(fmt.Sprintf("IPv6=%t", tt.v6), func(t *testing.T) {
 			f, cfg, dev := fakeHostOf(t, tt.v6)
 			b := newBackend(t, cfg, f)
-			if info := ensure(t, b); info.MTU != tt.mtu || info.VtepMAC.String() != tt.mac || info.Name != dev {
+			if info := ensure(t, b); info.MTU != tt.mtu || info.MAC.String() != tt.mac || info.Name != dev {
 				t.Errorf("EnsureDevice = %+v, want %s with MTU %d and the derived MAC %s", info, dev, tt.mtu, tt.mac)
 			}
 			b.SetPeers(tt.peers(2, 3))
@@ -467,7 +467,7 @@ func TestFakePeerProgrammedHook(t *testing.T) {
 	cfg.OnPeerProgrammed = func(p backend.Peer, at time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
-		got = append(got, fmt.Sprintf("%s %s %s", p.Subnet, p.PublicIP, p.VtepMAC))
+		got = append(got, fmt.Sprintf("%s %s %s", p.Subnet, p.PublicIP, vxlan.PeerMAC(p)))
 	}
 	take := func() []string {
 		mu.Lock()
@@ -501,9 +501,9 @@ func TestFakeInvalidPeersAreCounted(t *testing.T) {
 	cfg.Logger = log
 	b := newBackend(t, cfg, f)
 	bad := peer(4)
-	bad.VtepMAC = vxlan.MAC{}
+	bad.Data = vxlan.PeerData(vxlan.MAC{})
 	for range 3 {
-		b.SetPeers([]backend.Peer{peer(2), bad, {Subnet: ownSubnet, PublicIP: netip.MustParseAddr("198.18.0.9"), VtepMAC: peer(9).VtepMAC}})
+		b.SetPeers([]backend.Peer{peer(2), bad, {Subnet: ownSubnet, PublicIP: netip.MustParseAddr("198.18.0.9"), Data: peer(9).Data}})
 	}
 	reconcile(t, b)
 	if s := b.Status(); s.Peers != 1 || s.InvalidPeers != 2 || s.PeersProgrammed != 1 {
@@ -620,7 +620,7 @@ func TestRunRepairsDrift(t *testing.T) {
 			d, _ := f.LinkByName(dev)
 			ext := f.External(tt.notify)
 			p := ps[1]
-			mac := p.VtepMAC
+			mac := vxlan.PeerMAC(p)
 			for _, err := range []error{
 				ext.RouteDel(vxlan.Route{Dst: p.Subnet}),
 				ext.NeighDel(vxlan.Neigh{LinkIndex: d.Index, IP: p.Subnet.Addr()}),
@@ -663,7 +663,7 @@ func TestFakeExternalChanges(t *testing.T) {
 		b.SetPeers(peers(2))
 		reconcile(t, b)
 		d, _ := f.LinkByName(dev)
-		mac := peer(2).VtepMAC
+		mac := vxlan.PeerMAC(peer(2))
 		if err := f.External(false).FDBAppend(vxlan.FDB{LinkIndex: d.Index, MAC: mac, Dst: netip.MustParseAddr("198.18.0.77"), State: vxlan.NUDPermanent}); err != nil {
 			t.Fatal(err)
 		}

@@ -32,7 +32,7 @@ func peer(n int) backend.Peer {
 	return backend.Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)),
-		VtepMAC:  vxlan.MAC{0x0e, 0, 0, 0, 0, byte(n)},
+		Data:     vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, byte(n)}),
 	}
 }
 
@@ -55,14 +55,14 @@ func manyPeers(count int) []backend.Peer {
 		out[i] = backend.Peer{
 			Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + i/256), byte(i % 256), 0}), 24),
 			PublicIP: netip.AddrFrom4([4]byte{198, 19, byte(i / 256), byte(i % 256)}),
-			VtepMAC:  vxlan.MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)},
+			Data:     vxlan.PeerData(vxlan.MAC{0x0e, 1, 0, 0, byte(i >> 8), byte(i)}),
 		}
 	}
 	return out
 }
 
 func withMAC(p backend.Peer, last byte) backend.Peer {
-	p.VtepMAC = vxlan.MAC{0x0e, 0, 0, 0, 0x99, last}
+	p.Data = vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0x99, last})
 	return p
 }
 
@@ -101,8 +101,8 @@ func goldenWith(cfg vxlan.Config, ps []backend.Peer, direct []netip.Prefix, extr
 			continue
 		}
 		routes = append(routes, fmt.Sprintf("route %s via %s dev %s onlink", p.Subnet, p.Subnet.Addr(), dev))
-		neighs = append(neighs, fmt.Sprintf("neigh %s lladdr %s dev %s", p.Subnet.Addr(), p.VtepMAC, dev))
-		fdbs = append(fdbs, fmt.Sprintf("fdb %s dst %s dev %s", p.VtepMAC, p.PublicIP, dev))
+		neighs = append(neighs, fmt.Sprintf("neigh %s lladdr %s dev %s", p.Subnet.Addr(), vxlan.PeerMAC(p), dev))
+		fdbs = append(fdbs, fmt.Sprintf("fdb %s dst %s dev %s", vxlan.PeerMAC(p), p.PublicIP, dev))
 	}
 	for _, s := range [][]string{routes, neighs, fdbs} {
 		slices.Sort(s)

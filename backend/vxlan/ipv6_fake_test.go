@@ -32,7 +32,7 @@ func to6(p backend.Peer) backend.Peer {
 	s, a := p.Subnet.Addr().As4(), p.PublicIP.As4()
 	p.Subnet = netip.MustParsePrefix(fmt.Sprintf("fd00:%d:%d:%d::/64", s[0], s[1], s[2]))
 	p.PublicIP = netip.MustParseAddr(fmt.Sprintf("2001:db8:%d:%d::%d", a[1]-18, a[2], a[3]))
-	p.VtepMAC[2] = 6
+	p.Data[2] = 6
 	return p
 }
 
@@ -74,7 +74,7 @@ func TestFakeIPv6RejectsIPv4PeersAndMixedConfig(t *testing.T) {
 	if b.Family() != vxlan.IPv6 {
 		t.Fatalf("family %v, want IPv6", b.Family())
 	}
-	b.SetPeers([]backend.Peer{peer6(2), peer(3), {Subnet: ownSubnet6, PublicIP: netip.MustParseAddr("2001:db8::9"), VtepMAC: peer6(9).VtepMAC}})
+	b.SetPeers([]backend.Peer{peer6(2), peer(3), {Subnet: ownSubnet6, PublicIP: netip.MustParseAddr("2001:db8::9"), Data: peer6(9).Data}})
 	reconcile(t, b)
 	if s := b.Status(); s.Peers != 1 || s.InvalidPeers != 2 || s.PeersProgrammed != 1 {
 		t.Errorf("status = %+v, want 1 peer and 2 invalid", s)

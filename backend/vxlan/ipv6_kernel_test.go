@@ -131,14 +131,14 @@ func TestKernelIPv6DeviceAndPeers(t *testing.T) {
 		}
 	}
 	if !slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
-		return n.IP.Equal(p.Subnet.Addr().AsSlice()) && n.HardwareAddr.String() == p.VtepMAC.String()
+		return n.IP.Equal(p.Subnet.Addr().AsSlice()) && n.HardwareAddr.String() == vxlan.PeerMAC(p).String()
 	}) {
-		t.Errorf("no permanent neighbour %s -> %s in %v", p.Subnet.Addr(), p.VtepMAC, neighs)
+		t.Errorf("no permanent neighbour %s -> %s in %v", p.Subnet.Addr(), vxlan.PeerMAC(p), neighs)
 	}
 	if !slices.ContainsFunc(fdbs, func(f netlink.Neigh) bool {
-		return f.IP.Equal(p.PublicIP.AsSlice()) && f.HardwareAddr.String() == p.VtepMAC.String() && f.State&netlink.NUD_PERMANENT != 0
+		return f.IP.Equal(p.PublicIP.AsSlice()) && f.HardwareAddr.String() == vxlan.PeerMAC(p).String() && f.State&netlink.NUD_PERMANENT != 0
 	}) {
-		t.Errorf("no permanent FDB entry %s -> %s in %v", p.VtepMAC, p.PublicIP, fdbs)
+		t.Errorf("no permanent FDB entry %s -> %s in %v", vxlan.PeerMAC(p), p.PublicIP, fdbs)
 	}
 
 	b.SetPeers(nil)
@@ -173,7 +173,7 @@ func TestKernelIPv6RepairsDrift(t *testing.T) {
 		},
 		"FDB entry": func() error {
 			return tn.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
-				IP: victim.PublicIP.AsSlice(), HardwareAddr: victim.VtepMAC.HardwareAddr()})
+				IP: victim.PublicIP.AsSlice(), HardwareAddr: vxlan.PeerMAC(victim).HardwareAddr()})
 		},
 	} {
 		// One at a time, each repaired before the next goes.
@@ -263,8 +263,8 @@ func TestKernelIPv6TwoHostsReachEachOther(t *testing.T) {
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("DirectRouting=%t", direct), func(t *testing.T) {
 			a, b := twoHosts(t)
-			hostA := backend.Peer{Subnet: netip.MustParsePrefix("fd00:10:244:1::/64"), PublicIP: netip.MustParseAddr("2001:db8::1"), VtepMAC: vtepMAC6("host-a")}
-			hostB := backend.Peer{Subnet: netip.MustParsePrefix("fd00:10:244:2::/64"), PublicIP: netip.MustParseAddr("2001:db8::2"), VtepMAC: vtepMAC6("host-b")}
+			hostA := backend.Peer{Subnet: netip.MustParsePrefix("fd00:10:244:1::/64"), PublicIP: netip.MustParseAddr("2001:db8::1"), Data: vxlan.PeerData(vtepMAC6("host-a"))}
+			hostB := backend.Peer{Subnet: netip.MustParsePrefix("fd00:10:244:2::/64"), PublicIP: netip.MustParseAddr("2001:db8::2"), Data: vxlan.PeerData(vtepMAC6("host-b"))}
 			start := func(tn *testNS, self, other backend.Peer, node string) {
 				ul, err := tn.h.LinkByName("ul0")
 				if err != nil {

@@ -20,7 +20,7 @@ func tSpec6(n int) Peer {
 	return Peer{
 		Subnet:   netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%x::/64", n)),
 		PublicIP: netip.MustParseAddr(fmt.Sprintf("2001:db8::%x", n)),
-		VtepMAC:  MAC{0x0e, 0, 0, 0, 6, byte(n)},
+		Data:     PeerData(MAC{0x0e, 0, 0, 0, 6, byte(n)}),
 	}
 }
 
@@ -40,12 +40,12 @@ func TestValidatePeersSortsIPv6(t *testing.T) {
 		p := Peer{
 			Subnet:   netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(rng.IntN(4)), 0, 0, 0, byte(rng.IntN(256)), byte(i)}), 64),
 			PublicIP: netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)}),
-			VtepMAC:  MAC{0x0e, 6, 0, 0, byte(i >> 8), byte(i)},
+			Data:     PeerData(MAC{0x0e, 6, 0, 0, byte(i >> 8), byte(i)}),
 		}
 		in = append(in, p)
 	}
 	dup := in[17]
-	dup.PublicIP, dup.VtepMAC = netip.MustParseAddr("2001:db8::ffff"), MAC{0x0e, 6, 9, 9, 9, 9}
+	dup.PublicIP, dup.Data = netip.MustParseAddr("2001:db8::ffff"), PeerData(MAC{0x0e, 6, 9, 9, 9, 9})
 	in = append(in, dup) // after the original: the original wins
 	rng.Shuffle(len(in)-1, func(i, j int) { in[i], in[j] = in[j], in[i] })
 	specs, rejected, idx := validatePeers(in, IPv6, netip.Prefix{}, netip.Addr{})
@@ -61,7 +61,7 @@ func TestValidatePeersSortsIPv6(t *testing.T) {
 		if p.Subnet == dup.Subnet && p != in[slicesIndex(in, dup.Subnet)] {
 			t.Errorf("the later duplicate won: %v", p)
 		}
-		if !idx.hasSubnet(p.Subnet) || !idx.hasHop(p.Subnet.Addr()) || !idx.hasMAC(p.VtepMAC) {
+		if !idx.hasSubnet(p.Subnet) || !idx.hasHop(p.Subnet.Addr()) || !idx.hasMAC(PeerMAC(p)) {
 			t.Errorf("index misses %v", p)
 		}
 	}
@@ -108,7 +108,7 @@ func cmpInt(a, b int) int {
 func TestSpecDeltaIPv6(t *testing.T) {
 	s2, s3, s10 := tSpec6(2), tSpec6(3), tSpec6(0x10)
 	s3b := s3
-	s3b.VtepMAC = tMAC(0x33)
+	s3b.Data = PeerData(tMAC(0x33))
 	gone, come := specDelta([]Peer{s2, s3}, []Peer{s3b, s10})
 	eq := cmp.Comparer(func(a, b Peer) bool { return a == b })
 	if d := cmp.Diff([]Peer{s2, s3}, gone, eq); d != "" {
@@ -233,14 +233,14 @@ func TestRTNLEncodingRoundTrips(t *testing.T) {
 			}
 
 			_, p := msg(Write{Kind: RouteReplace, Route: route})
-			if got, ok := parseRoute(p, fam.af()); !ok || got != route {
+			if got, ok := parseRoute(p, famAF(fam)); !ok || got != route {
 				t.Errorf("route back: %v %v, want %v", got, ok, route)
 			}
-			if _, ok := parseRoute(p, otherFamily(fam).af()); ok {
+			if _, ok := parseRoute(p, famAF(otherFamily(fam))); ok {
 				t.Errorf("a route of the other family was parsed")
 			}
 			_, p = msg(Write{Kind: NeighSet, Neigh: neigh})
-			if af, link, state, ip, m, ok := parseNeigh(p); !ok || af != fam.af() || link != 10 || state != NUDPermanent || ip != hop || m != mac {
+			if af, link, state, ip, m, ok := parseNeigh(p); !ok || af != famAF(fam) || link != 10 || state != NUDPermanent || ip != hop || m != mac {
 				t.Errorf("neighbour back: family %d link %d state %#x %v %v %v", af, link, state, ip, m, ok)
 			}
 			_, p = msg(Write{Kind: FDBSet, FDB: fdb})
@@ -300,7 +300,7 @@ func TestNotificationsOfTheOtherFamilyAreIgnored(t *testing.T) {
 			{Event{Kind: EventRouteDel, Protocol: RouteProtocol, Dst: tt.twin.Subnet}, false},
 			{Event{Kind: EventNeighDel, LinkIndex: tDev, IP: tt.mine.Subnet.Addr()}, true},
 			{Event{Kind: EventNeighDel, LinkIndex: tDev, IP: tt.twin.Subnet.Addr()}, false},
-			{Event{Kind: EventNeighDel, LinkIndex: tDev, FDB: true, MAC: tt.mine.VtepMAC}, true},
+			{Event{Kind: EventNeighDel, LinkIndex: tDev, FDB: true, MAC: PeerMAC(tt.mine)}, true},
 			{Event{Kind: EventNeighDel, LinkIndex: tDev + 1, IP: tt.mine.Subnet.Addr()}, false}, // the twin's device
 		} {
 			if got := woke(tc.e); got != tc.want {

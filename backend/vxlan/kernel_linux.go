@@ -257,7 +257,7 @@ func (k *KernelNetlink) AddrList(index int) ([]netip.Prefix, error) {
 
 // AddrListFamily implements Netlink.
 func (k *KernelNetlink) AddrListFamily(index int, fam Family) ([]netip.Prefix, error) {
-	as, err := k.h.AddrList(byIndex(index), int(fam.af()))
+	as, err := k.h.AddrList(byIndex(index), int(famAF(fam)))
 	out := make([]netip.Prefix, 0, len(as))
 	for _, a := range as {
 		if a.LinkIndex == index {

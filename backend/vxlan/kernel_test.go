@@ -236,7 +236,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 			"route":     tn.h.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: hop, Mask: net.CIDRMask(24, 32)}, Protocol: vxlan.RouteProtocol}),
 			"neighbour": tn.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, IP: hop}),
 			"FDB entry": tn.h.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
-				IP: victim.PublicIP.AsSlice(), HardwareAddr: victim.VtepMAC.HardwareAddr()}),
+				IP: victim.PublicIP.AsSlice(), HardwareAddr: vxlan.PeerMAC(victim).HardwareAddr()}),
 		} {
 			if err != nil {
 				t.Fatalf("delete the %s by hand: %v", what, err)
@@ -504,8 +504,8 @@ func TestKernelTwoHostsReachEachOther(t *testing.T) {
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("DirectRouting=%t", direct), func(t *testing.T) {
 			a, b := twoHosts(t)
-			hostA := backend.Peer{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: vtepMAC("host-a")}
-			hostB := backend.Peer{Subnet: netip.MustParsePrefix("10.244.2.0/24"), PublicIP: netip.MustParseAddr("198.18.0.2"), VtepMAC: vtepMAC("host-b")}
+			hostA := backend.Peer{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1"), Data: vxlan.PeerData(vtepMAC("host-a"))}
+			hostB := backend.Peer{Subnet: netip.MustParsePrefix("10.244.2.0/24"), PublicIP: netip.MustParseAddr("198.18.0.2"), Data: vxlan.PeerData(vtepMAC("host-b"))}
 			start := func(tn *testNS, self, other backend.Peer, node string) {
 				cfg := kernelConfig(t)
 				cfg.LocalIP, cfg.OwnSubnet, cfg.NodeID, cfg.DirectRouting = self.PublicIP, self.Subnet, node, direct

@@ -9,7 +9,7 @@ import (
 	"github.com/overlaynet/overlay/internal/lib/jitter"
 )
 
-// Run implements backend.Backend: it runs a pass at once and then whenever
+// Run implements backend.Plane: it runs a pass at once and then whenever
 // SetPeers changes the desired state, the kernel notifies a change to our
 // device, routes or neighbours, a failed pass is due for retry (exponential
 // backoff), or the jittered resync interval has passed without a pass. Run

@@ -101,23 +101,16 @@ type Write struct {
 	FDB   FDB
 }
 
-// Family is the address family of an overlay: a Backend programs either
-// the IPv4 overlay or the IPv6 one, chosen by its Config (see
-// Config.OwnSubnet), and lists and writes only entries of its family.
-type Family uint8
+// Family is backend.Family: a Backend programs either the IPv4 overlay or
+// the IPv6 one, chosen by its Config (see Config.OwnSubnet), and lists and
+// writes only entries of its family.
+type Family = backend.Family
 
 // The two families. The zero Family means IPv4 wherever one is expected.
 const (
-	IPv4 Family = 4
-	IPv6 Family = 6
+	IPv4 = backend.IPv4
+	IPv6 = backend.IPv6
 )
-
-func (f Family) String() string {
-	if f == IPv6 {
-		return "IPv6"
-	}
-	return "IPv4"
-}
 
 // familyOf is the family of a valid address (an IPv4-mapped IPv6 address
 // is IPv6, as the kernel sees it).

@@ -86,17 +86,17 @@ func (x *peerIndex) hasMAC(m MAC) bool {
 }
 
 // validatePeers sorts the daemon's peers by subnet and indexes them. Each
-// peer's values were validated where the lease entered (subnet.Config.Peer);
-// what is checked here needs this host or the whole set: a peer must be of
-// the backend's family, must not overlap our lease or use our address, and
-// the first of two peers claiming one subnet, next hop or MAC (in subnet
-// order) wins. Rejected peers are returned with the reason.
+// peer's values were validated where the lease entered (Codec.Decode and
+// subnet.Config.CheckPeer); what is checked here needs this host or the
+// whole set: a peer must be of the backend's family, must not overlap our
+// lease or use our address, and the first of two peers claiming one
+// subnet, next hop or MAC (in subnet order) wins. Rejected peers are returned with the reason.
 func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr) (specs []Peer, rejected map[string]string, idx peerIndex) {
 	reject := func(p Peer, why string) {
 		if rejected == nil {
 			rejected = make(map[string]string)
 		}
-		rejected[fmt.Sprintf("%v %v %v", p.Subnet, p.PublicIP, p.VtepMAC)] = why
+		rejected[fmt.Sprintf("%v %v %v", p.Subnet, p.PublicIP, PeerMAC(p))] = why
 	}
 	if len(peers) >= 1<<24 {
 		// More peers than the sort below can number (a /8 of /24s is
@@ -111,7 +111,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 	keys := make([]uint64, 0, len(peers))
 	for i, p := range peers {
 		switch {
-		case !fam.has(p.Subnet.Addr()) || !fam.has(p.PublicIP) || p.PublicIP.Zone() != "" || p.VtepMAC.IsZero():
+		case !famHas(fam, p.Subnet.Addr()) || !famHas(fam, p.PublicIP) || p.PublicIP.Zone() != "" || PeerMAC(p).IsZero():
 			reject(p, "not an "+fam.String()+" peer with a VTEP MAC")
 		case local.IsValid() && p.PublicIP == local:
 			reject(p, "public IP is our own")
@@ -145,7 +145,7 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 	var last netip.Prefix
 	for _, k := range keys {
 		p := peers[k&(1<<24-1)]
-		_, dupMAC := seenMAC[p.VtepMAC]
+		_, dupMAC := seenMAC[PeerMAC(p)]
 		switch {
 		case last.IsValid() && p.Subnet == last:
 			reject(p, "duplicate subnet")
@@ -155,13 +155,13 @@ func validatePeers(peers []Peer, fam Family, own netip.Prefix, local netip.Addr)
 			reject(p, "VTEP MAC used by another peer")
 		default:
 			last = p.Subnet
-			seenMAC[p.VtepMAC] = struct{}{}
+			seenMAC[PeerMAC(p)] = struct{}{}
 			specs = append(specs, p)
 		}
 	}
 	idx = peerIndex{specs: specs, macs: make([]uint64, len(specs))}
 	for i, s := range specs {
-		idx.macs[i] = macKey(s.VtepMAC)
+		idx.macs[i] = macKey(PeerMAC(s))
 	}
 	slices.Sort(idx.macs)
 	return specs, rejected, idx

@@ -18,7 +18,7 @@ func BenchmarkLeaseEvent(b *testing.B) {
 			}
 			old, _, _ := validatePeers(benchPeers(fam, n), fam, own, local)
 			next := benchPeers(fam, n)
-			next[17].VtepMAC[2] = 9
+			next[17].Data[2] = 9
 			b.ReportAllocs()
 			for b.Loop() {
 				specs, _, _ := validatePeers(next, fam, own, local)
@@ -36,7 +36,7 @@ func benchPeers(fam Family, n int) []Peer {
 		out[i] = Peer{
 			Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + j/256), byte(j % 256), 0}), 24),
 			PublicIP: netip.AddrFrom4([4]byte{198, 19, byte(j / 256), byte(j % 256)}),
-			VtepMAC:  MAC{0x0e, 1, 0, 0, byte(j >> 8), byte(j)},
+			Data:     PeerData(MAC{0x0e, 1, 0, 0, byte(j >> 8), byte(j)}),
 		}
 		if fam == IPv6 {
 			out[i].Subnet = netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, byte(100 + j/256), 0, byte(j % 256)}), 64)

@@ -75,7 +75,7 @@ func (rec *reconciler) ensureDevice() (DeviceInfo, error) {
 	if err != nil {
 		return DeviceInfo{}, err
 	}
-	return DeviceInfo{Name: dev.Name, Index: dev.Index, VtepMAC: dev.MAC.HardwareAddr(), MTU: dev.MTU}, nil
+	return DeviceInfo{Name: dev.Name, Index: dev.Index, MAC: dev.MAC.HardwareAddr(), MTU: dev.MTU}, nil
 }
 
 // pass is one reconcile pass on want (generation gen): find out what the
@@ -347,11 +347,11 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 	}
 	if debug {
 		for i, w := range updated {
-			rec.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String(),
-				"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", replaced[i].VtepMAC.String())
+			rec.log.Debug("peer updated in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", PeerMAC(w).String(),
+				"old_public_ip", replaced[i].PublicIP, "old_vtep_mac", PeerMAC(replaced[i]).String())
 		}
 		for _, w := range added {
-			rec.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", w.VtepMAC.String())
+			rec.log.Debug("peer programmed in the kernel", "peer", w.Subnet, "public_ip", w.PublicIP, "vtep_mac", PeerMAC(w).String())
 		}
 	}
 	if adopted > 0 {

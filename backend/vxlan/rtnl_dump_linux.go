@@ -168,7 +168,7 @@ func parseNeigh(p []byte) (family uint8, link, state int, ip netip.Addr, mac MAC
 // routeList lists the routes of family fam of the main table.
 func (c *rtnlConn) routeList(fam Family) ([]Route, error) {
 	var out []Route
-	af := fam.af()
+	af := famAF(fam)
 	err := c.dump(unix.RTM_GETROUTE, func() {
 		var m [unix.SizeofRtMsg]byte
 		m[0] = af
@@ -185,7 +185,7 @@ func (c *rtnlConn) routeList(fam Family) ([]Route, error) {
 // neighList lists the neighbours of family fam of link index.
 func (c *rtnlConn) neighList(index int, fam Family) ([]Neigh, error) {
 	var out []Neigh
-	af := fam.af()
+	af := famAF(fam)
 	err := c.dump(unix.RTM_GETNEIGH, func() {
 		var m [12]byte
 		m[0] = af

@@ -169,7 +169,7 @@ func (c *rtnlConn) attrU32(typ uint16, v uint32) {
 var ne = binary.NativeEndian
 
 // af is the family's AF_* number.
-func (f Family) af() uint8 {
+func famAF(f Family) uint8 {
 	if f == IPv6 {
 		return unix.AF_INET6
 	}
@@ -186,10 +186,10 @@ func (c *rtnlConn) appendOp(w Write) error {
 		c.appendRoute(unix.RTM_DELROUTE, 0, unix.RTN_UNSPEC, w.Route)
 	case NeighSet:
 		n := w.Neigh
-		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, familyOf(n.IP).af(), n.LinkIndex, n.State, 0, n.IP, &n.MAC)
+		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, famAF(familyOf(n.IP)), n.LinkIndex, n.State, 0, n.IP, &n.MAC)
 	case NeighDel:
 		n := w.Neigh
-		c.appendNeigh(unix.RTM_DELNEIGH, 0, familyOf(n.IP).af(), n.LinkIndex, 0, 0, n.IP, nil)
+		c.appendNeigh(unix.RTM_DELNEIGH, 0, famAF(familyOf(n.IP)), n.LinkIndex, 0, 0, n.IP, nil)
 	case FDBSet:
 		f := w.FDB
 		c.appendNeigh(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, unix.AF_BRIDGE, f.LinkIndex, f.State, unix.NTF_SELF, f.Dst, &f.MAC)
@@ -205,7 +205,7 @@ func (c *rtnlConn) appendOp(w Write) error {
 func (c *rtnlConn) appendRoute(typ, flags uint16, rtype uint8, r Route) {
 	start := c.begin(typ, flags)
 	var m [unix.SizeofRtMsg]byte // struct rtmsg
-	m[0] = familyOf(r.Dst.Addr()).af()
+	m[0] = famAF(familyOf(r.Dst.Addr()))
 	m[1] = uint8(r.Dst.Bits())
 	m[4] = unix.RT_TABLE_MAIN
 	m[5] = uint8(r.Protocol)

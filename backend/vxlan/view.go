@@ -253,8 +253,8 @@ func (v *view) scoped(peers ...[]Peer) *view {
 			if n, ok := v.neighs[packIP(p.Subnet.Addr())]; ok {
 				s.neighs[packIP(p.Subnet.Addr())] = n
 			}
-			if all := v.fdbAll(p.VtepMAC); all != nil {
-				s.setFDBs(p.VtepMAC, all)
+			if all := v.fdbAll(PeerMAC(p)); all != nil {
+				s.setFDBs(PeerMAC(p), all)
 			}
 		}
 	}

@@ -6,11 +6,11 @@ import (
 	"io"
 	"math"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -96,15 +96,12 @@ func newConfigGetCommand(g *GlobalFlags) *cobra.Command {
 		Short: "Show the network config with defaults filled in (--raw: exactly as stored)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
+			sess, err := g.open(cmd, false)
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			cfg, stored, err := reg.GetConfig(ctx)
 			if raw && stored != nil {
 				_, werr := cmd.OutOrStdout().Write(stored) // the stored bytes exactly: no newline added
@@ -178,19 +175,16 @@ gains or drops its IPv6 subnet at its restart, and IPv4 keeps flowing
 between restarted hosts and the others meanwhile.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			data, next, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return fmt.Errorf("%w; nothing was stored", err)
 			}
-			ctx, reg, done, err := g.connect(cmd)
+			sess, err := g.open(cmd, false)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -205,13 +199,13 @@ between restarted hosts and the others meanwhile.`,
 			case err != nil:
 				return g.etcdHint(err)
 			}
-			stranded := strandedLeases(prev, next, snap.Leases)
+			stranded := leaseadmin.StrandedLeases(prev, next, snap.Leases)
 			for _, s := range stranded {
 				fmt.Fprintf(cmd.ErrOrStderr(), "stranded: %s\n", s)
 			}
 			if len(stranded) > 0 && !force {
 				return fmt.Errorf("refusing to store the config: it would strand %d %s held by %s (listed above); keep the old values, or stop overlayd on those hosts, run `overlayd config put --force`, revoke the stranded leases (`overlayd lease list` shows them as orphaned) and start overlayd again",
-					len(stranded), plural(len(stranded), "lease", "leases"), strandedHosts(stranded))
+					len(stranded), plural(len(stranded), "lease", "leases"), leaseadmin.StrandedHosts(stranded))
 			}
 			cfg, err := reg.PutConfigIfUnchanged(ctx, data, snap.Revision)
 			if errors.Is(err, etcdv3.ErrConflict) {
@@ -255,50 +249,6 @@ func ipv6ToggleAdvice(prev, next *subnet.Config) string {
 	return "note: EnableIPv6 true -> false: restart overlayd host by host; each host drops its lease's IPv6 subnet and removes its IPv6 device when it restarts, keeping its IPv4 subnet. IPv4 keeps flowing meanwhile; `overlayd lease list` shows the leases of hosts not yet restarted as ipv4-only. Nothing to revoke"
 }
 
-// strandedLease is a lease that fits the stored config but not the new one.
-type strandedLease struct {
-	lease  subnet.Lease
-	reason string
-}
-
-func (s strandedLease) String() string {
-	return fmt.Sprintf("%s of %s: %s", s.lease.Subnets(), describeOwner(s.lease.Attrs), s.reason)
-}
-
-// strandedLeases returns the leases the change from prev (nil: none
-// stored) to next would strand: those next's Orphaned refuses, the same
-// check every daemon makes, and — when Backend.Port changes — every
-// lease a host has claimed, as hosts on different ports cannot reach
-// each other.
-func strandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []strandedLease {
-	var out []strandedLease
-	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
-	for _, l := range leases {
-		if prev != nil && prev.Orphaned(l) != nil {
-			continue // already orphaned: nothing changes for it
-		}
-		if err := next.Orphaned(l); err != nil {
-			out = append(out, strandedLease{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
-			continue
-		}
-		if prev != nil && prev.Backend.Port != next.Backend.Port && !l.Unclaimed() {
-			out = append(out, strandedLease{l, fmt.Sprintf("its host sends VXLAN to port %d, Backend.Port %d would be used by restarted hosts", prev.Backend.Port, next.Backend.Port)})
-		}
-	}
-	return out
-}
-
-func strandedHosts(ss []strandedLease) string {
-	var hosts []string
-	for _, s := range ss {
-		hosts = append(hosts, describeOwner(s.lease.Attrs))
-	}
-	if len(hosts) > 5 {
-		hosts = append(hosts[:5], fmt.Sprintf("%d more", len(hosts)-5))
-	}
-	return strings.Join(hosts, ", ")
-}
-
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one
@@ -321,10 +271,7 @@ liveness key is refused. If that etcd cannot be used, it says so in a
 warning and checks the file alone.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
+			format := g.out
 			_, cfg, err := loadConfigFile(cmd, file)
 			if err != nil {
 				return err
@@ -354,15 +301,16 @@ func (g *GlobalFlags) checkAgainstCluster(cmd *cobra.Command, cfg *subnet.Config
 	if err := g.validateEtcdFlags(cmd.Flags()); err != nil {
 		return err
 	}
-	ctx, reg, done, err := g.connect(cmd)
+	sess, err := g.open(cmd, false)
 	if err != nil {
 		return warn(err)
 	}
-	defer done()
+	defer sess.close()
+	ctx, reg := sess.ctx, sess.reg
 	if err := checkUnderlayOutside(ctx, reg, cfg, nil, cmd.ErrOrStderr()); err != nil {
-		var refused refusal
+		var refused leaseadmin.Refusal
 		if errors.As(err, &refused) {
-			return fmt.Errorf("the config does not fit the cluster at %s: %w", strings.Join(g.Endpoints, ","), refused.error)
+			return fmt.Errorf("the config does not fit the cluster at %s: %w", strings.Join(g.Endpoints, ","), refused.Err)
 		}
 		return warn(g.etcdHint(err))
 	}

@@ -92,7 +92,7 @@ func checkFlagTable(t *testing.T, what string, fs *pflag.FlagSet, rows [][]strin
 // defaults.
 func TestFlagTablesMatchTheFlags(t *testing.T) {
 	doc := testenv.RepoFile(t, "Documentation/configuration.md")
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	checkFlagTable(t, "the global flags", root.PersistentFlags(), testenv.MarkdownTable(t, doc, "| flag | environment | default | meaning |"), 2, 1)
 	run, _, err := root.Find([]string{"run"})
 	if err != nil {
@@ -105,7 +105,7 @@ func TestFlagTablesMatchTheFlags(t *testing.T) {
 // variables overlayd reads, and the DaemonSet can set every etcd client
 // setting operations.md says it takes (the password from its Secret).
 func TestShippedFilesSetKnownVariables(t *testing.T) {
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	known := map[string]bool{}
 	for _, name := range []string{"", "run"} {
 		cmd, _, err := root.Find(strings.Fields(name))
@@ -161,7 +161,7 @@ func TestEnvironmentSectionNamesTeardownAndStatusVariables(t *testing.T) {
 	for _, q := range quotes(list) {
 		documented = append(documented, strings.TrimPrefix(q, "--"))
 	}
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	var want []string
 	for _, name := range []string{"teardown", "status"} {
 		cmd, _, err := root.Find([]string{name})
@@ -184,7 +184,7 @@ func TestEnvironmentSectionNamesTeardownAndStatusVariables(t *testing.T) {
 // --endpoints' help names every scheme the endpoint parser accepts, as
 // configuration.md does (issue 28: it left out unixs://).
 func TestEndpointsHelpNamesEveryScheme(t *testing.T) {
-	usage := newRootCommand(streams{}, nil).PersistentFlags().Lookup("endpoints").Usage
+	usage := newRootCommand(program{}).PersistentFlags().Lookup("endpoints").Usage
 	doc := testenv.RepoFile(t, "Documentation/configuration.md")
 	for scheme, example := range map[string]string{
 		"http://": "http://127.0.0.1:2379", "https://": "https://127.0.0.1:2379", "unix://": "unix:///run/etcd.sock", "unixs://": "unixs:///run/etcd.sock",

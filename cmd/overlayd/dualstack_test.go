@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -36,8 +38,8 @@ func seedDual(t *testing.T, reg *etcdv3.Registry) dualSeed {
 	var seed dualSeed
 	for i := byte(1); i <= 2; i++ {
 		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h",
-			PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, i}), VtepMAC: net.HardwareAddr{0x0e, 0, 0, 0, 0, i},
-			PublicIPv6: netip.MustParseAddr("2001:db8::" + string(rune('0'+i))), VtepMACv6: net.HardwareAddr{0x0e, 0, 0, 0, 6, i},
+			PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, i}), BackendData: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, i}),
+			PublicIPv6: netip.MustParseAddr("2001:db8::" + string(rune('0'+i))), BackendV6Data: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, i}),
 			Previous: subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, i, 0}), 24),
 				IPv6: netip.MustParsePrefix("fd00:10:244:" + string(rune('0'+i)) + "::/64")}}
 		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
@@ -122,7 +124,7 @@ func TestLeaseListDualStack(t *testing.T) {
 		t.Fatalf("lease list -w json: %v\n%s", err, r.out)
 	}
 	want := leaseRow{Subnet: seed.live.IPv4.String(), IPv6Subnet: seed.live.IPv6.String(), PublicIP: "198.18.0.1", PublicIPv6: "2001:db8::1",
-		VtepMAC: "0e:00:00:00:00:01", VtepMACv6: "0e:00:00:00:06:01", NodeID: "node-1", Alive: "yes", State: stateLeased}
+		VtepMAC: "0e:00:00:00:00:01", VtepMACv6: "0e:00:00:00:06:01", NodeID: "node-1", Alive: "yes", State: leaseadmin.StateLeased}
 	got := doc.Leases[0] // address order: 10.244.1.0/24 first
 	if got.Subnet != want.Subnet || got.IPv6Subnet != want.IPv6Subnet || got.PublicIPv6 != want.PublicIPv6 || got.VtepMACv6 != want.VtepMACv6 || got.State != want.State {
 		t.Errorf("json lease %+v, want %+v", got, want)
@@ -192,7 +194,7 @@ func TestLeaseGetDualStack(t *testing.T) {
 		r := run(t, srv.Endpoint, "", "lease", "get", arg, "-w", "json")
 		var got leaseRow
 		if err := json.Unmarshal([]byte(r.out), &got); err != nil || got.Subnet != seed.live.IPv4.String() || got.IPv6Subnet != seed.live.IPv6.String() ||
-			got.PublicIPv6 != "2001:db8::1" || got.VtepMACv6 != "0e:00:00:00:06:01" || got.State != stateLeased {
+			got.PublicIPv6 != "2001:db8::1" || got.VtepMACv6 != "0e:00:00:00:06:01" || got.State != leaseadmin.StateLeased {
 			t.Errorf("lease get %s -w json = %+v (%v)", arg, r, err)
 		}
 	}
@@ -287,7 +289,7 @@ func checkReservation(t *testing.T, reg *etcdv3.Registry, s subnet.Subnets, publ
 	t.Helper()
 	l, err := reg.Get(ctx(t), s)
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil || l.Attrs.PublicIP != publicIP || l.Attrs.PublicIPv6 != publicIPv6 {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil || l.Attrs.PublicIP != publicIP || l.Attrs.PublicIPv6 != publicIPv6 {
 		t.Fatalf("reservation %s read back: %+v, %v, %v", s, l, err, cerr)
 	}
 }
@@ -433,7 +435,7 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), VtepMACv6: net.HardwareAddr{0x0e, 0, 0, 0, 6, 6},
+	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), BackendV6Data: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, 6}),
 		Previous: subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:6::/64")}}
 	l, _, err := etcdv3.NewManager(reg.For(cfg), cfg, h, etcdv3.ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnets() != h.Previous {
@@ -463,8 +465,8 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 		t.Errorf("lease reserve: %+v", r)
 	}
 	res, err := reg.For(cfg).Get(ctx(t), subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:9::/64")})
-	if err != nil || !res.Reserved || cfg.CheckClaim(res) != nil {
-		t.Errorf("the reservation: %+v, %v (CheckClaim %v)", res, err, cfg.CheckClaim(res))
+	if err != nil || !res.Reserved || cfg.CheckClaim(res, daemon.LeaseCodec(cfg.Backend)) != nil {
+		t.Errorf("the reservation: %+v, %v (CheckClaim %v)", res, err, cfg.CheckClaim(res, daemon.LeaseCodec(cfg.Backend)))
 	}
 	for _, args := range [][]string{
 		{"10.244.9.0/24", "--public-ip", "198.18.0.9"},
@@ -530,10 +532,10 @@ func TestConfigPutIPv6Toggle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range doc.Leases {
-		if l.Subnet == live[0].String() && (l.State != stateIPv4Only || !strings.Contains(l.Problem, "its key names no IPv6 subnet")) {
+		if l.Subnet == live[0].String() && (l.State != leaseadmin.StateIPv4Only || !strings.Contains(l.Problem, "its key names no IPv6 subnet")) {
 			t.Errorf("lease %s after IPv6 was turned on: state %q (%s), want ipv4-only", l.Subnet, l.State, l.Problem)
 		}
-		if l.State == stateOrphaned {
+		if l.State == leaseadmin.StateOrphaned {
 			t.Errorf("lease %s orphaned by turning IPv6 on: %s", l.Subnet, l.Problem)
 		}
 	}

@@ -248,9 +248,7 @@ func TestWriteOutIsHonouredEverywhere(t *testing.T) {
 // flag that set it, as the user set no flag of that name (it named the
 // flag only).
 func TestDaemonErrorsNameTheVariableSet(t *testing.T) {
-	saved := runDaemon
-	t.Cleanup(func() { runDaemon = saved })
-	runDaemon = func(_ context.Context, cfg daemon.Config) error {
+	runDaemon := func(_ context.Context, cfg daemon.Config) error {
 		return fmt.Errorf("--subnet-file %s: overlayd is running on this host", cfg.SubnetFile)
 	}
 	file := filepath.Join(t.TempDir(), "subnet.env")
@@ -262,7 +260,7 @@ func TestDaemonErrorsNameTheVariableSet(t *testing.T) {
 		{[]string{"FLANNELD_SUBNET_FILE=" + file}, nil, " (set from the environment: FLANNELD_SUBNET_FILE)"},
 		{nil, []string{"--subnet-file", file}, ""},
 	} {
-		r := runEnv(t, tc.environ, append([]string{"run", "--iface", testIface(t)}, tc.args...)...)
+		r := runEnvWith(t, runDaemon, tc.environ, append([]string{"run", "--iface", testIface(t)}, tc.args...)...)
 		if r.code != exitError || !strings.Contains(r.err, "--subnet-file "+file+": overlayd is running on this host"+tc.want+"\n") {
 			t.Errorf("%q overlayd run %q: exit %d, stderr %q; want exit 1 and the error followed by %q", tc.environ, tc.args, r.code, r.err, tc.want)
 		}

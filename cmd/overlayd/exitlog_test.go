@@ -29,11 +29,9 @@ func jsonRecords(t *testing.T, stderr string) []map[string]any {
 // given before the daemon's logger exists and the error it exits on
 // included. With text they are the plain lines.
 func TestFatalErrorsAndWarningsReachJSONLogs(t *testing.T) {
-	saved := runDaemon
-	runDaemon = func(context.Context, daemon.Config) error {
+	runDaemon := func(context.Context, daemon.Config) error {
 		return errors.New("acquire a lease: no free subnet")
 	}
-	t.Cleanup(func() { runDaemon = saved })
 
 	for _, tc := range []struct {
 		name    string
@@ -61,7 +59,7 @@ func TestFatalErrorsAndWarningsReachJSONLogs(t *testing.T) {
 			exitUsage, "--vni", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := runEnv(t, tc.environ, tc.args...)
+			r := runEnvWith(t, runDaemon, tc.environ, tc.args...)
 			if r.code != tc.code {
 				t.Fatalf("exit %d, want %d: %+v", r.code, tc.code, r)
 			}
@@ -81,7 +79,7 @@ func TestFatalErrorsAndWarningsReachJSONLogs(t *testing.T) {
 	}
 
 	// Text: the plain lines, as before.
-	r := runEnv(t, []string{"OVERLAY_NOPE=1"}, "run", "--node-name", "h1")
+	r := runEnvWith(t, runDaemon, []string{"OVERLAY_NOPE=1"}, "run", "--node-name", "h1")
 	if r.code != exitError || r.err != "warning: ignoring unknown environment variable OVERLAY_NOPE (overlayd reads OVERLAY_<FLAG> only for the global flags and run's flags)\nError: acquire a lease: no free subnet\n" {
 		t.Errorf("text: %+v", r)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/spf13/cobra"
@@ -164,7 +165,7 @@ func listenAddr(allowEmpty bool) func(string) error {
 		if s == "" && allowEmpty {
 			return nil
 		}
-		want := "want host:port such as 127.0.0.1:9436"
+		want := "want host:port such as " + daemon.DefaultHealthAddr
 		if allowEmpty {
 			want += `, or "" to disable`
 		}
@@ -215,6 +216,32 @@ func inputFile(s string) error {
 	}
 	return nil
 }
+
+// addrValue is a flag holding an IP address, parsed when it is set (after
+// its check) and kept typed; "" unsets it.
+type addrValue struct{ addr *netip.Addr }
+
+func (v addrValue) Set(s string) error {
+	if s == "" {
+		*v.addr = netip.Addr{}
+		return nil
+	}
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return err
+	}
+	*v.addr = ip
+	return nil
+}
+
+func (v addrValue) String() string {
+	if !v.addr.IsValid() {
+		return ""
+	}
+	return v.addr.String()
+}
+
+func (v addrValue) Type() string { return "string" } // as --help always showed it
 
 // endpointsValue is --endpoints: comma-separated etcd URLs, each checked
 // as the etcd client will read it.
@@ -403,47 +430,8 @@ func (g *GlobalFlags) validateEtcdFlags(fs *pflag.FlagSet) error {
 	return nil
 }
 
-// checkHostFlags chooses the underlay interface (see selectUnderlay) and
-// checks that it and --public-ip are this host's, before run or teardown
-// touches anything.
-func (h *hostFlags) checkHostFlags(fs *pflag.FlagSet) error {
-	if err := h.checkUnderlay(); err != nil {
-		return usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "iface-regex", "iface-can-reach", "public-ip", "public-ipv6"))}
-	}
-	return nil
-}
-
-func (h *hostFlags) checkUnderlay() error {
-	if err := h.selectUnderlay(); err != nil {
-		return err
-	}
-	if err := h.checkPublicAddr("public-ip", h.publicIP, "ip -4 addr"); err != nil {
-		return err
-	}
-	return h.checkPublicAddr("public-ipv6", h.publicIPv6, "ip -6 addr")
-}
-
-// checkPublicAddr checks that value, the host's public address given with
-// --flag, is an address of this host on the underlay interface: the daemon
-// would refuse it only after reading its config, with exit 1.
-func (h *hostFlags) checkPublicAddr(flag, value, listCmd string) error {
-	if value == "" {
-		return nil
-	}
-	ip := netip.MustParseAddr(value) // checked when set
-	ifc, err := interfaceWith(ip)
-	switch {
-	case err != nil:
-		return err
-	case ifc == "":
-		return fmt.Errorf("--%s %s is not an address of this host: pass this host's underlay address (see `%s`)", flag, ip, listCmd)
-	case h.iface != "" && ifc != h.iface:
-		return fmt.Errorf("--%s %s is on %s, not on --iface %s: pass the interface that holds it", flag, ip, ifc, h.iface)
-	}
-	return nil
-}
-
-// interfaceWith returns the interface that holds ip, or "".
+// interfaceWith returns the interface that holds ip, or "": in this
+// process's namespace, where run serves --health-addr.
 func interfaceWith(ip netip.Addr) (string, error) {
 	ifaces, err := net.Interfaces()
 	if err != nil {
@@ -473,7 +461,7 @@ func checkHealthAddr(fs *pflag.FlagSet, addr string) error {
 		return err
 	}
 	if ifc == "" {
-		return usagef("--health-addr %q: %s is not an address of this host: use 127.0.0.1:9436 or one of this host's addresses%s", addr, ip, envNote(fs, "health-addr"))
+		return usagef("--health-addr %q: %s is not an address of this host: use %s or one of this host's addresses%s", addr, ip, daemon.DefaultHealthAddr, envNote(fs, "health-addr"))
 	}
 	return nil
 }

@@ -255,7 +255,7 @@ func variablesOf(f *pflag.Flag, value string) []string {
 
 // testIface is an interface of the test host that run and teardown accept
 // as --iface: up, not the loopback (refused), with a global address. The
-// tests that use it never get past the flags (or replace runDaemon).
+// tests that use it never get past the flags (or pass their own daemonRunner).
 func testIface(t *testing.T) string {
 	t.Helper()
 	ifaces, _ := net.Interfaces()
@@ -277,14 +277,20 @@ func testIface(t *testing.T) string {
 // runEnv runs the CLI in-process with exactly environ as its environment.
 func runEnv(t *testing.T, environ []string, args ...string) cliResult {
 	t.Helper()
+	return runEnvWith(t, daemon.Run, environ, args...)
+}
+
+// runEnvWith is runEnv with run standing in for the daemon.
+func runEnvWith(t *testing.T, run daemonRunner, environ []string, args ...string) cliResult {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	code := executeEnv(args, environ, strings.NewReader(""), &out, &errOut)
+	code := executeProgram(args, program{streams: streams{in: strings.NewReader(""), out: &out, err: &errOut}, environ: environ, runDaemon: run})
 	return cliResult{out.String(), errOut.String(), code}
 }
 
 func lookupFlag(t *testing.T, cmdArgs []string, name string) *pflag.Flag {
 	t.Helper()
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	c, _, err := root.Find(cmdArgs)
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +313,7 @@ func TestEveryFlagHasABadValueCase(t *testing.T) {
 		covered[path+" --"+tc.flag] = true
 		covered["--"+tc.flag] = true // a global flag is covered once
 	}
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	walk(root, func(c *cobra.Command) {
 		path := strings.TrimPrefix(c.CommandPath(), "overlayd ")
 		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
@@ -329,7 +335,7 @@ func TestEveryFlagHasABadValueCase(t *testing.T) {
 // Only the global flags and run's flags (which teardown and status share:
 // the same host) come from the environment; safety flags never do.
 func TestOnlyGlobalAndRunFlagsReadTheEnvironment(t *testing.T) {
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	run, _, _ := root.Find([]string{"run"})
 	runFlags := map[string]bool{}
 	run.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { runFlags[f.Name] = f.Name != "help" && !isFlanneldOnly(f) }) // those read FLANNELD_* only

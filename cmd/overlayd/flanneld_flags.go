@@ -12,8 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-
-	"github.com/overlaynet/overlay/internal/daemon"
 )
 
 // flanneld's command line carries over to `overlayd run`, so a host moves
@@ -348,7 +346,3 @@ func healthzIP(s string) error {
 	}
 	return nil
 }
-
-// runDaemon runs the daemon; tests replace it to see the Config that
-// run's flags build.
-var runDaemon = daemon.Run

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/netip"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -22,14 +21,12 @@ import (
 func runConfig(t *testing.T, environ []string, args ...string) (daemon.Config, cliResult) {
 	t.Helper()
 	var got daemon.Config
-	saved := runDaemon
-	runDaemon = func(_ context.Context, cfg daemon.Config) error {
+	r := runEnvWith(t, func(_ context.Context, cfg daemon.Config) error {
 		cfg.Logger = nil
 		got = cfg
 		return nil
-	}
-	t.Cleanup(func() { runDaemon = saved })
-	return got, runEnv(t, environ, args...)
+	}, environ, args...)
+	return got, r
 }
 
 func mustRunConfig(t *testing.T, environ []string, args ...string) (daemon.Config, string) {
@@ -190,31 +187,6 @@ func TestFlanneldInterfaceSelection(t *testing.T) {
 	}
 }
 
-// The address that chose the interface is the public address of its
-// family, unless --public-ip (--public-ipv6) is given.
-func TestInterfaceChosenByAddressGivesThePublicAddress(t *testing.T) {
-	for _, tc := range []struct {
-		h              hostFlags
-		choice         daemon.IfaceChoice
-		wantIP, wantV6 string
-	}{
-		{hostFlags{}, daemon.IfaceChoice{Iface: "eth0"}, "", ""},
-		{hostFlags{}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("198.18.0.7")}, "198.18.0.7", ""},
-		{hostFlags{publicIP: "198.18.0.8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("198.18.0.7")}, "198.18.0.8", ""},
-		{hostFlags{publicIP: "198.18.0.8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("2001:db8::7")}, "198.18.0.8", "2001:db8::7"},
-		{hostFlags{publicIPv6: "2001:db8::8"}, daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("2001:db8::7")}, "", "2001:db8::8"},
-	} {
-		h := tc.h
-		if err := h.use(tc.choice); err != nil || h.iface != tc.choice.Iface || h.publicIP != tc.wantIP || h.publicIPv6 != tc.wantV6 {
-			t.Errorf("%+v from %+v: iface %q, public IP %q, IPv6 %q, %v; want %q, %q", tc.h, tc.choice, h.iface, h.publicIP, h.publicIPv6, err, tc.wantIP, tc.wantV6)
-		}
-	}
-	h := hostFlags{}
-	if err := h.use(daemon.IfaceChoice{Iface: "eth0", Addr: netip.MustParseAddr("169.254.0.7")}); err == nil || !strings.Contains(err.Error(), "set --public-ip") {
-		t.Errorf("a link-local address became the public address: %v", err)
-	}
-}
-
 func TestFlanneldSingleDashArgs(t *testing.T) {
 	in := []string{"run", "-etcd-endpoints=http://e:2379", "-iface", "eth0", "-ip-masq", "-v=2", "-w", "json", "--", "-iface"}
 	want := []string{"run", "--etcd-endpoints=http://e:2379", "--iface", "eth0", "--ip-masq", "-v=2", "-w", "json", "--", "-iface"}
@@ -226,7 +198,7 @@ func TestFlanneldSingleDashArgs(t *testing.T) {
 // Every flag of flanneld's table is on run, reads its FLANNELD_* variable,
 // and only overlayd's names show in run's help; other commands have none.
 func TestFlanneldFlagsAreRunsOnly(t *testing.T) {
-	root := newRootCommand(streams{}, nil)
+	root := newRootCommand(program{})
 	run, _, _ := root.Find([]string{"run"})
 	for _, ff := range flanneldFlags {
 		f := run.Flags().Lookup(ff.name)

@@ -40,10 +40,7 @@ temporary file renamed into place. The conflist is checked first: it must
 parse as a CNI network config list with an overlay-cni plugin in it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
+			format := g.out
 			installed, err := f.install()
 			if err != nil {
 				return err

@@ -15,6 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -46,50 +48,9 @@ type leaseRow struct {
 	Alive      string `json:"alive"`      // yes, no, or unknown (a lease without NodeID)
 	EtcdLease  string `json:"etcdLease,omitempty"`
 	Revision   int64  `json:"modRevision"`
-	// State is what the daemons make of the key (see leaseState).
+	// State is what the daemons make of the key (see leaseadmin.State).
 	State   string `json:"state"`
 	Problem string `json:"problem,omitempty"` // why it is orphaned or invalid, or why only its IPv4 half is used
-}
-
-// Lease states, as `lease list` shows them.
-const (
-	stateLeased   = "leased"   // a host's lease, with a TTL
-	stateReserved = "reserved" // a reservation, adopted or waiting for its host
-	stateOrphaned = "orphaned" // does not fit the network config: no host can use it
-	stateInvalid  = "invalid"  // daemons skip it (bad address, MAC, ...)
-	stateUnknown  = "unknown"  // no valid network config to judge it by
-	// ipv4-only: a host's lease whose key predates a change of EnableIPv6
-	// (it names an IPv6 subnet the network no longer carries, or lacks the
-	// one it now carries): daemons program its IPv4 half; its host rekeys
-	// it when it restarts (subnet.Config.IPv4Only).
-	stateIPv4Only = "ipv4-only"
-)
-
-// leaseState judges l as every daemon does (Config.Peer, or CheckClaim for
-// a reservation no host has adopted yet). cfg nil: no valid config.
-func leaseState(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
-	if cfg == nil {
-		return stateUnknown, ""
-	}
-	var err error
-	if l.Unclaimed() {
-		err = cfg.CheckClaim(l)
-	} else {
-		_, _, err = cfg.Peer(l)
-	}
-	switch {
-	case errors.Is(err, subnet.ErrOrphaned):
-		return stateOrphaned, err.Error()
-	case err != nil:
-		return stateInvalid, err.Error()
-	case l.Unclaimed():
-		return stateReserved, "" // its host rekeys it for the network's families when it adopts it
-	case cfg.IPv4Only(l) != "":
-		return stateIPv4Only, cfg.IPv4Only(l)
-	case l.Reserved:
-		return stateReserved, ""
-	}
-	return stateLeased, ""
 }
 
 type invalidRow struct {
@@ -199,18 +160,18 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, le
 	for _, l := range leases {
 		row := leaseRow{Subnet: prefixString(l.Subnet), IPv6Subnet: prefixString(l.IPv6Subnet), PublicIP: l.Attrs.PublicIP, PublicIPv6: l.Attrs.PublicIPv6, NodeID: l.Attrs.NodeID,
 			Hostname: l.Attrs.Hostname, Reserved: l.Reserved, TTLSeconds: -1, Alive: "unknown", Revision: l.ModRevision}
-		if d, err := l.Attrs.VXLAN(); err == nil {
-			row.VtepMAC = d.VtepMAC
+		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendData, "BackendData"); ok {
+			row.VtepMAC = mac
 		}
-		if d, err := l.Attrs.VXLANv6(); err == nil {
-			row.VtepMACv6 = d.VtepMAC
+		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendV6Data, "BackendV6Data"); ok {
+			row.VtepMACv6 = mac
 		}
 		if !l.Reserved {
 			row.TTLSeconds = ttls[l.EtcdLease]
 			row.EtcdLease = strconv.FormatInt(l.EtcdLease, 16)
 		}
 		row.Alive = aliveText(l.Attrs, alive)
-		row.State, row.Problem = leaseState(cfg, l)
+		row.State, row.Problem = leaseadmin.State(cfg, l)
 		rows = append(rows, row)
 	}
 	return rows, nil
@@ -277,15 +238,12 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 		Short: "List every lease: subnet, public IP, VTEP MAC, node, TTL left or reserved, alive, state (and the IPv6 subnet and public IPv6 in a dual-stack network)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			snap, err := reg.List(ctx)
 			if err != nil {
 				return g.etcdHint(err)
@@ -301,7 +259,7 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			if format != printer.JSON {
 				for _, r := range rows {
 					switch {
-					case r.State == stateIPv4Only:
+					case r.State == leaseadmin.StateIPv4Only:
 						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is %s: %s: nothing to revoke\n", r.subnets(), r.State, r.Problem)
 					case r.Problem != "":
 						fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s is %s: %s: daemons skip it; remove it with `overlayd lease revoke %s`\n", r.subnets(), r.State, r.Problem, cmp.Or(r.Subnet, r.IPv6Subnet))
@@ -312,7 +270,7 @@ func newLeaseListCommand(g *GlobalFlags) *cobra.Command {
 			for _, inv := range snap.Invalid {
 				invalid = append(invalid, invalidRow{Key: inv.Key, Error: inv.Err.Error()})
 				if format != printer.JSON {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", plainKey(inv.Key), inv.Err)
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: skipping %s: %v\n", leaseadmin.PlainKey(inv.Key), inv.Err)
 				}
 			}
 			out := leaseTable(cfg, rows)
@@ -364,19 +322,16 @@ func newLeaseGetCommand(g *GlobalFlags) *cobra.Command {
 		Short: "Show one lease (SUBNET as 10.244.7.0/24, 10.244.7.0-24, or its IPv6 subnet)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
 			p, err := parseSubnetArg(args[0])
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connectLeases(cmd)
+			sess, err := g.open(cmd, true)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			l, err := lookup(ctx, reg, p)
 			if errors.Is(err, etcdv3.ErrNotFound) {
 				return err

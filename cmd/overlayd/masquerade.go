@@ -39,15 +39,12 @@ once, by the first rule it meets. overlayd run keeps the table from then on;
 overlayd teardown removes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
+			sess, err := g.open(cmd, false)
 			if err != nil {
 				return err
 			}
-			ctx, reg, done, err := g.connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+			defer sess.close()
+			ctx, reg, format := sess.ctx, sess.reg, sess.format
 			cfg, _, err := reg.GetConfig(ctx)
 			if err != nil {
 				return g.etcdHint(err)

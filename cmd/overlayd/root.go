@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -38,6 +39,18 @@ type streams struct {
 	out, err io.Writer
 }
 
+// daemonRunner runs the daemon until ctx ends: daemon.Run, or in tests a
+// function that records the Config run's flags built.
+type daemonRunner func(ctx context.Context, cfg daemon.Config) error
+
+// program is everything a command line runs with besides its arguments,
+// injected: the streams, the environment and the daemon runner.
+type program struct {
+	streams
+	environ   []string
+	runDaemon daemonRunner
+}
+
 // GlobalFlags are the etcdctl-style flags every command shares.
 type GlobalFlags struct {
 	Endpoints   []string
@@ -49,6 +62,9 @@ type GlobalFlags struct {
 	Password    string
 	DialTimeout time.Duration
 	WriteOut    string
+
+	// out is -w's format, parsed once before any command runs.
+	out printer.Format
 
 	// flags are the running command's flags, to say which of the etcd
 	// settings came from the environment or flanneld's names.
@@ -62,7 +78,14 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
-	root := newRootCommand(streams{in: in, out: out, err: errOut}, environ)
+	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: daemon.Run})
+}
+
+// executeProgram runs the command line args with p and returns the exit
+// code.
+func executeProgram(args []string, p program) int {
+	environ, errOut := p.environ, p.err
+	root := newRootCommand(p)
 	args = flanneldArgs(args)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
@@ -120,7 +143,8 @@ func commandPath(root *cobra.Command, args []string) string {
 	return root.Name()
 }
 
-func newRootCommand(s streams, environ []string) *cobra.Command {
+func newRootCommand(p program) *cobra.Command {
+	s, environ := p.streams, p.environ
 	g := &GlobalFlags{}
 	root := &cobra.Command{
 		Use:   "overlayd",
@@ -145,7 +169,7 @@ are taken only from the command line.`,
 			if err != nil {
 				return err
 			}
-			if _, err := g.format(); err != nil {
+			if g.out, err = g.format(); err != nil {
 				return err
 			}
 			if cmd.Annotations[usesEtcdAnnotation] != "" {
@@ -177,7 +201,7 @@ are taken only from the command line.`,
 	pf.VisitAll(func(f *pflag.Flag) { fromEnv(pf, f.Name) })
 
 	root.AddCommand(
-		newRunCommand(g),
+		newRunCommand(g, p.runDaemon),
 		newTeardownCommand(g),
 		newStatusCommand(g),
 		newLeaseCommand(g),
@@ -300,34 +324,37 @@ func (g *GlobalFlags) clientConfig() etcdclient.Config {
 	}
 }
 
-// connect returns the command's context and a registry on a checked etcd
+// session is what every command that uses etcd starts with: the output
+// format (-w), the command's context, and a registry on a checked etcd
 // connection — so a wrong CA, a missing client certificate or a bad
 // password is reported precisely up front. Each request waits at most
 // --dial-timeout (boundRequests); the command as a whole is not bounded,
-// as it makes as many requests as its work needs. done closes the
+// as it makes as many requests as its work needs. close closes the
 // connection.
-func (g *GlobalFlags) connect(cmd *cobra.Command) (ctx context.Context, reg *etcdv3.Registry, done func(), err error) {
-	ctx = cmd.Context()
-	cli, err := etcdclient.Connect(ctx, g.clientConfig())
-	if err != nil {
-		return nil, nil, nil, g.settingsNote(err)
-	}
-	boundRequests(cli, g.DialTimeout)
-	return ctx, etcdv3.NewRegistry(cli, g.Prefix), func() { _ = cli.Close() }, nil
+type session struct {
+	ctx    context.Context
+	format printer.Format
+	reg    *etcdv3.Registry
+	close  func()
 }
 
-// connectLeases is connect for the lease commands: the registry looks
+// open starts a command's session. With forLeases the registry looks
 // where the stored network keeps its leases (an IPv6-only network's are
 // under subnets6/), or where flannel's are if no config can be read.
-func (g *GlobalFlags) connectLeases(cmd *cobra.Command) (context.Context, *etcdv3.Registry, func(), error) {
-	ctx, reg, done, err := g.connect(cmd)
+func (g *GlobalFlags) open(cmd *cobra.Command, forLeases bool) (*session, error) {
+	ctx := cmd.Context()
+	cli, err := etcdclient.Connect(ctx, g.clientConfig())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, g.settingsNote(err)
 	}
-	if cfg, _, err := reg.GetConfig(ctx); err == nil {
-		reg = reg.For(cfg)
+	boundRequests(cli, g.DialTimeout)
+	s := &session{ctx: ctx, format: g.out, reg: etcdv3.NewRegistry(cli, g.Prefix), close: func() { _ = cli.Close() }}
+	if forLeases {
+		if cfg, _, err := s.reg.GetConfig(ctx); err == nil {
+			s.reg = s.reg.For(cfg)
+		}
 	}
-	return ctx, reg, done, nil
+	return s, nil
 }
 
 // etcdHint explains a failed etcd request: which endpoint, TLS or

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
@@ -24,16 +25,17 @@ import (
 
 // hostFlags identify this host; run and teardown share them.
 type hostFlags struct {
-	iface, publicIP, publicIPv6, nodeName, subnetFile string
-	logFormat, logLevel                               string
-	underlay                                          underlayFlags // chooses iface (selectUnderlay)
+	publicIP, publicIPv6 netip.Addr
+	nodeName, subnetFile string
+	logFormat, logLevel  string
+	underlay             underlayFlags // with the public addresses: daemon.Config.ChooseUnderlay
 }
 
 func (h *hostFlags) register(c *cobra.Command) {
 	f := c.Flags()
 	h.underlay.register(f)
-	f.StringVar(&h.publicIP, "public-ip", "", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
-	f.StringVar(&h.publicIPv6, "public-ipv6", "", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
+	f.Var(addrValue{&h.publicIP}, "public-ip", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
+	f.Var(addrValue{&h.publicIPv6}, "public-ipv6", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
 	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
@@ -48,23 +50,19 @@ func (h *hostFlags) register(c *cobra.Command) {
 	fromEnv(f, "iface", "public-ip", "public-ipv6", "node-name", "subnet-file", "log-format", "log-level")
 }
 
-func (h *hostFlags) config(g *GlobalFlags, errOut io.Writer) (daemon.Config, error) {
-	cfg := daemon.Config{Etcd: g.clientConfig(), Prefix: g.Prefix, NodeName: h.nodeName, Iface: h.iface, SubnetFile: h.subnetFile}
-	if h.publicIP != "" {
-		ip, err := netip.ParseAddr(h.publicIP)
-		if err != nil || !ip.Is4() {
-			return cfg, usagef("--public-ip %q: want an IPv4 address", h.publicIP)
-		}
-		cfg.PublicIP = ip
-	}
-	if h.publicIPv6 != "" {
-		cfg.PublicIPv6 = netip.MustParseAddr(h.publicIPv6) // checked when set
-	}
+// config is the daemon.Config the host flags and g describe, with the
+// underlay chosen (daemon.Config.ChooseUnderlay) before run or teardown
+// touches anything: a flag naming an interface or address this host does
+// not have is a usage error.
+func (h *hostFlags) config(g *GlobalFlags, fs *pflag.FlagSet, errOut io.Writer) (daemon.Config, error) {
 	log, err := newLogger(errOut, h.logFormat, h.logLevel)
 	if err != nil {
-		return cfg, err
+		return daemon.Config{}, err
 	}
-	cfg.Logger = log
+	cfg := daemon.Config{Etcd: g.clientConfig(), Prefix: g.Prefix, NodeName: h.nodeName, SubnetFile: h.subnetFile, Logger: log}
+	if err := cfg.ChooseUnderlay(daemon.UnderlayFlags{Selection: h.underlay.selection(), PublicIP: h.publicIP, PublicIPv6: h.publicIPv6}); err != nil {
+		return cfg, usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "iface-regex", "iface-can-reach", "public-ip", "public-ipv6"))}
+	}
 	return cfg, nil
 }
 
@@ -83,9 +81,10 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: use text or json", format)
 }
 
-func newRunCommand(g *GlobalFlags) *cobra.Command {
+func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 	var (
 		h                         hostFlags
+		cfg                       daemon.Config // built by PreRunE
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
 		ipMasq, adoptFlannel      bool
@@ -103,17 +102,13 @@ entry and route for every other host's lease, and writes subnet.env for
 overlay-cni. On SIGTERM it exits leaving the data path in place, so a restart
 drops no packets; 'overlayd teardown' removes it.`,
 		Args: cobra.NoArgs,
-		PreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := h.checkHostFlags(cmd.Flags()); err != nil {
+		PreRunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			return checkHealthAddr(cmd.Flags(), healthAddr)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := h.config(g, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
@@ -203,6 +198,7 @@ func tuneGC() {
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {
 	var (
 		h     hostFlags
+		cfg   daemon.Config // built by PreRunE
 		vni   int
 		force bool
 	)
@@ -216,19 +212,15 @@ The lease key is deleted (a reservation is kept: an operator made it) and its
 etcd lease revoked. If etcd cannot be reached, the data path and subnet.env
 are still removed (using --vni) and teardown exits 1: the lease stays until
 its TTL runs out. Only what was found is reported as removed.`,
-		Args:    cobra.NoArgs,
-		PreRunE: func(cmd *cobra.Command, _ []string) error { return h.checkHostFlags(cmd.Flags()) },
+		Args: cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) (err error) {
+			cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr())
+			return err
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := h.config(g, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
-			format, ferr := g.format()
-			if ferr != nil {
-				return ferr
-			}
+			format := g.out
 			res, err := daemon.Teardown(ctx, cfg, daemon.TeardownOptions{VNI: vni, Force: force})
 			if format == printer.Table {
 				printTeardown(cmd.OutOrStdout(), res)
@@ -260,13 +252,8 @@ type teardownReport struct {
 // "left WHY".
 func teardownOutput(res daemon.TeardownResult) printer.Output {
 	rep := teardownReport{Removed: []string{}, LeaseReleased: res.LeaseRemoved, LeaseKept: res.LeaseKept, LeftInPlace: []string{}}
-	if res.DeviceRemoved {
-		rep.Removed = append(rep.Removed, res.Device)
-	}
-	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
-		if dev != "" {
-			rep.Removed = append(rep.Removed, dev)
-		}
+	for _, dev := range res.Removed {
+		rep.Removed = append(rep.Removed, dev.Name)
 	}
 	if res.MasqRemoved {
 		rep.Removed = append(rep.Removed, "nftables table inet "+masq.TableName)
@@ -296,13 +283,8 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 		return // it stopped before looking
 	}
 	var lines []string
-	if res.DeviceRemoved {
-		lines = append(lines, "removed device "+res.Device+" and its routes, neighbours and FDB entries")
-	}
-	for _, dev := range append([]string{res.DeviceV6}, res.FlannelDevices...) {
-		if dev != "" {
-			lines = append(lines, "removed device "+dev+" and its routes, neighbours and FDB entries")
-		}
+	for _, dev := range res.Removed {
+		lines = append(lines, "removed device "+dev.Name+" and its routes, neighbours and FDB entries")
 	}
 	if res.MasqRemoved {
 		lines = append(lines, "removed nftables table inet "+masq.TableName)

@@ -26,10 +26,7 @@ readiness condition with the reason it fails. Exits 1 if the daemon is not
 ready or cannot be reached.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
+			format := g.out
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.DialTimeout)
 			defer cancel()
 			st, err := fetchStatus(ctx, addr)

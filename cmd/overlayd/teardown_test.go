@@ -17,7 +17,7 @@ func TestPrintTeardownReportsOnlyRemovals(t *testing.T) {
 		res  daemon.TeardownResult
 		want string
 	}{
-		{daemon.TeardownResult{Device: "overlay.1", DeviceRemoved: true, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24", SubnetFile: "/run/overlay/subnet.env"},
+		{daemon.TeardownResult{Device: "overlay.1", Removed: []daemon.RemovedDevice{{Name: "overlay.1"}}, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24", SubnetFile: "/run/overlay/subnet.env"},
 			"removed device overlay.1 and its routes, neighbours and FDB entries\nremoved nftables table inet overlay\nreleased lease 10.244.7.0/24\nremoved /run/overlay/subnet.env\n"},
 		{daemon.TeardownResult{Device: "overlay.1", LeaseKept: "no lease names this host"},
 			"nothing to remove on this host: no device overlay.1, no nftables table, no subnet file\nlease kept: no lease names this host\n"},
@@ -36,7 +36,7 @@ func TestPrintTeardownReportsOnlyRemovals(t *testing.T) {
 // teardown honours -w json and -w simple, with the same facts as its
 // sentences (it printed them whatever -w said).
 func TestTeardownOutputFormats(t *testing.T) {
-	res := daemon.TeardownResult{Device: "overlay.1", DeviceRemoved: true, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24",
+	res := daemon.TeardownResult{Device: "overlay.1", Removed: []daemon.RemovedDevice{{Name: "overlay.1"}}, MasqRemoved: true, LeaseRemoved: "10.244.7.0/24",
 		SubnetFile: "/run/overlay/subnet.env", Warnings: []string{"routes of DirectRouting"}}
 	var out bytes.Buffer
 	if err := printer.Write(&out, printer.JSON, teardownOutput(res)); err != nil {

@@ -22,10 +22,7 @@ func newVersionCommand(g *GlobalFlags) *cobra.Command {
 		Short: "Print the version (-w json or simple: version, Go version, platform)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := g.format()
-			if err != nil {
-				return err
-			}
+			format := g.out
 			v := versionInfo{version.String(), runtime.Version(), runtime.GOOS + "/" + runtime.GOARCH}
 			if format == printer.Table {
 				_, err := fmt.Fprintf(cmd.OutOrStdout(), "overlayd %s (%s, %s)\n", v.Version, v.GoVersion, v.Platform)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 )
@@ -100,7 +102,7 @@ func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
 	}
 	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.61.0/24")})
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil {
 		t.Fatalf("reservation read back: %+v, %v, %v", l, err, cerr)
 	}
 	// A second one for the same node is refused.
@@ -160,7 +162,7 @@ func TestConfigPutRefusesToStrandLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range doc.Leases {
-		if l.State != stateOrphaned || !strings.Contains(l.Problem, "is outside Network 10.50.0.0/16") {
+		if l.State != leaseadmin.StateOrphaned || !strings.Contains(l.Problem, "is outside Network 10.50.0.0/16") {
 			t.Errorf("lease %s: state %q (%s), want orphaned", l.Subnet, l.State, l.Problem)
 		}
 	}
@@ -486,38 +488,12 @@ func TestReserveRefusesSubnetsOutsideTheLeasedRange(t *testing.T) {
 	}
 	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")})
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l) != nil {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil {
 		t.Errorf("the forced reservation read back: %+v, %v, %v", l, err, cerr)
 	}
 	// --force is never taken from the environment.
 	r = runEnv(t, []string{"OVERLAY_ENDPOINTS=" + srv.Endpoint, "OVERLAY_FORCE=true"}, "lease", "reserve", "10.244.201.0/24", "--public-ip", "198.18.0.72")
 	if r.code != exitError || !strings.Contains(r.err, "is above SubnetMax") {
 		t.Errorf("OVERLAY_FORCE=true reserve outside the range: %+v", r)
-	}
-}
-
-// Both halves of a dual-stack reservation are checked against their
-// family's range.
-func TestOutsideRangeNamesEachFamily(t *testing.T) {
-	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","IPv6SubnetMax":"fd00:10:244:f0::"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := netip.MustParsePrefix
-	for _, tc := range []struct {
-		s    subnet.Subnets
-		want string
-	}{
-		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:7::/64")}, ""},
-		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244::/64")}, "fd00:10:244::/64 is the first subnet of fd00:10:244::/56, which no host leases (its address is the network's own; IPv6SubnetMin is fd00:10:244:1::)"},
-		{subnet.Subnets{IPv4: p("10.244.7.0/24"), IPv6: p("fd00:10:244:f1::/64")}, "fd00:10:244:f1::/64 is above IPv6SubnetMax fd00:10:244:f0::, outside the range hosts lease from"},
-		{subnet.Subnets{IPv4: p("10.244.0.0/24"), IPv6: p("fd00:10:244:7::/64")}, "10.244.0.0/24 is the first subnet of 10.244.0.0/16"},
-	} {
-		if got := outsideRange(cfg, tc.s); !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
-			t.Errorf("outsideRange(%s) = %q, want %q", tc.s, got, tc.want)
-		}
-	}
-	if got := rangeWanted(cfg); got != "a /24 between SubnetMin 10.244.1.0 and SubnetMax 10.244.255.0 and a /64 between IPv6SubnetMin fd00:10:244:1:: and IPv6SubnetMax fd00:10:244:f0::" {
-		t.Errorf("rangeWanted = %q", got)
 	}
 }

@@ -1,16 +1,17 @@
 // Package daemon wires the pieces of `overlayd run` together:
 //
 //	etcd ──Manager──▶ this host's lease ──▶ subnet.env (for overlay-cni)
-//	etcd ──Watch────▶ peerSet (validate) ──SetPeers──▶ vxlan backend ──▶ kernel
+//	etcd ──Watch────▶ peerSet (validate) ──SetPeers──▶ planes ──▶ kernel
 //
 // The lease manager keeps our subnet, the watcher follows every other
-// host's, the peer set turns leases into validated peers, and the backend
-// converges the kernel to them. Shutdown leaves the data path in place so a
+// host's, the peer set turns leases into validated peers, and the data
+// planes (backend.Plane, one per address family, built by Kernel.Plane)
+// converge the kernel to them. Shutdown leaves the data path in place so a
 // restart drops no packets; Teardown removes it.
 //
 // Run's goroutine does start-up in phases (serveHealth, join,
 // startDataPlane) and then the loop; every other goroutine it starts (the
-// health server, the backend, the masquerade, the lease manager, the
+// health server, the planes, the masquerade, the lease manager, the
 // watches' drain) is in one WaitGroup that shutdown waits for before it
 // closes the clients they use. The daemon reaches the kernel only through
 // Kernel, so its wiring is tested without root (wiring_test.go).
@@ -29,7 +30,6 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -207,17 +207,14 @@ type daemon struct {
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
 	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
-	be     *vxlan.Backend  // the IPv4 data plane
-	dev    vxlan.DeviceInfo
-	be6    *vxlan.Backend // the IPv6 data plane; nil unless the network carries IPv6
-	dev6   vxlan.DeviceInfo
-	// flannel4 and flannel6 are flanneld's devices being taken over
-	// (AdoptFlannel), zero if none.
-	flannel4, flannel6 flannelDevice
-	peers              *peerSet
-	env                *envKeeper
-	journal            *etcdv3.Journal // nil if it cannot be kept
-	batches            <-chan etcdv3.Batch
+	// planes are the data planes, one per address family the network
+	// carries, IPv4 first: listed once the config is read, built by
+	// startDataPlane through Kernel.Plane.
+	planes  []*familyPlane
+	peers   *peerSet
+	env     *envKeeper
+	journal *etcdv3.Journal // nil if it cannot be kept
+	batches <-chan etcdv3.Batch
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

@@ -51,9 +51,9 @@ func (d *daemon) dataPath() DataPath {
 	// a family the network no longer carries (IPv6 turned off) holds the
 	// port until start-up removes it.
 	p.Devices = []string{vxlan.DeviceName(p.VNI), vxlan.DeviceNameV6(p.VNI)}
-	for _, f := range []flannelDevice{d.flannel4, d.flannel6} {
-		if f.name != "" {
-			p.Devices = append(p.Devices, f.name)
+	for _, fp := range d.planes {
+		if fp.flannel.name != "" {
+			p.Devices = append(p.Devices, fp.flannel.name)
 		}
 	}
 	return p

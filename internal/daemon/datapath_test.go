@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -243,14 +242,7 @@ func TestFailedStartReleasesTheLeaseItClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	withIPv6 := func(c *Config) {
-		k := c.Kernel.(*fakeKernel)
-		eth0, err := k.nl.LinkByName("eth0")
-		if err == nil {
-			err = k.nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64"))
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		c.Kernel.(*fakeKernel).setIPv6("fd18::1")
 	}
 	if err := wait(startWiring(t, srv, withIPv6, failing)); !errors.Is(err, noMasq) {
 		t.Fatalf("restart with IPv6 = %v, want %v", err, noMasq)

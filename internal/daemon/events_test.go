@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"encoding/binary"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -30,7 +31,7 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 	var logs bytes.Buffer
 	st := &probe{}
 	d := &daemon{log: slog.New(slog.NewTextHandler(&logs, nil)), st: st, m: newMetrics(st),
-		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, own, prefix)}
+		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, LeaseCodec(cfg.Backend), own, prefix)}
 	reservation := func(sub string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev, Attrs: subnet.LeaseAttrs{PublicIP: "198.18.0.9"}}
 	}
@@ -84,8 +85,8 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 // A cold start records an arrival for each peer of the listing, and only
 // for the peers: the own lease, a reservation, an invalid or an orphaned
 // lease is never programmed, so an arrival of one would stay pending for
-// good, and the map of thousands of arrivals, replaced once nothing is
-// pending, would stay resident.
+// good, and the thousands of arrivals, released once nothing is pending,
+// would stay resident.
 func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
 	if err != nil {
@@ -94,7 +95,7 @@ func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 	own := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}
 	st := &probe{}
 	d := &daemon{log: slog.New(slog.DiscardHandler), st: st, m: newMetrics(st),
-		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, own, prefix)}
+		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, LeaseCodec(cfg.Backend), own, prefix)}
 	peers := []subnet.Lease{
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
 		lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 3),
@@ -110,12 +111,7 @@ func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 	pending := func() []netip.Prefix {
 		d.m.mu.Lock()
 		defer d.m.mu.Unlock()
-		var out []netip.Prefix
-		for p := range d.m.pending {
-			out = append(out, p)
-		}
-		slices.SortFunc(out, netip.Prefix.Compare)
-		return out
+		return pendingArrivals(d.m)
 	}
 	if got, want := pending(), []netip.Prefix{peers[0].Subnet, peers[1].Subnet}; !slices.Equal(got, want) {
 		t.Fatalf("arrivals recorded for %v, want the peers' alone, %v", got, want)
@@ -125,5 +121,87 @@ func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 	}
 	if got := pending(); len(got) != 0 {
 		t.Errorf("arrivals still pending once every peer is programmed: %v", got)
+	}
+}
+
+// pendingArrivals is every subnet whose arrival is pending, the listed
+// ones and the later events', sorted; m.mu is held.
+func pendingArrivals(m *metrics) []netip.Prefix {
+	var out []netip.Prefix
+	for p := range m.pending {
+		out = append(out, p)
+	}
+	for i, k := range m.listed.keys {
+		if m.listed.done[i/64]&(1<<(i%64)) == 0 {
+			var a [16]byte
+			binary.BigEndian.PutUint64(a[:8], k.hi)
+			binary.BigEndian.PutUint64(a[8:], k.lo)
+			addr := netip.AddrFrom16(a)
+			if k.bits&(1<<8) != 0 {
+				addr = addr.Unmap()
+			}
+			out = append(out, netip.PrefixFrom(addr, int(k.bits&0xff)))
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
+}
+
+// The event-to-programmed latency of a listed peer is measured from the
+// listing's arrival, once; a later event of that peer supersedes it (the
+// latency runs from the event), and a peer that goes away before it is
+// programmed is no longer pending. Once nothing of the listing is pending
+// its arrivals are released.
+func TestListedArrivalsEndOnceAndYieldToEvents(t *testing.T) {
+	m := newMetrics(&probe{})
+	pfx := func(i int) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24) }
+	v6 := netip.MustParsePrefix("fd00:10:244:7::/64")
+	listed := time.Unix(1000, 0)
+	keys := []arrivalKey{arrivalKeyOf(pfx(3)), arrivalKeyOf(pfx(1)), arrivalKeyOf(pfx(2)), arrivalKeyOf(v6), arrivalKeyOf(pfx(1))}
+	m.listingArrived(keys, listed)
+	if got, want := pendingArrivals(m), []netip.Prefix{pfx(1), pfx(2), pfx(3), v6}; !slices.Equal(got, want) {
+		t.Fatalf("pending after the listing: %v, want %v", got, want)
+	}
+	observed := func() (n uint64, sum float64) {
+		var dm dto.Metric
+		if err := m.eventLatency.Write(&dm); err != nil {
+			t.Fatal(err)
+		}
+		return dm.GetHistogram().GetSampleCount(), dm.GetHistogram().GetSampleSum()
+	}
+
+	m.programmed(backend.Peer{Subnet: pfx(1)}, listed.Add(2*time.Second))
+	if n, sum := observed(); n != 1 || sum != 2 {
+		t.Fatalf("a listed peer programmed 2 s after the listing: %d observations summing %v s, want 1 of 2 s", n, sum)
+	}
+	m.programmed(backend.Peer{Subnet: pfx(1)}, listed.Add(3*time.Second))
+	if n, _ := observed(); n != 1 {
+		t.Fatalf("a listed peer programmed twice was observed %d times, want once", n)
+	}
+	event := listed.Add(5 * time.Second)
+	m.eventArrived(pfx(2), event) // supersedes its listed arrival
+	m.programmed(backend.Peer{Subnet: pfx(2)}, event.Add(time.Second))
+	if n, sum := observed(); n != 2 || sum != 3 {
+		t.Fatalf("after an event superseded a listed arrival: %d observations summing %v s, want 2 summing 3 s (2 + 1)", n, sum)
+	}
+	before := pendingArrivals(m)
+	m.eventGone(netip.Prefix{}) // a rejected key that names no subnet
+	if got := pendingArrivals(m); !slices.Equal(got, before) {
+		t.Fatalf("a rejected key naming no subnet changed the pending arrivals: %v, want %v", got, before)
+	}
+	m.eventGone(pfx(3))
+	m.programmed(backend.Peer{Subnet: pfx(3)}, event)
+	if n, _ := observed(); n != 2 {
+		t.Fatalf("a listed peer gone before it was programmed was observed: %d observations, want 2", n)
+	}
+	if got, want := pendingArrivals(m), []netip.Prefix{v6}; !slices.Equal(got, want) {
+		t.Fatalf("pending: %v, want %v", got, want)
+	}
+	m.programmed(backend.Peer{Subnet: v6}, listed.Add(time.Second))
+	if n, sum := observed(); n != 3 || sum != 4 {
+		t.Fatalf("the IPv6 peer: %d observations summing %v s, want 3 summing 4 s", n, sum)
+	}
+	if m.listed.keys != nil || m.listed.done != nil {
+		t.Errorf("the listing's arrivals are kept once none is pending: %d keys", len(m.listed.keys))
 	}
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 // flannelDevice is a VXLAN device of flanneld's being taken over: its name
@@ -28,40 +31,40 @@ func FlannelDeviceNames(vni int) (v4, v6 string) {
 	return "flannel." + strconv.Itoa(vni), "flannel-v6." + strconv.Itoa(vni)
 }
 
+// flannelDeviceName is flanneld's VXLAN device of fam for vni.
+func flannelDeviceName(fam backend.Family, vni int) string {
+	v4, v6 := FlannelDeviceNames(vni)
+	if fam == backend.IPv6 {
+		return v6
+	}
+	return v4
+}
+
 // findFlannel looks for flanneld's devices of the network's families
 // (flannel.<VNI>, flannel-v6.<VNI>) when asked to adopt them.
 func (d *daemon) findFlannel() error {
 	if !d.cfg.AdoptFlannel {
 		return nil
 	}
-	v4, v6 := FlannelDeviceNames(d.netCfg.Backend.VNI)
-	for _, f := range []struct {
-		on   bool
-		name string
-		dev  *flannelDevice
-	}{{d.netCfg.EnableIPv4, v4, &d.flannel4}, {d.netCfg.EnableIPv6, v6, &d.flannel6}} {
-		if !f.on {
-			continue
-		}
-		mac, ok, err := d.cfg.Kernel.LinkMAC(f.name)
+	for _, fp := range d.planes {
+		name := flannelDeviceName(fp.family, d.netCfg.Backend.VNI)
+		mac, ok, err := d.cfg.Kernel.LinkMAC(name)
 		if err != nil {
 			return fmt.Errorf("--adopt-flannel: %w", err)
 		}
 		if !ok {
-			d.log.Info("--adopt-flannel: no flanneld device to take over; using overlay's own", "device", f.name)
+			d.log.Info("--adopt-flannel: no flanneld device to take over; using overlay's own", "device", name)
 			continue
 		}
-		*f.dev = flannelDevice{name: f.name, mac: mac}
-		d.log.Info("--adopt-flannel: taking over flanneld's device and its MAC", "device", f.name, "vtep_mac", mac.String())
+		fp.flannel = flannelDevice{name: name, mac: mac}
+		d.log.Info("--adopt-flannel: taking over flanneld's device and its MAC", "device", name, "vtep_mac", mac.String())
 	}
 	return nil
 }
 
 // adoptFlannelRoutes makes the routes flanneld left on its device ours
 // before the first pass, so that each is replaced by ours without a gap.
-func (d *daemon) adoptFlannelRoutes(ctx context.Context, be interface {
-	AdoptRoutes(context.Context) (int, error)
-}, dev flannelDevice) error {
+func (d *daemon) adoptFlannelRoutes(ctx context.Context, be backend.Plane, dev flannelDevice) error {
 	if dev.name == "" {
 		return nil
 	}
@@ -79,7 +82,7 @@ func (d *daemon) adoptFlannelRoutes(ctx context.Context, be interface {
 // removeFlannelMasq deletes flanneld's masquerade chain once ours is in
 // place: pod traffic to the outside is masqueraded at every moment.
 func (d *daemon) removeFlannelMasq(mq Masquerader) {
-	if d.flannel4.name == "" && d.flannel6.name == "" {
+	if !slices.ContainsFunc(d.planes, func(fp *familyPlane) bool { return fp.flannel.name != "" }) {
 		return
 	}
 	tables, err := mq.RemoveFlannel()

@@ -11,12 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/overlaynet/overlay/subnet"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // DefaultHealthAddr is where /healthz, /readyz, /metrics and /status are
-// served; loopback only, like most node agents.
-const DefaultHealthAddr = "127.0.0.1:9436"
+// served (see subnet.DefaultHealthAddr).
+const DefaultHealthAddr = subnet.DefaultHealthAddr
 
 // serveHTTP serves the health endpoints on ln until ctx ends:
 //

@@ -6,11 +6,14 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // IfaceSelection chooses the underlay interface the way flanneld v0.28
@@ -50,17 +53,141 @@ type ifaceFinder interface {
 	RouteGet(destination net.IP) ([]netlink.Route, error)
 }
 
-// SelectIface makes the selection in this process's network namespace.
-func SelectIface(sel IfaceSelection) (IfaceChoice, error) {
-	if sel.IsZero() {
-		return IfaceChoice{}, nil // no netlink needed
+// UnderlayFlags are what the command line says of the underlay, each
+// zero when not given: how to find the interface (--iface, --iface-regex,
+// --iface-can-reach) and this host's public addresses on it
+// (--public-ip, --public-ipv6).
+type UnderlayFlags struct {
+	Selection            IfaceSelection
+	PublicIP, PublicIPv6 netip.Addr
+}
+
+// UnderlayChoice is the underlay UnderlayFlags choose: the interface
+// ("" for the default route's, found at start) and the public addresses
+// (zero: the interface's first of the family, found at start).
+type UnderlayChoice struct {
+	Iface                string
+	PublicIP, PublicIPv6 netip.Addr
+}
+
+// ChooseUnderlay makes the choice of f once, before anything else
+// happens, in the namespace the daemon programs (through c's Kernel: the
+// real one in c.NetNS unless c.Kernel is set), and records it in
+// c.Iface, c.PublicIP and c.PublicIPv6 for Run or Teardown. An error
+// names the flag at fault and what to do; the caller reports it as a
+// mistake in the command line.
+func (c *Config) ChooseUnderlay(f UnderlayFlags) error {
+	k := c.Kernel
+	if k == nil {
+		ns := c.NetNS
+		if ns == 0 {
+			ns = netns.None()
+		}
+		k = hostKernel{ns: ns}
 	}
-	h, err := netlinkHandle(netns.None())
+	u, err := k.ChooseUnderlay(f)
 	if err != nil {
-		return IfaceChoice{}, err
+		return err
+	}
+	c.Iface, c.PublicIP, c.PublicIPv6 = u.Iface, u.PublicIP, u.PublicIPv6
+	return nil
+}
+
+func (k hostKernel) ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error) {
+	if f.Selection.IsZero() && !f.PublicIP.IsValid() && !f.PublicIPv6.IsValid() {
+		return UnderlayChoice{}, nil // no netlink needed
+	}
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return UnderlayChoice{}, err
 	}
 	defer h.Close()
-	return selectIface(h, sel)
+	return chooseUnderlay(h, f)
+}
+
+// chooseUnderlay selects the interface (selectIface), refuses the
+// loopback, takes the address that chose the interface as this host's
+// public address of its family unless one is given (flanneld publishes
+// it, and finds its lease again by it), and checks that each public
+// address is this host's, on that interface: the daemon would otherwise
+// refuse it only after reading its config.
+func chooseUnderlay(h ifaceFinder, f UnderlayFlags) (UnderlayChoice, error) {
+	c, err := selectIface(h, f.Selection)
+	if err != nil {
+		return UnderlayChoice{}, err
+	}
+	if err := refuseLoopback(h, f.Selection, c); err != nil {
+		return UnderlayChoice{}, err
+	}
+	u := UnderlayChoice{Iface: c.Iface, PublicIP: f.PublicIP, PublicIPv6: f.PublicIPv6}
+	switch {
+	case c.Addr.Is4() && !u.PublicIP.IsValid():
+		if err := subnet.CheckVTEPAddr(c.Addr); err != nil {
+			return UnderlayChoice{}, fmt.Errorf("interface %s was chosen by its address %s, which cannot be this host's public address (%v): set --public-ip", c.Iface, c.Addr, err)
+		}
+		u.PublicIP = c.Addr
+	case c.Addr.Is6() && !u.PublicIPv6.IsValid():
+		if err := subnet.CheckVTEPAddr(c.Addr); err != nil {
+			return UnderlayChoice{}, fmt.Errorf("interface %s was chosen by its address %s, which cannot be this host's public address (%v): set --public-ipv6", c.Iface, c.Addr, err)
+		}
+		u.PublicIPv6 = c.Addr
+	}
+	if err := checkPublicAddr(h, u.Iface, "public-ip", u.PublicIP, "ip -4 addr"); err != nil {
+		return UnderlayChoice{}, err
+	}
+	return u, checkPublicAddr(h, u.Iface, "public-ipv6", u.PublicIPv6, "ip -6 addr")
+}
+
+// refuseLoopback refuses a choice of the loopback interface: VXLAN
+// packets to other hosts cannot leave by it, and the daemon would find no
+// address to publish on it only after it connected to etcd. It names the
+// flag that chose it.
+func refuseLoopback(h ifaceFinder, sel IfaceSelection, c IfaceChoice) error {
+	if c.Iface == "" {
+		return nil
+	}
+	link, err := h.LinkByName(c.Iface)
+	if err != nil || link.Attrs().Flags&net.FlagLoopback == 0 {
+		return nil // gone meanwhile: the daemon says so
+	}
+	flag := fmt.Sprintf("--iface-can-reach %s", sel.CanReach)
+	switch {
+	case slices.Contains(sel.Ifaces, c.Iface) || c.Addr.IsValid() && slices.Contains(sel.Ifaces, c.Addr.String()):
+		flag = fmt.Sprintf("--iface %q", c.Iface)
+		if c.Addr.IsValid() {
+			flag = fmt.Sprintf("--iface %s", c.Addr)
+		}
+	case len(sel.Regexes) > 0:
+		flag = fmt.Sprintf("--iface-regex %q", strings.Join(sel.Regexes, ","))
+	}
+	return fmt.Errorf("%s: chooses %s, the loopback interface: VXLAN packets to other hosts cannot leave by it; name the underlay interface, the one holding this host's address (see `ip route get ADDRESS-OF-ANOTHER-HOST`)", flag, c.Iface)
+}
+
+// checkPublicAddr checks that ip, the host's public address given with
+// --flag (zero: none given), is an address of this host, on iface if one
+// was chosen.
+func checkPublicAddr(h ifaceFinder, iface, flag string, ip netip.Addr, listCmd string) error {
+	if !ip.IsValid() {
+		return nil
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return fmt.Errorf("list this host's interfaces: %w", err)
+	}
+	holder := ""
+	for _, l := range links {
+		if slices.Contains(addrsOf(h, l, family(ip)), ip) {
+			holder = l.Attrs().Name
+			break
+		}
+	}
+	switch {
+	case holder == "":
+		return fmt.Errorf("--%s %s is not an address of this host: pass this host's underlay address (see `%s`)", flag, ip, listCmd)
+	case iface != "" && holder != iface:
+		return fmt.Errorf("--%s %s is on %s, not on --iface %s: pass the interface that holds it", flag, ip, holder, iface)
+	}
+	return nil
 }
 
 // CompileIfaceRegex compiles an --iface-regex; flanneld uses Go's regexp

@@ -28,7 +28,11 @@ type fakeLink struct {
 }
 
 func (f *fakeHost) link(i int) netlink.Link {
-	return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: i + 1, Name: f.links[i].name, Flags: net.FlagUp}}
+	flags := net.FlagUp
+	if f.links[i].name == "lo" {
+		flags |= net.FlagLoopback
+	}
+	return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: i + 1, Name: f.links[i].name, Flags: flags}}
 }
 
 func (f *fakeHost) LinkByName(name string) (netlink.Link, error) {
@@ -233,5 +237,69 @@ func TestSelectIfaceInNamespace(t *testing.T) {
 	}
 	if _, err := selectIface(h, IfaceSelection{CanReach: a("192.0.2.1")}); err == nil || !strings.Contains(err.Error(), "no route to it") {
 		t.Errorf("unroutable --iface-can-reach: %v", err)
+	}
+
+	// The CLI's way in: Config.ChooseUnderlay, through the real Kernel in
+	// Config.NetNS, records the choice where Run and Teardown read it.
+	cfg := Config{NetNS: nsh}
+	if err := cfg.ChooseUnderlay(UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"198.18.0.7"}}}); err != nil || cfg.Iface != "under0" || cfg.PublicIP != a("198.18.0.7") {
+		t.Errorf("ChooseUnderlay(--iface 198.18.0.7) = %v: iface %q, public IP %s; want under0, 198.18.0.7", err, cfg.Iface, cfg.PublicIP)
+	}
+	for _, tc := range []struct {
+		f    UnderlayFlags
+		want string
+	}{
+		{UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"under0"}}, PublicIP: a("10.9.0.7")}, "--public-ip 10.9.0.7 is on under1, not on --iface under0"},
+		{UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"lo"}}}, `--iface "lo": chooses lo, the loopback interface`},
+	} {
+		cfg := Config{NetNS: nsh}
+		if err := cfg.ChooseUnderlay(tc.f); err == nil || !strings.Contains(err.Error(), tc.want) || cfg.Iface != "" {
+			t.Errorf("ChooseUnderlay(%+v) = %v, iface %q; want %q and nothing recorded", tc.f, err, cfg.Iface, tc.want)
+		}
+	}
+}
+
+// The address that chose the interface is the public address of its
+// family, unless --public-ip (--public-ipv6) is given; a given public
+// address must be this host's, on the chosen interface; the loopback is
+// refused, naming the flag that chose it.
+func TestChooseUnderlay(t *testing.T) {
+	a := netip.MustParseAddr
+	for _, tc := range []struct {
+		name string
+		f    UnderlayFlags
+		want UnderlayChoice
+		err  string
+	}{
+		{"by name", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"eth0"}}}, UnderlayChoice{Iface: "eth0"}, ""},
+		{"by address", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"198.18.0.7"}}}, UnderlayChoice{Iface: "eth0", PublicIP: a("198.18.0.7")}, ""},
+		{"by address, --public-ip given", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"198.18.0.7"}}, PublicIP: a("10.1.0.7")},
+			UnderlayChoice{Iface: "eth0", PublicIP: a("10.1.0.7")}, ""},
+		{"by IPv6 address, --public-ip given", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"2001:db8::7"}}, PublicIP: a("10.1.0.7")},
+			UnderlayChoice{Iface: "eth0", PublicIP: a("10.1.0.7"), PublicIPv6: a("2001:db8::7")}, ""},
+		{"by route, its source address", UnderlayFlags{Selection: IfaceSelection{CanReach: a("192.168.5.1")}}, UnderlayChoice{Iface: "ens5", PublicIP: a("192.168.5.5")}, ""},
+		{"nothing chosen, --public-ip given", UnderlayFlags{PublicIP: a("192.168.5.5")}, UnderlayChoice{PublicIP: a("192.168.5.5")}, ""},
+		{"chosen by a link-local address", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"169.254.3.3"}}}, UnderlayChoice{},
+			"interface ens5 was chosen by its address 169.254.3.3, which cannot be this host's public address"},
+		{"--public-ip on another interface", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"eth0"}}, PublicIP: a("192.168.5.5")}, UnderlayChoice{},
+			"--public-ip 192.168.5.5 is on ens5, not on --iface eth0: pass the interface that holds it"},
+		{"--public-ipv6 not this host's", UnderlayFlags{PublicIPv6: a("2001:db8::77")}, UnderlayChoice{},
+			"--public-ipv6 2001:db8::77 is not an address of this host: pass this host's underlay address (see `ip -6 addr`)"},
+		{"the loopback by name", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"lo"}}}, UnderlayChoice{}, `--iface "lo": chooses lo, the loopback interface`},
+		{"the loopback by address", UnderlayFlags{Selection: IfaceSelection{Ifaces: []string{"127.0.0.1"}}}, UnderlayChoice{}, "--iface 127.0.0.1: chooses lo"},
+		{"the loopback by regex", UnderlayFlags{Selection: IfaceSelection{Regexes: []string{"^l"}}}, UnderlayChoice{}, `--iface-regex "^l": chooses lo`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := chooseUnderlay(testHost(), tc.f)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("chooseUnderlay = %+v, %v; want an error saying %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("chooseUnderlay = %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
 	}
 }

@@ -12,8 +12,12 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // Kernel is the host's network stack as the daemon uses it: the one seam
@@ -25,9 +29,22 @@ type Kernel interface {
 	// Underlay finds the interface and public addresses to use (--iface,
 	// --public-ip, --public-ipv6, or the default route's link).
 	Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
-	// OpenNetlink opens the netlink the VXLAN backend programs through,
-	// with the function that closes it.
-	OpenNetlink() (vxlan.Netlink, func(), error)
+	// ChooseUnderlay resolves the underlay flags (see
+	// Config.ChooseUnderlay): the command line's choice, checked once.
+	ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error)
+	// Plane builds one data plane (one address family's, of the
+	// network's backend) as spec says, with the function that releases
+	// what it holds (its netlink sockets). It touches nothing yet: the
+	// daemon calls the plane's EnsureDevice, AdoptRoutes, Run, and
+	// `overlayd teardown` its Teardown.
+	Plane(spec PlaneSpec) (backend.Plane, func(), error)
+	// TeardownUnderlay finds the underlay as far as teardown needs it:
+	// like Underlay, but a link that is down, has no address or no
+	// default route will do (a host being taken apart may have lost
+	// them). The error says why no link was found; what else was found
+	// is returned all the same. An error wrapping errNoNetlink says the
+	// kernel cannot be reached at all.
+	TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error)
 	// Masquerade installs the masquerade of traffic from each cluster
 	// network (one per address family) to outside it and returns what
 	// keeps it in place.
@@ -40,6 +57,11 @@ type Kernel interface {
 	// MarkTakenOver records on flanneld's device name that overlayd has
 	// taken it over (see TakenOverAlias).
 	MarkTakenOver(name string) error
+	// TakenOver reports whether overlayd took flanneld's device name of
+	// family fam over, and it is overlayd's to remove: it carries
+	// TakenOverAlias, or routes of overlayd's (a device taken over by a
+	// version that did not mark it, or re-created since).
+	TakenOver(name string, fam backend.Family) bool
 	// LockHost takes this host's one-overlayd lock (HostLockName) without
 	// waiting, and returns what releases it; ErrRunning, naming the
 	// holder, if it is held.
@@ -78,12 +100,52 @@ func (k hostKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Und
 	return DetectUnderlay(h, iface, publicIP, publicIPv6)
 }
 
-func (k hostKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
+func (k hostKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
+	if spec.Backend.Type != "" && spec.Backend.Type != subnet.DefaultBackendType {
+		// ParseConfig refuses any other type: a new backend is one more case here.
+		return nil, nil, fmt.Errorf("no data plane of backend type %q", spec.Backend.Type)
+	}
 	nl, err := vxlan.OpenNetlink(k.ns)
 	if err != nil {
 		return nil, nil, err
 	}
-	return nl, func() { _ = nl.Close() }, nil
+	be, err := vxlan.New(spec.vxlanConfig(), nl)
+	if err != nil {
+		_ = nl.Close()
+		return nil, nil, err
+	}
+	return be, func() { _ = nl.Close() }, nil
+}
+
+func (k hostKernel) TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return Underlay{PublicIP: publicIP, PublicIPv6: publicIPv6}, err
+	}
+	defer h.Close()
+	return teardownUnderlay(h, iface, publicIP, publicIPv6)
+}
+
+func (k hostKernel) TakenOver(name string, fam backend.Family) bool {
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return false
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return false
+	}
+	if link.Attrs().Alias == TakenOverAlias {
+		return true
+	}
+	family := unix.AF_INET
+	if fam == backend.IPv6 {
+		family = unix.AF_INET6
+	}
+	routes, err := h.RouteListFiltered(family, &netlink.Route{LinkIndex: link.Attrs().Index, Protocol: vxlan.RouteProtocol},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	return err == nil && len(routes) > 0
 }
 
 func (k hostKernel) LockHost() (func(), error) {
@@ -160,6 +222,11 @@ type keptMasq struct{ *masq.Masq }
 func (m keptMasq) Run(ctx context.Context) error { return m.Masq.Run(ctx, masqInterval, nil) }
 
 // netlinkHandle opens a netlink handle in ns (or the current namespace).
+// errNoNetlink is why nothing of the host's kernel can be read or
+// changed: its netlink could not be opened. Teardown stops on it at once
+// rather than go on to etcd with a kernel it cannot touch.
+var errNoNetlink = errors.New("open netlink")
+
 func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	var h *netlink.Handle
 	var err error
@@ -169,7 +236,7 @@ func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 		h, err = netlink.NewHandle()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open netlink: %w", err)
+		return nil, fmt.Errorf("%w: %w", errNoNetlink, err)
 	}
 	return h, nil
 }

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -120,12 +119,8 @@ func (d *daemon) onBatch(b etcdv3.Batch) {
 
 // publishPeers hands the peer set to the backends and records its size.
 func (d *daemon) publishPeers() {
-	v4, v6 := d.peers.peers()
-	if d.be != nil {
-		d.be.SetPeers(v4)
-	}
-	if d.be6 != nil {
-		d.be6.SetPeers(v6)
+	for _, fp := range d.planes {
+		fp.plane.SetPeers(d.peers.peers(fp.family))
 	}
 	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
 	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
@@ -169,22 +164,21 @@ func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[
 			if ev.Lease.Attrs.PublicIPv6 != "" {
 				attrs = append(attrs, "public_ipv6", ev.Lease.Attrs.PublicIPv6)
 			}
-			if d, err := ev.Lease.Attrs.VXLAN(); err == nil {
-				attrs = append(attrs, "vtep_mac", d.VtepMAC)
+			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendData, "BackendData"); ok {
+				attrs = append(attrs, "vtep_mac", mac)
 			}
-			if d, err := ev.Lease.Attrs.VXLANv6(); err == nil {
-				attrs = append(attrs, "vtep_mac_v6", d.VtepMAC)
+			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendV6Data, "BackendV6Data"); ok {
+				attrs = append(attrs, "vtep_mac_v6", mac)
 			}
 			if why := after.cfg.IPv4Only(ev.Lease); why != "" {
 				attrs = append(attrs, "ipv4_only", why)
 			}
 		case wasPeer:
 			msg = "peer removed"
-			if was.v4.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ip", was.v4.PublicIP.String(), "vtep_mac", was.v4.VtepMAC.String())
-			}
-			if was.v6.PublicIP.IsValid() {
-				attrs = append(attrs, "public_ipv6", was.v6.PublicIP.String(), "vtep_mac_v6", was.v6.VtepMAC.String())
+			for i, keys := range [2][2]string{{"public_ip", "vtep_mac"}, {"public_ipv6", "vtep_mac_v6"}} { // by famIndex
+				if p := was[i]; p.PublicIP.IsValid() {
+					attrs = append(attrs, keys[0], p.PublicIP.String(), keys[1], peerDataString(p))
+				}
 			}
 		default:
 			continue // never a peer: its skip (if any) is logged apart
@@ -218,11 +212,11 @@ func drain[T any](ch <-chan T) {
 // device's is 20 bytes smaller over an IPv6 underlay), 0 if none is known.
 func (d *daemon) podMTU() int {
 	mtu := 0
-	for _, be := range []*vxlan.Backend{d.be, d.be6} {
-		if be == nil {
+	for _, fp := range d.planes {
+		if fp.plane == nil {
 			continue
 		}
-		if m := be.Status().MTU; m > 0 && (mtu == 0 || m < mtu) {
+		if m := fp.plane.Status().MTU; m > 0 && (mtu == 0 || m < mtu) {
 			mtu = m
 		}
 	}

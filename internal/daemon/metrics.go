@@ -25,9 +25,12 @@ type metrics struct {
 	eventLatency    prometheus.Histogram
 
 	// pending maps a peer subnet to when its latest lease event arrived,
-	// until the backend reports it programmed.
+	// until the backend reports it programmed; listed holds the arrivals
+	// of the start-up listing the same way, more compactly. A later event
+	// of a listed peer supersedes its listed arrival.
 	mu      sync.Mutex
 	pending map[netip.Prefix]time.Time
+	listed  listedArrivals
 }
 
 func newMetrics(p *probe) *metrics {
@@ -132,22 +135,19 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// expectEvents makes room for n pending events at once, if none is
-// pending: a cold start's arrivals (one per listed lease) then fill a map
-// of the size they need instead of growing it step by step, which at
-// 10,000 leases allocated twice that at the start-up's peak.
-func (m *metrics) expectEvents(n int) {
+// listingArrived records that the peers of the start-up listing, keys,
+// arrived at at (keys is taken over).
+func (m *metrics) listingArrived(keys []arrivalKey, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.pending) == 0 {
-		m.pending = make(map[netip.Prefix]time.Time, n)
-	}
+	m.listed = newListedArrivals(keys, at)
 }
 
 // eventArrived records when a lease event for subnet reached the daemon.
 func (m *metrics) eventArrived(subnet netip.Prefix, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.listed.take(subnet)
 	m.pending[subnet] = at
 }
 
@@ -156,6 +156,7 @@ func (m *metrics) eventGone(subnet netip.Prefix) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.forget(subnet)
+	m.listed.take(subnet)
 }
 
 // forget deletes subnet's pending event; m.mu is held. Go maps never give
@@ -175,6 +176,9 @@ func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 	arrived, ok := m.pending[peer.Subnet]
 	if ok {
 		m.forget(peer.Subnet)
+		m.listed.take(peer.Subnet)
+	} else {
+		arrived, ok = m.listed.take(peer.Subnet)
 	}
 	m.mu.Unlock()
 	if ok {

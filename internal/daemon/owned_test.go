@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -255,7 +256,7 @@ func TestTeardownRemovesTheRestPastAFailure(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "remove "+h1.cfg.SubnetFile) {
 		t.Fatalf("teardown = %v; want the failure to remove %s reported", err, h1.cfg.SubnetFile)
 	}
-	if !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own.String() {
+	if !res.removed(vxlan.DeviceName(1)) || !res.MasqRemoved || res.LeaseRemoved != own.String() {
 		t.Fatalf("teardown past the failure = %+v; want device, table and lease %s removed", res, own)
 	}
 }
@@ -279,11 +280,11 @@ func TestTeardownRefusesWhileRunningAndReportsOnlyRemovals(t *testing.T) {
 	h1.stop()
 
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
-	if err != nil || !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own.String() || res.SubnetFile != h1.cfg.SubnetFile {
+	if err != nil || !res.removed(vxlan.DeviceName(1)) || !res.MasqRemoved || res.LeaseRemoved != own.String() || res.SubnetFile != h1.cfg.SubnetFile {
 		t.Fatalf("teardown = %+v, %v; want device, table, lease and subnet.env removed", res, err)
 	}
 	res, err = Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
-	if err != nil || res.DeviceRemoved || res.MasqRemoved || res.LeaseRemoved != "" || res.SubnetFile != "" {
+	if err != nil || res.removed(vxlan.DeviceName(1)) || res.MasqRemoved || res.LeaseRemoved != "" || res.SubnetFile != "" {
 		t.Fatalf("second teardown = %+v, %v; want nothing reported removed", res, err)
 	}
 
@@ -295,7 +296,7 @@ func TestTeardownRefusesWhileRunningAndReportsOnlyRemovals(t *testing.T) {
 	c.srv.Close()
 	h1.cfg.Etcd.DialTimeout = time.Second
 	res, err = Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
-	if !errors.Is(err, ErrLeaseNotReleased) || !res.DeviceRemoved || res.SubnetFile == "" || res.LeaseRemoved != "" {
+	if !errors.Is(err, ErrLeaseNotReleased) || !res.removed(vxlan.DeviceName(1)) || res.SubnetFile == "" || res.LeaseRemoved != "" {
 		t.Fatalf("teardown with etcd down = %+v, %v; want the device and subnet.env removed and ErrLeaseNotReleased", res, err)
 	}
 	hl, herr := netlink.NewHandleAt(h1.host.NS)

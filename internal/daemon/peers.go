@@ -19,13 +19,14 @@ import (
 // at every resync.
 type peerSet struct {
 	cfg    *subnet.Config
+	codec  backend.Codec // reads the backend's part of each lease value
 	own    subnet.ID
 	prefix string // the registry's subnets prefix, to name keys
 
-	// valid and valid6 hold each valid peer as the IPv4 and the IPv6 data
-	// plane take it, by the subnets its key names, as subnet.Config.Peer
-	// made it; valid6 stays empty unless the network carries IPv6.
-	valid, valid6 map[subnet.ID]backend.Peer
+	// valid holds, per address family (famIndex: IPv4, IPv6), each valid
+	// peer as that family's plane takes it, by the subnets its key names;
+	// a family the network does not carry stays empty.
+	valid [2]map[subnet.ID]backend.Peer
 	// bad maps each currently skipped key to the revision reported.
 	bad map[string]skip
 	// reserved holds the unclaimed reservations.
@@ -39,7 +40,7 @@ type peerSet struct {
 	// peer routes to this host, and it must not report ready.
 	ownSkip *rejection
 
-	out4, out6 []backend.Peer // peers' results, reused
+	out [2][]backend.Peer // peers' results per family, reused
 }
 
 // skipKind is why a key is skipped.
@@ -64,17 +65,17 @@ type rejection struct {
 	Kind skipKind
 }
 
-func newPeerSet(cfg *subnet.Config, own subnet.Subnets, subnetsPrefix string) *peerSet {
-	return &peerSet{cfg: cfg, own: own.ID(), prefix: subnetsPrefix, valid: map[subnet.ID]backend.Peer{}, valid6: map[subnet.ID]backend.Peer{}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
+func newPeerSet(cfg *subnet.Config, codec backend.Codec, own subnet.Subnets, subnetsPrefix string) *peerSet {
+	return &peerSet{cfg: cfg, codec: codec, own: own.ID(), prefix: subnetsPrefix, valid: [2]map[subnet.ID]backend.Peer{{}, {}}, bad: map[string]skip{}, reserved: map[subnet.ID]bool{}, half: map[subnet.ID]bool{}}
 }
 
 // reset replaces everything with a full listing.
 func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 	old := s.bad
-	s.valid = make(map[subnet.ID]backend.Peer, len(snap.Leases))
-	s.valid6 = map[subnet.ID]backend.Peer{}
+	s.valid[0] = make(map[subnet.ID]backend.Peer, len(snap.Leases))
+	s.valid[1] = map[subnet.ID]backend.Peer{}
 	if s.cfg.EnableIPv6 {
-		s.valid6 = make(map[subnet.ID]backend.Peer, len(snap.Leases))
+		s.valid[1] = make(map[subnet.ID]backend.Peer, len(snap.Leases))
 	}
 	s.bad = map[string]skip{}
 	s.reserved = map[subnet.ID]bool{}
@@ -133,14 +134,19 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 	if l.Unclaimed() {
 		// A reservation waiting for its host: no VTEP yet, but checked
 		// like every claim (the same check `overlayd lease reserve` makes).
-		if err := s.cfg.CheckClaim(l); err != nil {
+		if err := s.cfg.CheckClaim(l, s.codec); err != nil {
 			return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 		}
 		s.unmark(id)
 		s.reserved[id] = true
 		return out
 	}
-	v4, v6, err := s.cfg.Peer(l)
+	// The backend's data of each family is decoded once, here, where the
+	// lease enters: CheckPeer judges what the codec found, and the peers
+	// keep the decoded data.
+	data4, misfit4, err4 := s.codec.Decode("BackendData", l.Attrs.BackendData)
+	data6, misfit6, err6 := s.codec.Decode("BackendV6Data", l.Attrs.BackendV6Data)
+	is4, is6, err := s.cfg.CheckPeer(l, subnet.DataCheck{Misfit: misfit4, Err: err4}, subnet.DataCheck{Misfit: misfit6, Err: err6})
 	switch {
 	case id == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value
@@ -155,11 +161,11 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 		return s.reject(l.Subnets(), s.key(id), l.ModRevision, err, skipKindOf(err), reported, out)
 	}
 	s.unmark(id)
-	if s.cfg.EnableIPv4 {
-		s.valid[id] = v4
+	if is4 {
+		s.valid[famIndex(backend.IPv4)][id] = backend.Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), Data: data4}
 	}
-	if v6.Subnet.IsValid() {
-		s.valid6[id] = v6
+	if is6 {
+		s.valid[famIndex(backend.IPv6)][id] = backend.Peer{Subnet: l.IPv6Subnet, PublicIP: l.Attrs.PublicAddrV6(), Data: data6}
 	}
 	if s.cfg.IPv4Half(l) {
 		s.half[id] = true
@@ -167,16 +173,17 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 	return out
 }
 
-// programmedPeer is what the peer set holds of one peer, per family.
-type programmedPeer struct{ v4, v6 backend.Peer }
+// programmedPeer is what the peer set holds of one peer, per family
+// (famIndex); the zero Peer for a family it is no peer of.
+type programmedPeer [2]backend.Peer
 
 // programmed returns what the set holds of the peers b's events name.
 func (s *peerSet) programmed(b etcdv3.Batch) map[subnet.ID]programmedPeer {
 	out := map[subnet.ID]programmedPeer{}
 	for _, ev := range b.Events {
 		id := ev.Lease.ID()
-		v4, ok4 := s.valid[id]
-		v6, ok6 := s.valid6[id]
+		v4, ok4 := s.valid[0][id]
+		v6, ok6 := s.valid[1][id]
 		if ok4 || ok6 {
 			out[id] = programmedPeer{v4, v6}
 		}
@@ -186,20 +193,20 @@ func (s *peerSet) programmed(b etcdv3.Batch) map[subnet.ID]programmedPeer {
 
 // isPeer reports whether id is a valid peer.
 func (s *peerSet) isPeer(id subnet.ID) bool {
-	_, ok4 := s.valid[id]
-	_, ok6 := s.valid6[id]
+	_, ok4 := s.valid[0][id]
+	_, ok6 := s.valid[1][id]
 	return ok4 || ok6
 }
 
 // drop forgets the peer on id.
 func (s *peerSet) drop(id subnet.ID) {
-	delete(s.valid, id)
-	delete(s.valid6, id)
+	delete(s.valid[0], id)
+	delete(s.valid[1], id)
 	delete(s.half, id)
 }
 
 // size is the number of valid peers.
-func (s *peerSet) size() int { return max(len(s.valid), len(s.valid6)) }
+func (s *peerSet) size() int { return max(len(s.valid[0]), len(s.valid[1])) }
 
 // skipKindOf tells a lease that no longer fits the network config (left by
 // a config change) from one that is wrong in itself.
@@ -242,14 +249,24 @@ func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, ki
 	return out
 }
 
-// peers returns the valid peers as the IPv4 and the IPv6 data plane take
-// them (nil for a family the network does not carry), in no particular
-// order (the backends sort and check them), in slices reused by the next
-// call: the backends copy what they keep, and with thousands of peers fresh
-// slices at every lease event would be most of the daemon's garbage.
-func (s *peerSet) peers() (v4, v6 []backend.Peer) {
-	s.out4, s.out6 = values(s.out4, s.valid), values(s.out6, s.valid6)
-	return s.out4, s.out6
+// peers returns the valid peers as the data plane of fam takes them (none
+// for a family the network does not carry), in no particular order (the
+// planes sort and check them), in a slice reused by the next call for
+// that family: the planes copy what they keep, and with thousands of
+// peers fresh slices at every lease event would be most of the daemon's
+// garbage.
+func (s *peerSet) peers(fam backend.Family) []backend.Peer {
+	i := famIndex(fam)
+	s.out[i] = values(s.out[i], s.valid[i])
+	return s.out[i]
+}
+
+// famIndex is fam's index in the peer set's per-family arrays.
+func famIndex(fam backend.Family) int {
+	if fam == backend.IPv6 {
+		return 1
+	}
+	return 0
 }
 
 // values puts m's values in buf, emptied and grown as needed.

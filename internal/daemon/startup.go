@@ -53,6 +53,9 @@ func (d *daemon) join(ctx context.Context) error {
 	}
 	// An IPv6-only network keeps its leases apart (under subnets6/).
 	d.reg = d.reg.For(d.netCfg)
+	for _, fam := range families(d.netCfg) {
+		d.planes = append(d.planes, &familyPlane{family: fam})
+	}
 	if err := d.findFlannel(); err != nil {
 		return err
 	}
@@ -61,9 +64,8 @@ func (d *daemon) join(ctx context.Context) error {
 		return err
 	}
 
-	vni := d.netCfg.Backend.VNI
-	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, VtepMAC: d.flannel4.macOr(vxlan.VtepMAC(d.nodeID, vni)),
-		PublicIPv6: d.ul.PublicIPv6, VtepMACv6: d.flannel6.macOr(vxlan.VtepMACv6(d.nodeID, vni)),
+	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, BackendData: d.publishedData(backend.IPv4),
+		PublicIPv6: d.ul.PublicIPv6, BackendV6Data: d.publishedData(backend.IPv6),
 		Previous: previousLease(d.cfg.SubnetFile, d.netCfg, d.log)}
 	host.Hostname, _ = os.Hostname()
 	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
@@ -134,39 +136,37 @@ func (d *daemon) releaseUnserved() {
 	d.log.Info("start-up failed before the data path was in place: released the lease it claimed")
 }
 
-// startDataPlane sets up the VXLAN devices (one per address family the
+// startDataPlane sets up the data planes (one per address family the
 // network carries), starts programming the peers of the lease snapshot,
 // installs the masquerade and writes subnet.env.
 func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.st.setPhase(phaseDevices)
 	nc := d.netCfg
-	var err error
-	// Event latency is measured on the first plane: a peer's subnets
-	// arrive in one event, named by its primary subnet.
-	if nc.EnableIPv4 {
-		if d.be, d.dev, err = d.dataPlane(ctx, d.ul.PublicIP, d.lease.Subnet, d.flannel4, d.m.programmed); err != nil {
+	for i, fp := range d.planes {
+		// Event latency is measured on the first plane: a peer's subnets
+		// arrive in one event, named by its primary subnet.
+		var onProgrammed func(backend.Peer, time.Time)
+		if i == 0 {
+			onProgrammed = d.m.programmed
+		}
+		if err := d.buildPlane(ctx, fp, onProgrammed); err != nil {
 			return err
 		}
 	}
 	if nc.EnableIPv4 && !nc.EnableIPv6 {
 		d.removeOldIPv6(ctx)
 	}
-	if nc.EnableIPv6 {
-		onProgrammed := d.m.programmed
-		if nc.EnableIPv4 {
-			onProgrammed = nil
-		}
-		if d.be6, d.dev6, err = d.dataPlane(ctx, d.ul.PublicIPv6, d.lease.IPv6Subnet, d.flannel6, onProgrammed); err != nil {
-			return err
-		}
-	}
 
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, d.lease.Subnets(), d.reg.SubnetsPrefix())
+	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.reg.SubnetsPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
+	// The peer set, the journal and the watch have what they need of the
+	// listing's leases: with many leases they are megabytes, and the
+	// backend's copies of the peers are made next.
+	d.snap.Leases, d.snap.Invalid = nil, nil
 	if err := d.catchUp(ctx); err != nil {
 		return err
 	}
@@ -174,10 +174,8 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	c := d.peers.counts()
 	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "ipv4_only", c.ipv4Only, "revision", d.snap.Revision, "saved", d.snap.Saved)
 	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
-	for _, be := range []*vxlan.Backend{d.be, d.be6} {
-		if be != nil {
-			d.wg.Go(func() { _ = be.Run(ctx) })
-		}
+	for _, fp := range d.planes {
+		d.wg.Go(func() { _ = fp.plane.Run(ctx) })
 	}
 
 	if d.cfg.IPMasq {
@@ -202,10 +200,9 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	if _, err := d.env.ensure(); err != nil {
 		return err
 	}
-	for _, dev := range []vxlan.DeviceInfo{d.dev, d.dev6} {
-		if dev.Name != "" {
-			d.log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.VtepMAC.String(), "mtu", dev.MTU, "subnet_file", d.cfg.SubnetFile)
-		}
+	for _, fp := range d.planes {
+		dev := fp.dev
+		d.log.Info("lease held and device ready", "device", dev.Name, "vtep_mac", dev.MAC.String(), "mtu", dev.MTU, "subnet_file", d.cfg.SubnetFile)
 	}
 	return nil
 }
@@ -215,15 +212,16 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 // is programmed. Only peers are recorded: the own lease, a reservation, an
 // invalid or orphaned lease is never programmed, and an arrival of one
 // would stay pending for good, keeping the map of a cold start's
-// thousands of arrivals resident (it is replaced once nothing is pending).
+// thousands of arrivals resident.
 func (d *daemon) seedPeers(now time.Time) {
 	rejected := d.peers.reset(d.snap)
-	d.m.expectEvents(d.peers.size())
+	arrived := make([]arrivalKey, 0, d.peers.size())
 	for _, l := range d.snap.Leases {
 		if d.peers.isPeer(l.ID()) {
-			d.m.eventArrived(l.Subnets().Primary(), now)
+			arrived = append(arrived, arrivalKeyOf(l.Subnets().Primary()))
 		}
 	}
+	d.m.listingArrived(arrived, now)
 	d.m.rejected(rejected, d.log)
 }
 
@@ -236,6 +234,7 @@ func (d *daemon) seedPeers(now time.Time) {
 // to remove by hand.
 func (d *daemon) removeOldIPv6(ctx context.Context) {
 	name := vxlan.DeviceNameV6(d.netCfg.Backend.VNI)
+	spec := PlaneSpec{Backend: d.netCfg.Backend, Family: backend.IPv6, Underlay: d.ul.Iface, LocalIP: d.ul.PublicIPv6, NodeID: d.nodeID, Logger: d.log}
 	warn := func(err error) {
 		d.log.Warn("the network no longer carries IPv6, but the IPv6 device of an earlier run could not be removed: delete it with `ip link delete "+name+"` (its routes, neighbours and FDB entries go with it)",
 			"device", name, "err", err)
@@ -247,17 +246,10 @@ func (d *daemon) removeOldIPv6(ctx context.Context) {
 	case !found:
 		return
 	}
-	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
-	if err != nil {
-		warn(err)
-		return
-	}
-	defer closeNL()
-	// The IPv6 family is chosen by the own subnet: any IPv6 prefix.
-	be, err := vxlan.New(vxlan.Config{VNI: d.netCfg.Backend.VNI, Underlay: d.ul.Iface, LocalIP: d.ul.PublicIPv6,
-		OwnSubnet: netip.PrefixFrom(netip.IPv6Unspecified(), 128), NodeID: d.nodeID, Logger: d.log}, nl)
+	be, closePlane, err := d.cfg.Kernel.Plane(spec)
 	if err == nil {
 		err = be.Teardown(ctx)
+		closePlane()
 	}
 	if err != nil {
 		warn(err)
@@ -281,42 +273,35 @@ func (d *daemon) removeOldMasq() {
 	}
 }
 
-// dataPlane opens a netlink connection for one family's VXLAN backend,
-// creates the backend for the lease's subnet own of that family, and sets
-// up its device: flanneld's device fl, if one is being taken over, with
-// the routes flanneld left on it.
-func (d *daemon) dataPlane(ctx context.Context, local netip.Addr, own netip.Prefix, fl flannelDevice, onProgrammed func(backend.Peer, time.Time)) (*vxlan.Backend, vxlan.DeviceInfo, error) {
-	nl, closeNL, err := d.cfg.Kernel.OpenNetlink()
-	if err != nil {
-		return nil, vxlan.DeviceInfo{}, err
-	}
-	d.closers = append(d.closers, closeNL)
+// buildPlane builds one family's data plane through the Kernel's factory
+// for the lease's subnet of that family, and sets up its device:
+// flanneld's device, if one is being taken over, with the routes flanneld
+// left on it.
+func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed func(backend.Peer, time.Time)) error {
 	nc := d.netCfg
-	be, err := vxlan.New(vxlan.Config{
-		VNI: nc.Backend.VNI, Port: nc.Backend.Port, DirectRouting: nc.Backend.DirectRouting, MTU: nc.Backend.MTU,
-		Underlay: d.ul.Iface, LocalIP: local, OwnSubnet: own, NodeID: d.nodeID, DeviceName: fl.name, VtepMAC: fl.mac,
-		ResyncInterval: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed,
-	}, nl)
+	be, closePlane, err := d.cfg.Kernel.Plane(PlaneSpec{
+		Backend: nc.Backend, Family: fp.family, Underlay: d.ul.Iface, LocalIP: d.ul.localIP(fp.family),
+		OwnSubnet: ownSubnet(d.lease, fp.family), NodeID: d.nodeID, Device: fp.flannel.name, MAC: fp.flannel.mac,
+		Resync: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed,
+	})
 	if err != nil {
-		return nil, vxlan.DeviceInfo{}, err
+		return err
 	}
+	d.closers = append(d.closers, closePlane)
+	fp.plane = be
 	d.st.set(func(p *probe) { p.planes = append(p.planes, be) })
-	dev, err := be.EnsureDevice(ctx)
-	if err != nil {
-		return nil, dev, fmt.Errorf("set up the VXLAN device: %w", err)
+	if fp.dev, err = be.EnsureDevice(ctx); err != nil {
+		return fmt.Errorf("set up the VXLAN device: %w", err)
 	}
-	return be, dev, d.adoptFlannelRoutes(ctx, be, fl)
+	return d.adoptFlannelRoutes(ctx, be, fp.flannel)
 }
 
 // masqNetworks are the cluster networks to masquerade traffic out of, each
-// with its VXLAN device.
+// with its device.
 func (d *daemon) masqNetworks() []masq.Network {
 	var out []masq.Network
-	if d.be != nil {
-		out = append(out, masq.Network{Prefix: d.netCfg.Network, Device: d.dev.Name})
-	}
-	if d.be6 != nil {
-		out = append(out, masq.Network{Prefix: d.netCfg.IPv6.Network, Device: d.dev6.Name})
+	for _, fp := range d.planes {
+		out = append(out, masq.Network{Prefix: network(d.netCfg, fp.family), Device: fp.dev.Name})
 	}
 	return out
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -75,7 +74,7 @@ type probe struct {
 	phase string
 	mgr   *etcdv3.Manager
 	// planes are the data planes, the IPv4 one first.
-	planes []backend.Backend
+	planes []backend.Plane
 	env    *envKeeper
 	config string // why the stored network config no longer fits, if it does not
 	// own says why every host skips this host's lease key, if one does.
@@ -143,7 +142,7 @@ func (p *probe) status(now time.Time) Status {
 		if st.VtepMAC != nil {
 			mac = st.VtepMAC.String()
 		}
-		if f, ok := be.(interface{ Family() vxlan.Family }); ok && f.Family() == vxlan.IPv6 {
+		if be.Family() == backend.IPv6 {
 			s.DeviceV6, s.MTUv6, s.VtepMACv6 = st.Device, st.MTU, mac
 		} else {
 			s.Device, s.MTU, s.VtepMAC = st.Device, st.MTU, mac

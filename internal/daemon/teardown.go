@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -26,18 +27,27 @@ import (
 // TeardownResult says what Teardown found and removed: only what was
 // actually there is reported as removed.
 type TeardownResult struct {
-	Device        string // the VXLAN device looked for
-	DeviceRemoved bool   // it existed and was removed (with its routes, neighbours, FDB entries)
-	DeviceV6      string // the IPv6 VXLAN device, if one existed and was removed likewise
-	// FlannelDevices are flanneld's devices overlayd had taken over
-	// (--adopt-flannel), removed likewise.
-	FlannelDevices []string
-	MasqRemoved    bool   // overlayd's nftables table existed and was removed
-	LeaseRemoved   string // the subnet whose lease key was deleted, if any
-	LeaseKept      string // why no lease was deleted, if none was
-	SubnetFile     string // subnet.env, if it existed and was removed
+	// Device is the IPv4 VXLAN device looked for (overlay.<VNI>); "" if
+	// teardown stopped before it looked.
+	Device string
+	// Removed are the data planes' devices that existed and were removed
+	// with their routes, neighbours and FDB entries, one entry per plane:
+	// overlayd's of each family, IPv4 first, then flanneld's that
+	// overlayd had taken over (--adopt-flannel).
+	Removed      []RemovedDevice
+	MasqRemoved  bool   // overlayd's nftables table existed and was removed
+	LeaseRemoved string // the subnet whose lease key was deleted, if any
+	LeaseKept    string // why no lease was deleted, if none was
+	SubnetFile   string // subnet.env, if it existed and was removed
 	// Warnings name what was left in place, and why (also logged).
 	Warnings []string
+}
+
+// RemovedDevice is one data plane's device that teardown removed.
+type RemovedDevice struct {
+	Name      string
+	Family    backend.Family
+	TakenOver bool // flanneld's device, taken over by overlayd
 }
 
 // ErrLeaseNotReleased means teardown removed what it could on this host but
@@ -84,12 +94,10 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	if err != nil {
 		return res, err
 	}
-	h, err := netlinkHandle(cfg.NetNS)
-	if err != nil {
-		return res, err
+	ul, ulErr := cfg.Kernel.TeardownUnderlay(cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
+	if errors.Is(ulErr, errNoNetlink) {
+		return res, ulErr // nothing on this host can be removed: leave the lease too
 	}
-	defer h.Close()
-	ul, ulErr := teardownUnderlay(h, cfg)
 	if ulErr != nil {
 		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, vxlan.RouteProtocol)
 		cfg.Logger.Warn(w)
@@ -118,13 +126,13 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		vni = netCfg.Backend.VNI
 	}
 
-	if err := teardownDevices(ctx, cfg, h, ul, nodeID, vni, &res); err != nil {
+	if err := teardownDevices(ctx, cfg, ul, nodeID, vni, &res); err != nil {
 		return res, err
 	}
 	// From here on a failure leaves the rest to do all the same: a
 	// teardown removes what it can and reports every failure.
 	var errs []error
-	if res.MasqRemoved, err = removeMasq(cfg.NetNS); err != nil {
+	if res.MasqRemoved, err = cfg.Kernel.RemoveMasquerade(); err != nil {
 		errs = append(errs, err)
 	}
 	switch err := os.Remove(cfg.SubnetFile); {
@@ -153,24 +161,23 @@ func dialTimeout(c etcdclient.Config) time.Duration {
 	return etcdclient.DefaultDialTimeout
 }
 
-// teardownUnderlay finds the underlay as far as teardown needs it: the
-// link, whose DirectRouting routes are overlayd's, and the public address,
-// by which a lease without a node ID (flanneld's) is found. Unlike a start
-// it does not need the link up, an address on it or a default route: a
-// host being taken apart may have lost them. The error says why no link
-// was found; what else was found is returned all the same.
-func teardownUnderlay(h *netlink.Handle, cfg Config) (Underlay, error) {
-	ul, err := DetectUnderlay(h, cfg.Iface, cfg.PublicIP, cfg.PublicIPv6)
+// teardownUnderlay is Kernel.TeardownUnderlay of the host's kernel,
+// through h: unlike a start it does not need the link up, an address on
+// it or a default route. It finds the link, whose DirectRouting routes are
+// overlayd's, and the public address, by which a lease without a node ID
+// (flanneld's) is found.
+func teardownUnderlay(h *netlink.Handle, iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
+	ul, err := DetectUnderlay(h, iface, publicIP, publicIPv6)
 	if err == nil {
 		return ul, nil
 	}
-	ul = Underlay{PublicIP: cfg.PublicIP, PublicIPv6: cfg.PublicIPv6}
+	ul = Underlay{PublicIP: publicIP, PublicIPv6: publicIPv6}
 	var link netlink.Link
 	switch {
-	case cfg.Iface != "":
-		link, err = h.LinkByName(cfg.Iface)
-	case cfg.PublicIP.IsValid():
-		link, err = linkWithAddr(h, cfg.PublicIP)
+	case iface != "":
+		link, err = h.LinkByName(iface)
+	case publicIP.IsValid():
+		link, err = linkWithAddr(h, publicIP)
 	default:
 		link, err = defaultRouteLink(h)
 	}
@@ -189,82 +196,63 @@ func teardownUnderlay(h *netlink.Handle, cfg Config) (Underlay, error) {
 	return ul, nil
 }
 
-// teardownDevices removes the data path of each family: overlayd's
-// devices and, if overlayd took them over, flanneld's, with their routes,
-// neighbours and FDB entries.
-func teardownDevices(ctx context.Context, cfg Config, h *netlink.Handle, ul Underlay, nodeID string, vni int, res *TeardownResult) error {
+// teardownDevices removes the data path of each family through the
+// Kernel's planes, as `overlayd run` builds them: overlayd's devices and,
+// if overlayd took them over, flanneld's, with their routes, neighbours
+// and FDB entries.
+func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string, vni int, res *TeardownResult) error {
 	res.Device = vxlan.DeviceName(vni)
-	_, err := h.LinkByName(res.Device)
-	res.DeviceRemoved = err == nil
-	// Without an underlay each backend is given its own device as one: it
-	// then finds no routes but those on the device.
-	underlay := func(dev string) string { return cmp.Or(ul.Iface, dev) }
+	existed := hasLink(cfg.Kernel, res.Device)
+	// What identifies the data path to remove is the VNI alone (the
+	// device names, the MAC derived from the node ID).
+	spec := func(fam backend.Family, dev, device string) PlaneSpec {
+		// Without an underlay each plane is given its own device as one:
+		// it then finds no routes but those on the device.
+		return PlaneSpec{Backend: subnet.BackendConfig{Type: subnet.DefaultBackendType, VNI: vni}, Family: fam,
+			Underlay: cmp.Or(ul.Iface, dev), LocalIP: ul.localIP(fam), NodeID: nodeID, Device: device, Logger: cfg.Logger}
+	}
 	// The IPv4 data path is torn down in any case (its routes may outlive
 	// the device), the IPv6 one if its device exists.
-	v4 := vxlan.Config{VNI: vni, Underlay: underlay(res.Device), LocalIP: ul.PublicIP, NodeID: nodeID, Logger: cfg.Logger}
-	if err := teardownDataPath(ctx, cfg, v4); err != nil {
-		res.DeviceRemoved = false
+	if err := teardownPlane(ctx, cfg, spec(backend.IPv4, res.Device, "")); err != nil {
 		return err
 	}
-	v6 := v4
-	// Either address selects the family: the underlay's, else any IPv6 prefix.
-	v6.LocalIP, v6.OwnSubnet = ul.PublicIPv6, netip.PrefixFrom(netip.IPv6Unspecified(), 128)
-	v6.Underlay = underlay(vxlan.DeviceNameV6(vni))
-	if _, err := h.LinkByName(vxlan.DeviceNameV6(vni)); err == nil {
-		if err := teardownDataPath(ctx, cfg, v6); err != nil {
+	if existed {
+		res.Removed = append(res.Removed, RemovedDevice{Name: res.Device, Family: backend.IPv4})
+	}
+	if name := vxlan.DeviceNameV6(vni); hasLink(cfg.Kernel, name) {
+		if err := teardownPlane(ctx, cfg, spec(backend.IPv6, name, "")); err != nil {
 			return err
 		}
-		res.DeviceV6 = vxlan.DeviceNameV6(vni)
+		res.Removed = append(res.Removed, RemovedDevice{Name: name, Family: backend.IPv6})
 	}
 	// flanneld's devices, if overlayd took them over (--adopt-flannel).
-	fl4, fl6 := FlannelDeviceNames(vni)
-	for _, fl := range []struct {
-		name string
-		base vxlan.Config
-		fam  int
-	}{{fl4, v4, unix.AF_INET}, {fl6, v6, unix.AF_INET6}} {
-		if !takenOver(h, fl.name, fl.fam) {
+	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		name := flannelDeviceName(fam, vni)
+		if !cfg.Kernel.TakenOver(name, fam) {
 			continue
 		}
-		c := fl.base
-		c.DeviceName, c.Underlay = fl.name, underlay(fl.name)
-		if err := teardownDataPath(ctx, cfg, c); err != nil {
+		if err := teardownPlane(ctx, cfg, spec(fam, name, name)); err != nil {
 			return err
 		}
-		res.FlannelDevices = append(res.FlannelDevices, fl.name)
+		res.Removed = append(res.Removed, RemovedDevice{Name: name, Family: fam, TakenOver: true})
 	}
 	return nil
 }
 
-// takenOver reports whether overlayd took flanneld's device name over, and
-// it is overlayd's to remove: it carries overlayd's alias (TakenOverAlias),
-// or routes of overlayd's (a device taken over by a version that did not
-// mark it, or re-created since).
-func takenOver(h *netlink.Handle, name string, family int) bool {
-	link, err := h.LinkByName(name)
-	if err != nil {
-		return false
-	}
-	if link.Attrs().Alias == TakenOverAlias {
-		return true
-	}
-	routes, err := h.RouteListFiltered(family, &netlink.Route{LinkIndex: link.Attrs().Index, Protocol: vxlan.RouteProtocol},
-		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
-	return err == nil && len(routes) > 0
+// hasLink reports whether the link called name exists.
+func hasLink(k Kernel, name string) bool {
+	_, ok, err := k.LinkMAC(name)
+	return ok && err == nil
 }
 
-// teardownDataPath removes one family's device, routes, neighbours and
-// FDB entries.
-func teardownDataPath(ctx context.Context, cfg Config, vc vxlan.Config) error {
-	nl, err := vxlan.OpenNetlink(cfg.NetNS)
+// teardownPlane removes one plane's device, routes, neighbours and FDB
+// entries.
+func teardownPlane(ctx context.Context, cfg Config, spec PlaneSpec) error {
+	be, closePlane, err := cfg.Kernel.Plane(spec)
 	if err != nil {
 		return err
 	}
-	defer nl.Close()
-	be, err := vxlan.New(vc, nl)
-	if err != nil {
-		return err
-	}
+	defer closePlane()
 	if err := be.Teardown(ctx); err != nil {
 		return fmt.Errorf("remove the data path: %w", err)
 	}

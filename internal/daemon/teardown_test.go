@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/testing/flannelhost"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -37,7 +38,7 @@ func TestTeardownWithoutAUsableUnderlay(t *testing.T) {
 
 	h1.cfg.Iface = ""
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
-	if err != nil || !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own1.String() || res.SubnetFile != h1.cfg.SubnetFile {
+	if err != nil || !res.removed(vxlan.DeviceName(1)) || !res.MasqRemoved || res.LeaseRemoved != own1.String() || res.SubnetFile != h1.cfg.SubnetFile {
 		t.Fatalf("teardown without a default route = %+v, %v; want device, table, lease and subnet.env removed", res, err)
 	}
 	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "DirectRouting") || !strings.Contains(res.Warnings[0], "no IPv4 or IPv6 default route") {
@@ -72,7 +73,7 @@ func TestTeardownWithoutAUsableUnderlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err = Teardown(context.Background(), h2.cfg, TeardownOptions{VNI: 1})
-	if err != nil || !res.DeviceRemoved || !res.MasqRemoved || res.LeaseRemoved != own2.String() || res.SubnetFile != h2.cfg.SubnetFile || len(res.Warnings) != 0 {
+	if err != nil || !res.removed(vxlan.DeviceName(1)) || !res.MasqRemoved || res.LeaseRemoved != own2.String() || res.SubnetFile != h2.cfg.SubnetFile || len(res.Warnings) != 0 {
 		t.Fatalf("teardown with eth0 down and without addresses = %+v, %v; want everything removed, no warning", res, err)
 	}
 	if _, err := hl.LinkByName("overlay.1"); err == nil {
@@ -132,7 +133,7 @@ func TestTeardownRemovesATakenOverFlannelDeviceWithoutRoutes(t *testing.T) {
 		t.Fatalf("h1 has routes %v; this test needs a device without them", h1.routes(t))
 	}
 	res, err := Teardown(context.Background(), h1.cfg, TeardownOptions{VNI: 1})
-	if err != nil || !slices.Equal(res.FlannelDevices, []string{"flannel.1"}) || res.LeaseRemoved != fl.Subnet.String() {
+	if err != nil || !slices.Equal(res.takenOver(), []string{"flannel.1"}) || res.LeaseRemoved != fl.Subnet.String() {
 		t.Fatalf("teardown = %+v, %v; want flannel.1 removed and the lease released", res, err)
 	}
 	if _, err := hl.LinkByName("flannel.1"); err == nil {
@@ -146,7 +147,7 @@ func TestTeardownRemovesATakenOverFlannelDeviceWithoutRoutes(t *testing.T) {
 	if _, err := fl2.Build(tctx(t), h2.host.NS, c.srv.Client(t), etcdv3.DefaultPrefix); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := Teardown(context.Background(), h2.cfg, TeardownOptions{VNI: 1}); err != nil || len(res.FlannelDevices) != 0 {
+	if res, err := Teardown(context.Background(), h2.cfg, TeardownOptions{VNI: 1}); err != nil || len(res.takenOver()) != 0 {
 		t.Errorf("teardown of a flanneld host = %+v, %v; want flannel.1 left alone", res, err)
 	}
 	h2l, err := netlink.NewHandleAt(h2.host.NS)
@@ -157,4 +158,20 @@ func TestTeardownRemovesATakenOverFlannelDeviceWithoutRoutes(t *testing.T) {
 	if _, err := h2l.LinkByName("flannel.1"); err != nil {
 		t.Errorf("flanneld's own flannel.1 was removed: %v", err)
 	}
+}
+
+// removed reports whether teardown removed the device called name.
+func (r TeardownResult) removed(name string) bool {
+	return slices.ContainsFunc(r.Removed, func(d RemovedDevice) bool { return d.Name == name })
+}
+
+// takenOver names the devices of flanneld's that teardown removed.
+func (r TeardownResult) takenOver() []string {
+	var out []string
+	for _, d := range r.Removed {
+		if d.TakenOver {
+			out = append(out, d.Name)
+		}
+	}
+	return out
 }

@@ -1,8 +1,8 @@
 package daemon
 
 // The daemon's wiring, without root: a real etcd (embedded, on loopback),
-// the real VXLAN backend programming vxlantest.Fake, and a recording
-// masquerade, behind the Kernel seam. What is checked is what the wiring
+// fake data planes (fakeplane) and a recording masquerade, behind the
+// Kernel seam. What is checked is what the wiring
 // alone decides: start-up order and readiness, the hand-off of the lease
 // snapshot to the backend and the watch, and a shutdown that ends every
 // goroutine before the clients close.
@@ -26,34 +26,44 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
-	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
+	"github.com/overlaynet/overlay/internal/testing/fakeplane"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
-// fakeKernel is a Kernel over vxlantest.Fake that records the order of
-// what the daemon does with it.
+// fakeKernel is a fake host behind the Kernel seam: its data planes are
+// fakeplane.Planes (no netlink), its masquerade a recorder, and it
+// records the order of what the daemon does with it.
 type fakeKernel struct {
-	nl *vxlantest.Fake
-
-	mu     sync.Mutex
-	events []string // "masq installed", "masq running", "masq stopped", "masq closed", "netlink closed"
+	mu      sync.Mutex
+	ipv6    netip.Addr                  // the underlay's IPv6 address, if any
+	planes  map[string]*fakeplane.Plane // by device name: the latest plane built for it
+	devices map[string]net.HardwareAddr // the devices on the fake host: ensured, not torn down
+	marked  map[string]bool             // MarkTakenOver
+	events  []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
 	// Checked at the moment each is closed: what was still live.
-	subsAtNetlinkClose int
-	deviceAtMasq       bool
-	locked             bool  // LockHost
-	masqErr            error // what Masquerade fails with, if set
+	runningAtPlaneClose int
+	deviceAtMasq        bool
+	locked              bool  // LockHost
+	masqErr             error // what Masquerade fails with, if set
+	teardownErr         error // what TeardownUnderlay fails with, if set
 }
 
 func newFakeKernel() *fakeKernel {
-	f := vxlantest.NewFake()
-	f.AddUnderlay("eth0", 1500, netip.MustParsePrefix("198.18.0.1/24"))
-	return &fakeKernel{nl: f}
+	return &fakeKernel{planes: map[string]*fakeplane.Plane{}, devices: map[string]net.HardwareAddr{}, marked: map[string]bool{}}
+}
+
+// setIPv6 gives the underlay an IPv6 address.
+func (k *fakeKernel) setIPv6(a string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ipv6 = netip.MustParseAddr(a)
 }
 
 func (k *fakeKernel) note(e string) {
@@ -69,33 +79,104 @@ func (k *fakeKernel) log() []string {
 }
 
 func (k *fakeKernel) Underlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
-	l, err := k.nl.LinkByName("eth0")
-	if err != nil {
-		return Underlay{}, err
-	}
-	ul := Underlay{Iface: l.Name, Index: l.Index, PublicIP: netip.MustParseAddr("198.18.0.1"), MTU: l.MTU}
-	if addrs, _ := k.nl.AddrListFamily(l.Index, vxlan.IPv6); len(addrs) > 0 {
-		ul.PublicIPv6 = addrs[0].Addr() // a dual-stack test gave eth0 one
-	}
-	return ul, nil
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return Underlay{Iface: "eth0", Index: 2, PublicIP: netip.MustParseAddr("198.18.0.1"), PublicIPv6: k.ipv6, MTU: 1500}, nil
 }
 
-func (k *fakeKernel) OpenNetlink() (vxlan.Netlink, func(), error) {
-	return k.nl, func() {
+func (k *fakeKernel) TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
+	k.mu.Lock()
+	err := k.teardownErr
+	k.mu.Unlock()
+	if err != nil {
+		return Underlay{PublicIP: publicIP, PublicIPv6: publicIPv6}, err
+	}
+	return k.Underlay(iface, publicIP, publicIPv6)
+}
+
+// Plane builds a fake plane for spec's device, as the real factory would
+// name it and give it its MAC.
+func (k *fakeKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
+	name, mac, mtu := vxlan.DeviceName(spec.Backend.VNI), vxlan.VtepMAC(spec.NodeID, spec.Backend.VNI), 1450
+	if spec.Family == backend.IPv6 {
+		name, mac, mtu = vxlan.DeviceNameV6(spec.Backend.VNI), vxlan.VtepMACv6(spec.NodeID, spec.Backend.VNI), 1430
+	}
+	if spec.Device != "" {
+		name = spec.Device
+	}
+	if spec.MAC != nil {
+		mac = spec.MAC
+	}
+	p := fakeplane.New(spec.Family, backend.Device{Name: name, Index: 10 + int(spec.Family), MAC: mac, MTU: mtu}, spec.OnPeerProgrammed)
+	k.mu.Lock()
+	k.planes[name] = p
+	k.mu.Unlock()
+	return hostPlane{p, k, name}, func() {
 		k.mu.Lock()
-		k.subsAtNetlinkClose = k.nl.Subscriptions()
+		if p.Running() {
+			k.runningAtPlaneClose++
+		}
 		k.mu.Unlock()
-		k.note("netlink closed")
+		k.note("plane closed")
 	}, nil
+}
+
+// hostPlane is a fake plane whose device is the fake host's: it exists
+// from EnsureDevice to Teardown, whichever plane made it.
+type hostPlane struct {
+	*fakeplane.Plane
+	k    *fakeKernel
+	name string
+}
+
+func (p hostPlane) EnsureDevice(ctx context.Context) (backend.Device, error) {
+	dev, err := p.Plane.EnsureDevice(ctx)
+	if err == nil {
+		p.k.mu.Lock()
+		p.k.devices[p.name] = dev.MAC
+		p.k.mu.Unlock()
+	}
+	return dev, err
+}
+
+func (p hostPlane) Teardown(ctx context.Context) error {
+	err := p.Plane.Teardown(ctx)
+	if err == nil {
+		p.k.mu.Lock()
+		delete(p.k.devices, p.name)
+		p.k.mu.Unlock()
+	}
+	return err
+}
+
+// present reports whether the device called name exists on the fake host.
+func (k *fakeKernel) present(name string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.devices[name]
+	return ok
+}
+
+// programmed reports whether a plane of the fake host programs a peer
+// whose subnet is s.
+func (k *fakeKernel) programmed(s netip.Prefix) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range k.planes {
+		if p.Programmed(s) {
+			return true
+		}
+	}
+	return false
 }
 
 func (k *fakeKernel) Masquerade(networks []masq.Network, _ *slog.Logger) (Masquerader, error) {
 	if k.masqErr != nil {
 		return nil, k.masqErr
 	}
-	_, err := k.nl.LinkByName(networks[0].Device)
+	present := k.present(networks[0].Device)
 	k.mu.Lock()
-	k.deviceAtMasq = err == nil
+	k.deviceAtMasq = present
 	k.mu.Unlock()
 	k.note("masq installed for " + networks[0].Prefix.String())
 	return fakeMasq{k}, nil
@@ -124,11 +205,26 @@ func (m fakeMasq) RemoveFlannel() ([]string, error) {
 
 func (k *fakeKernel) MarkTakenOver(name string) error {
 	k.note("marked " + name)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.marked[name] = true
 	return nil
+}
+
+func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.marked[name]
 }
 
 // CheckDataPath finds the fake host able to serve any data path.
 func (k *fakeKernel) CheckDataPath(DataPath) error { return nil }
+
+// ChooseUnderlay takes the flags as they are: the CLI's tests check the
+// choice against real interfaces.
+func (k *fakeKernel) ChooseUnderlay(f UnderlayFlags) (UnderlayChoice, error) {
+	return UnderlayChoice{PublicIP: f.PublicIP, PublicIPv6: f.PublicIPv6}, nil
+}
 
 // LockHost is the host lock of the fake host: one holder at a time.
 func (k *fakeKernel) LockHost() (func(), error) {
@@ -146,11 +242,10 @@ func (k *fakeKernel) LockHost() (func(), error) {
 }
 
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
-	l, err := k.nl.LinkByName(name)
-	if err != nil {
-		return nil, false, nil
-	}
-	return l.MAC.HardwareAddr(), true, nil
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	mac, ok := k.devices[name]
+	return slices.Clone(mac), ok, nil
 }
 
 // wiring is one daemon run against srv with a fake kernel.
@@ -205,16 +300,9 @@ func (w *wiring) ready() error {
 	return nil
 }
 
-// routed reports whether the fake kernel holds a route to subnet.
-func (w *wiring) routed(subnet string) bool {
-	routes, _ := w.k.nl.RouteList()
-	for _, r := range routes {
-		if r.Dst.String() == subnet && r.Protocol == vxlan.RouteProtocol {
-			return true
-		}
-	}
-	return false
-}
+// routed reports whether a plane of the fake host programs the peer on
+// subnet.
+func (w *wiring) routed(subnet string) bool { return w.k.programmed(netip.MustParsePrefix(subnet)) }
 
 func putLease(t *testing.T, srv *etcdtest.Server, subnetKey, publicIP, mac string) {
 	t.Helper()
@@ -284,12 +372,12 @@ func TestWiringStartUpHandOffAndShutdown(t *testing.T) {
 
 	// Shutdown: every goroutine ends before what it uses is closed.
 	w.stop(t)
-	want := []string{"masq installed for 10.244.0.0/16", "masq running", "masq stopped", "masq closed", "netlink closed"}
+	want := []string{"masq installed for 10.244.0.0/16", "masq running", "masq stopped", "masq closed", "plane closed"}
 	if got := w.k.log(); !slices.Equal(got, want) {
 		t.Errorf("kernel seam calls %v, want %v (goroutines stopped before what they use closes, newest first)", got, want)
 	}
-	if w.k.subsAtNetlinkClose != 0 {
-		t.Errorf("netlink closed while the backend's subscription was live")
+	if w.k.runningAtPlaneClose != 0 {
+		t.Errorf("a plane was closed while it was running")
 	}
 	if err := w.ready(); err == nil {
 		t.Errorf("/readyz still answers 200 after Run returned")
@@ -410,11 +498,7 @@ func TestWiringDualStackCountsEachPeerOnce(t *testing.T) {
 		}
 	}
 	w := startWiring(t, srv, func(c *Config) {
-		nl := c.Kernel.(*fakeKernel).nl
-		eth0, _ := nl.LinkByName("eth0")
-		if err := nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64")); err != nil {
-			t.Fatal(err)
-		}
+		c.Kernel.(*fakeKernel).setIPv6("fd18::1")
 	})
 	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
 	testenv.Eventually(t, testenv.Slack, "both peers programmed and counted once", func() error {
@@ -485,10 +569,7 @@ func TestWiringIPv6RollOnAndOff(t *testing.T) {
 	}
 
 	k := newFakeKernel()
-	eth0, _ := k.nl.LinkByName("eth0")
-	if err := k.nl.External(false).AddrReplace(eth0.Index, netip.MustParsePrefix("fd18::1/64")); err != nil {
-		t.Fatal(err)
-	}
+	k.setIPv6("fd18::1")
 	subnetFile := filepath.Join(t.TempDir(), "subnet.env")
 	run := func() (*wiring, *logBuffer) {
 		t.Helper()
@@ -569,8 +650,8 @@ func TestWiringIPv6RollOnAndOff(t *testing.T) {
 	w.stop(t)
 	w, logs := run()
 	programmed(w, "10.244.9.0/24", "10.244.10.0/24")
-	if _, err := k.nl.LinkByName(vxlan.DeviceNameV6(1)); !errors.Is(err, vxlan.ErrLinkNotFound) {
-		t.Errorf("%s after IPv6 was turned off: %v, want it removed", vxlan.DeviceNameV6(1), err)
+	if k.present(vxlan.DeviceNameV6(1)) {
+		t.Errorf("%s after IPv6 was turned off: present, want it removed", vxlan.DeviceNameV6(1))
 	}
 	if w.routedFamily("fd00:10:244:a::/64") {
 		t.Errorf("the IPv6 route to the peer is left behind")
@@ -596,21 +677,9 @@ func TestWiringIPv6RollOnAndOff(t *testing.T) {
 	}
 }
 
-// routedFamily reports whether the fake kernel holds a route of ours to
-// subnet, of either family.
-func (w *wiring) routedFamily(subnet string) bool {
-	fam := vxlan.IPv4
-	if strings.Contains(subnet, ":") {
-		fam = vxlan.IPv6
-	}
-	routes, _ := w.k.nl.RouteListFamily(fam)
-	for _, r := range routes {
-		if r.Dst.String() == subnet && r.Protocol == vxlan.RouteProtocol {
-			return true
-		}
-	}
-	return false
-}
+// routedFamily reports whether a plane of the fake host programs the peer
+// on subnet, of either family.
+func (w *wiring) routedFamily(subnet string) bool { return w.routed(subnet) }
 
 // A host whose public address lies inside the network (issue 28: every
 // host then skipped its own lease and reported ready with no peer) refuses
@@ -651,5 +720,107 @@ func TestWiringRefusesAPublicIPInsideTheNetwork(t *testing.T) {
 	}
 	if len(w.k.log()) != 0 {
 		t.Errorf("the refused start touched the kernel: %v", w.k.log())
+	}
+}
+
+// The takeover of flanneld's device and overlayd teardown go through the
+// same seam: the plane Kernel.Plane builds on flannel.1 carries the peers
+// (with flanneld's MAC published), and teardown removes it through a plane
+// of the same factory, with the lease, the masquerade and subnet.env.
+func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09")
+	// flanneld's device on the fake host.
+	k := newFakeKernel()
+	flannelMAC := net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x01}
+	fl, closeFl, err := k.Plane(PlaneSpec{Backend: subnet.BackendConfig{VNI: 1}, Family: backend.IPv4, Device: "flannel.1", MAC: flannelMAC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fl.EnsureDevice(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closeFl()
+
+	w := startWiring(t, srv, func(c *Config) { c.Kernel, c.AdoptFlannel = k, true })
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	k.mu.Lock()
+	taken := k.planes["flannel.1"]
+	k.mu.Unlock()
+	if taken == fl.(hostPlane).Plane || !taken.Programmed(netip.MustParsePrefix("10.244.9.0/24")) || k.present(vxlan.DeviceName(1)) {
+		t.Fatalf("the peer is not programmed on a plane built for flanneld's device (or overlay.1 was created): %v", k.log())
+	}
+	snap, err := reg.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := ""
+	for _, l := range snap.Leases {
+		if l.Attrs.NodeID == "wiring" {
+			published, _ = LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
+		}
+	}
+	if published != flannelMAC.String() {
+		t.Errorf("the lease publishes VTEP MAC %q, want flanneld's %s", published, flannelMAC)
+	}
+	w.stop(t)
+
+	res, err := Teardown(ctx, w.cfg, TeardownOptions{})
+	if err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	if res.removed(vxlan.DeviceName(1)) || !slices.Equal(res.takenOver(), []string{"flannel.1"}) || res.LeaseRemoved == "" || res.SubnetFile == "" {
+		t.Errorf("Teardown = %+v, want flannel.1 (not overlay.1) removed, the lease released and subnet.env removed", res)
+	}
+	if k.present("flannel.1") {
+		t.Errorf("flannel.1 is still present after teardown")
+	}
+	if log := k.log(); !slices.Contains(log, "masq removed") || !slices.Contains(log, "marked flannel.1") {
+		t.Errorf("kernel seam calls %v, want the takeover marked and the masquerade removed", log)
+	}
+}
+
+// A teardown on a host whose netlink cannot be opened (no CAP_NET_ADMIN
+// in its namespace) fails at once with that error: it removes nothing,
+// and above all keeps the lease, as the devices and routes using it stay.
+func TestWiringTeardownStopsWithoutNetlink(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	k := newFakeKernel()
+	w := startWiring(t, srv, func(c *Config) { c.Kernel = k })
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	w.stop(t)
+
+	k.mu.Lock()
+	k.teardownErr = fmt.Errorf("%w: operation not permitted", errNoNetlink)
+	k.mu.Unlock()
+	res, err := Teardown(ctx, w.cfg, TeardownOptions{})
+	if !errors.Is(err, errNoNetlink) || res.LeaseRemoved != "" || len(res.Warnings) != 0 {
+		t.Fatalf("Teardown without netlink = %+v, %v; want the netlink error and nothing done", res, err)
+	}
+	if !k.present(vxlan.DeviceName(1)) {
+		t.Error("overlay.1 was removed although the kernel was unreachable")
+	}
+	snap, err := reg.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for _, l := range snap.Leases {
+		held = held || l.Attrs.NodeID == "wiring"
+	}
+	if !held {
+		t.Error("the host's lease was released although its devices stay")
 	}
 }

@@ -22,13 +22,13 @@ const dualNetwork = `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":
 func dualHost(i int) Host {
 	h := host(i)
 	h.PublicIPv6 = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i + 1)})
-	h.VtepMACv6 = net.HardwareAddr{0x0e, 0, 0, 6, byte(i >> 8), byte(i)}
+	h.BackendV6Data = vxlanData(net.HardwareAddr{0x0e, 0, 0, 6, byte(i >> 8), byte(i)})
 	return h
 }
 
 func dualAttrs(i int) subnet.LeaseAttrs {
 	h := dualHost(i)
-	return subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).WithIPv6(h.PublicIPv6, 1, h.VtepMACv6)
+	return subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, h.BackendData, h.NodeID, h.Hostname).WithIPv6(h.PublicIPv6, h.BackendV6Data)
 }
 
 func subnets(v4, v6 string) subnet.Subnets {
@@ -57,7 +57,7 @@ func TestAcquireDualStack(t *testing.T) {
 	if !subnet.SameAttrs(got.Attrs, dualAttrs(1)) {
 		t.Errorf("stored value %+v, want %+v", got.Attrs, dualAttrs(1))
 	}
-	if _, v6, err := f.cfg.Peer(got); err != nil || v6.Subnet != l.IPv6Subnet || v6.PublicIP != dualHost(1).PublicIPv6 {
+	if _, v6, err := peers(f.cfg, got); err != nil || v6.Subnet != l.IPv6Subnet || v6.PublicIP != dualHost(1).PublicIPv6 {
 		t.Errorf("the lease as a peer: IPv6 %+v, %v", v6, err)
 	}
 }
@@ -283,7 +283,7 @@ func TestIPv6OnlyLeasesLiveUnderSubnets6(t *testing.T) {
 		if l.Subnet.IsValid() || !f.cfg.IPv6.Contains(l.IPv6Subnet) || l.Attrs.PublicIP != "" || len(l.Attrs.BackendData) != 0 || l.Attrs.PublicIPv6 != dualHost(i).PublicIPv6.String() {
 			t.Errorf("host %d's lease %s: %+v", i, l.Subnets(), l.Attrs)
 		}
-		if _, v6, err := f.cfg.Peer(l); err != nil || v6.Subnet != l.IPv6Subnet {
+		if _, v6, err := peers(f.cfg, l); err != nil || v6.Subnet != l.IPv6Subnet {
 			t.Errorf("host %d's lease as a peer: %+v, %v", i, v6, err)
 		}
 	}
@@ -325,7 +325,7 @@ func TestIPv6OnlyHostIsKnownByItsIPv6Address(t *testing.T) {
 	reg := f.reg.For(f.cfg)
 	v6only := func(i int) Host {
 		h := dualHost(i)
-		h.PublicIP, h.VtepMAC = netip.Addr{}, nil
+		h.PublicIP, h.BackendData = netip.Addr{}, nil
 		return h
 	}
 	h := v6only(1)

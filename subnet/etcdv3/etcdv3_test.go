@@ -48,10 +48,10 @@ func ctx(t *testing.T) context.Context {
 
 func host(i int) Host {
 	return Host{
-		NodeID:   fmt.Sprintf("node-%d", i),
-		Hostname: fmt.Sprintf("host-%d", i),
-		PublicIP: netip.AddrFrom4([4]byte{198, 18, byte(i / 250), byte(i%250 + 1)}),
-		VtepMAC:  net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)},
+		NodeID:      fmt.Sprintf("node-%d", i),
+		Hostname:    fmt.Sprintf("host-%d", i),
+		PublicIP:    netip.AddrFrom4([4]byte{198, 18, byte(i / 250), byte(i%250 + 1)}),
+		BackendData: vxlanData(net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}),
 	}
 }
 
@@ -224,7 +224,7 @@ func TestReservationIsAdoptedWithoutTTL(t *testing.T) {
 	if resp.Kvs[0].Lease != 0 {
 		t.Errorf("reservation gained etcd lease %x", resp.Kvs[0].Lease)
 	}
-	if !strings.Contains(string(resp.Kvs[0].Value), h.VtepMAC.String()) {
+	if !strings.Contains(string(resp.Kvs[0].Value), hostMAC(h)) {
 		t.Errorf("reservation value %s was not filled with the host's VtepMAC", resp.Kvs[0].Value)
 	}
 	if n := f.countEtcdLeases(t); n != 0 {
@@ -345,7 +345,7 @@ func TestLeaseTakenByAnotherHostStopsRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx(t)) }()
 	other := host(2)
-	val, _ := subnet.NewVXLANAttrs(other.PublicIP, 1, other.VtepMAC, other.NodeID, "").Marshal()
+	val, _ := subnet.NewAttrs(other.PublicIP, subnet.DefaultBackendType, other.BackendData, other.NodeID, "").Marshal()
 	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestWatchReportsAddDeleteAndChange(t *testing.T) {
 	expect(t, ch, subnet.Added, l.Subnet, "")
 
 	h := host(1)
-	h.VtepMAC = net.HardwareAddr{0x0e, 1, 2, 3, 4, 5}
+	h.BackendData = vxlanData(net.HardwareAddr{0x0e, 1, 2, 3, 4, 5})
 	if _, _, err := f.manager(h, ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestWatchResumesAcrossCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	hb := host(2)
-	hb.VtepMAC = net.HardwareAddr{0x0e, 9, 9, 9, 9, 9}
+	hb.BackendData = vxlanData(net.HardwareAddr{0x0e, 9, 9, 9, 9, 9})
 	if _, _, err := f.manager(hb, ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +592,7 @@ func expect(t *testing.T, ch <-chan Batch, typ subnet.EventType, p netip.Prefix,
 				t.Fatalf("event for %s is %s, want %s", p, ev.Type, typ)
 			}
 			if mac != "" {
-				d, err := ev.Lease.Attrs.VXLAN()
+				d, err := leaseData(ev.Lease.Attrs.BackendData)
 				if err != nil || d.VtepMAC != mac {
 					t.Fatalf("event for %s carries MAC %q (%v), want %s", p, d.VtepMAC, err, mac)
 				}
@@ -673,7 +673,7 @@ func TestLeaseRewrittenByCloneStopsRun(t *testing.T) {
 	go func() { done <- m.Run(ctx(t)) }()
 	clone := host(1)
 	clone.PublicIP = netip.MustParseAddr("198.18.0.200")
-	val, _ := subnet.NewVXLANAttrs(clone.PublicIP, 1, clone.VtepMAC, clone.NodeID, "").Marshal()
+	val, _ := subnet.NewAttrs(clone.PublicIP, subnet.DefaultBackendType, clone.BackendData, clone.NodeID, "").Marshal()
 	if _, err := f.cli.Put(ctx(t), f.reg.LeaseKey(l.Subnets()), string(val)); err != nil {
 		t.Fatal(err)
 	}

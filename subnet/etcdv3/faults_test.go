@@ -106,7 +106,7 @@ func tctx(t *testing.T) context.Context {
 
 func peerAttrs(i int) subnet.LeaseAttrs {
 	mac := net.HardwareAddr{0x0e, 0xfa, 0, 0, byte(i >> 8), byte(i)}
-	return subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)}), 1, mac, fmt.Sprintf("peer-%d", i), "")
+	return vxlanAttrs(netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)}), 1, mac, fmt.Sprintf("peer-%d", i), "")
 }
 
 func peerSubnet(i int) netip.Prefix {
@@ -117,7 +117,7 @@ func peerSubnet(i int) netip.Prefix {
 // one no peer of the tests uses: picked at random, it collided now and then
 // with a peer a test adds later ("subnet already leased").
 func me() etcdv3.Host {
-	return etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), VtepMAC: net.HardwareAddr{0x0e, 1, 1, 1, 1, 1},
+	return etcdv3.Host{NodeID: "me", PublicIP: netip.MustParseAddr("198.18.0.1"), BackendData: vxlanData(net.HardwareAddr{0x0e, 1, 1, 1, 1, 1}),
 		Previous: subnet.Subnets{IPv4: peerSubnet(50)}}
 }
 
@@ -152,7 +152,7 @@ func collect(ch <-chan etcdv3.Batch) *collector {
 					delete(c.known, ev.Lease.Subnet)
 					continue
 				}
-				d, _ := ev.Lease.Attrs.VXLAN()
+				d, _ := leaseData(ev.Lease.Attrs.BackendData)
 				c.known[ev.Lease.Subnet] = d.VtepMAC
 			}
 			c.mu.Unlock()
@@ -208,7 +208,7 @@ func changeMeanwhile(t *testing.T, dreg *etcdv3.Registry) string {
 	if _, err := dreg.Update(tctx(t), old, changed, 0); err != nil {
 		t.Fatal(err)
 	}
-	d, _ := changed.VXLAN()
+	d, _ := leaseData(changed.BackendData)
 	return d.VtepMAC
 }
 
@@ -747,7 +747,7 @@ func TestRecreatedStoreIsNoticedAndRejoined(t *testing.T) {
 		if _, err := dreg.Client().Put(tctx(t), dreg.LeaseKey(subnet.Subnets{IPv4: peerSubnet(3)}), string(val)); err != nil {
 			t.Fatal(err)
 		}
-		d, _ := a.VXLAN()
+		d, _ := leaseData(a.BackendData)
 		last = d.VtepMAC
 	}
 	testenv.WaitFor(t, testenv.Slack, "the old store's last write seen", func() bool { return seen.has(peerSubnet(3), last) })

@@ -175,7 +175,7 @@ func TestJournalHoldsTheLeaseSetTheWatchDelivered(t *testing.T) {
 	ch := f.reg.Watch(ctx(t), snap, WatchOptions{Progress: true})
 
 	changed := host(1)
-	changed.VtepMAC = net.HardwareAddr{0x0e, 9, 9, 9, 9, 9}
+	changed.BackendData = vxlanData(net.HardwareAddr{0x0e, 9, 9, 9, 9, 9})
 	if _, _, err := f.manager(changed, ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestStaleJournalIsNotUsed(t *testing.T) {
 }
 
 func peerLeaseAttrs() subnet.LeaseAttrs {
-	return subnet.NewVXLANAttrs(netip.MustParseAddr("198.19.9.9"), 1, net.HardwareAddr{0x0e, 9, 9, 9, 9, 8}, "someone-else", "")
+	return vxlanAttrs(netip.MustParseAddr("198.19.9.9"), 1, net.HardwareAddr{0x0e, 9, 9, 9, 9, 8}, "someone-else", "")
 }
 
 // journalLeases are n leases for unit tests of the file.
@@ -482,7 +482,7 @@ func journalLeases(n int) []subnet.Lease {
 	var out []subnet.Lease
 	for i := range n {
 		out = append(out, subnet.Lease{Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
-			Attrs:     subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 18, 0, byte(i + 1)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, "n", ""),
+			Attrs:     vxlanAttrs(netip.AddrFrom4([4]byte{198, 18, 0, byte(i + 1)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}, "n", ""),
 			EtcdLease: int64(100 + i), ModRevision: int64(10 + i)})
 	}
 	return out
@@ -689,7 +689,7 @@ func TestJournalStartKeepsNoRecordOfEveryLease(t *testing.T) {
 	var leases []subnet.Lease
 	for i := range n {
 		l := subnet.Lease{Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24),
-			Attrs:     subnet.NewVXLANAttrs(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}, "", ""),
+			Attrs:     vxlanAttrs(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 1, net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}, "", ""),
 			EtcdLease: 7, ModRevision: int64(10 + i)}
 		l.Value, _ = l.Attrs.Marshal()
 		leases = append(leases, l)

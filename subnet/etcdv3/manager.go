@@ -2,11 +2,11 @@ package etcdv3
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -45,11 +45,14 @@ type Host struct {
 	NodeID   string
 	Hostname string
 	PublicIP netip.Addr
-	VtepMAC  net.HardwareAddr
-	// PublicIPv6 and VtepMACv6 are the IPv6 device's, used in a network
-	// that carries IPv6.
-	PublicIPv6 netip.Addr
-	VtepMACv6  net.HardwareAddr
+	// BackendData is what this host's data plane publishes of its device
+	// (the backend's codec made it: backend/vxlan.Codec.Encode), written
+	// into the lease as it is.
+	BackendData json.RawMessage
+	// PublicIPv6 and BackendV6Data are the IPv6 device's, used in a
+	// network that carries IPv6.
+	PublicIPv6    netip.Addr
+	BackendV6Data json.RawMessage
 	// Previous names the subnets from an old subnet.env, each reused if
 	// still free.
 	Previous subnet.Subnets
@@ -187,10 +190,10 @@ func (m *Manager) setKeyProblem(err error) {
 func (m *Manager) attrs() subnet.LeaseAttrs {
 	a := subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: m.host.NodeID, Hostname: m.host.Hostname}
 	if m.cfg.EnableIPv4 {
-		a = subnet.NewVXLANAttrs(m.host.PublicIP, m.cfg.Backend.VNI, m.host.VtepMAC, m.host.NodeID, m.host.Hostname)
+		a = subnet.NewAttrs(m.host.PublicIP, subnet.DefaultBackendType, m.host.BackendData, m.host.NodeID, m.host.Hostname)
 	}
 	if m.cfg.EnableIPv6 {
-		a = a.WithIPv6(m.host.PublicIPv6, m.cfg.Backend.VNI, m.host.VtepMACv6)
+		a = a.WithIPv6(m.host.PublicIPv6, m.host.BackendV6Data)
 	}
 	return a
 }

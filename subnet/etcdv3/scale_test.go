@@ -133,7 +133,7 @@ func putLeases(t testing.TB, cli *clientv3.Client, n int) {
 		for j := i; j < min(n, i+100); j++ {
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
 			h := host(j)
-			val, _ := subnet.NewVXLANAttrs(h.PublicIP, 1, h.VtepMAC, h.NodeID, h.Hostname).Marshal()
+			val, _ := subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, h.BackendData, h.NodeID, h.Hostname).Marshal()
 			ops = append(ops, clientv3.OpPut(reg.LeaseKey(subnet.Subnets{IPv4: p}), string(val)))
 		}
 		if _, err := cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {

@@ -45,7 +45,7 @@ func TestPeriodicRelistNeverSendsABatchBackwards(t *testing.T) {
 	key := f.reg.LeaseKey(subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")})
 	put := func(i int) int64 {
 		mac := net.HardwareAddr{0x0e, 0, 0, 0, byte(i >> 8), byte(i)}
-		val, _ := subnet.NewVXLANAttrs(netip.MustParseAddr("198.18.0.7"), 1, mac, "node-7", "h7").Marshal()
+		val, _ := vxlanAttrs(netip.MustParseAddr("198.18.0.7"), 1, mac, "node-7", "h7").Marshal()
 		resp, err := f.cli.Put(ctx(t), key, string(val))
 		if err != nil {
 			t.Fatal(err)

@@ -92,7 +92,7 @@ func (f *fleet) attrs(i, gen int) subnet.LeaseAttrs {
 		ip = netip.AddrFrom4([4]byte{198, 19, 200 + byte(i>>8)%50, byte(i)})
 	}
 	mac := net.HardwareAddr{0x0e, 0xfa, byte(gen >> 8), byte(gen), byte(i >> 8), byte(i)}
-	return subnet.NewVXLANAttrs(ip, 1, mac, fmt.Sprintf("fake-%d", i), "")
+	return subnet.NewAttrs(ip, subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(mac), fmt.Sprintf("fake-%d", i), "")
 }
 
 // put writes one lease, retrying through a failover (bounded).
@@ -271,7 +271,7 @@ func expectedKernel(set map[netip.Prefix]subnet.Lease, own netip.Prefix) ([]stri
 		if p == own {
 			continue
 		}
-		d, err := l.Attrs.VXLAN()
+		d, err := vxlan.DecodeLeaseData("BackendData", l.Attrs.BackendData)
 		if err != nil {
 			return nil, fmt.Errorf("lease %s: %w", p, err)
 		}

@@ -28,7 +28,10 @@ type cniMode struct {
 
 // benchCNI measures CNI ADD and DEL as a container runtime runs them: the
 // plugin exec'd from the host's namespace with the CNI_* environment and the
-// configuration on stdin, for a pod namespace made beforehand.
+// configuration on stdin, for a pod namespace made beforehand. It is long
+// (over 80 lines) as a script is: warm-up, sequential and concurrent runs
+// share one lab host, its pod slots and the call helper, in the order
+// Documentation/benchmarks.md describes.
 func (b *bench) benchCNI(ctx context.Context) error {
 	l, err := b.newLab(ctx, "cni", lab.DefaultNetworkConfig)
 	if err != nil {

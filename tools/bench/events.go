@@ -102,6 +102,11 @@ func (b *bench) benchEvents(ctx context.Context) error {
 	return nil
 }
 
+// eventsAt measures one base peer count: batches of 100 leases added and
+// deleted in one transaction, then single events, then the daemon's CPU
+// over them. It is long (over 80 lines) as a script is: each measurement
+// follows the last on the same daemon, clock and watch, in the order
+// Documentation/benchmarks.md describes.
 func (b *bench) eventsAt(ctx context.Context, base, hostNum int) error {
 	sh, err := b.seedHost(ctx, fmt.Sprintf("ev%d", hostNum), "w1", base, ipv4Only)
 	if err != nil {

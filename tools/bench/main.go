@@ -251,6 +251,9 @@ func (b *bench) newLab(ctx context.Context, tag, network string) (*lab.Lab, erro
 	})
 }
 
+// main checks the flags and the paths, runs the sections asked for and
+// writes the tables and results. It is long (over 80 lines) as a
+// program's outline is: each step runs once, in order, on one bench.
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {

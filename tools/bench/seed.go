@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 
@@ -109,14 +108,13 @@ func leaseValue(p peerEntry) string {
 }
 
 func leaseAttrs(p peerEntry) subnet.LeaseAttrs {
-	data, _ := json.Marshal(subnet.VXLANData{VNI: 1, VtepMAC: p.MAC.String()})
-	return subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: data}
+	return subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: vxlan.Codec{VNI: 1}.Encode(p.MAC.HardwareAddr())}
 }
 
 // dualLeaseValue is the value of a dual-stack lease: v4's fields, plus
 // PublicIPv6 and BackendV6Data from v6.
 func dualLeaseValue(v4, v6 peerEntry) string {
-	v, _ := leaseAttrs(v4).WithIPv6(v6.PublicIP, 1, v6.MAC.HardwareAddr()).Marshal()
+	v, _ := leaseAttrs(v4).WithIPv6(v6.PublicIP, vxlan.Codec{VNI: 1}.Encode(v6.MAC.HardwareAddr())).Marshal()
 	return string(v)
 }
 

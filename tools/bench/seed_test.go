@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -31,15 +32,18 @@ func TestSynthLeasesAreValidPeers(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s peer %d: value %s: %v", s, i, value, err)
 			}
-			p4, p6, err := cfg.Peer(subnet.Lease{Subnet: ids.IPv4, IPv6Subnet: ids.IPv6, Attrs: attrs})
-			if err != nil {
+			l := subnet.Lease{Subnet: ids.IPv4, IPv6Subnet: ids.IPv6, Attrs: attrs}
+			codec := vxlan.Codec{VNI: cfg.Backend.VNI}
+			if err := cfg.CheckLease(l, codec); err != nil {
 				t.Fatalf("%s peer %d (%s = %s) is not a valid peer: %v", s, i, key, value, err)
 			}
-			if p4.Subnet != v4.Subnet || p4.PublicIP != v4.PublicIP || p4.VtepMAC != v4.MAC {
-				t.Errorf("%s peer %d: IPv4 peer %+v, want %+v", s, i, p4, v4)
+			d4, _, _ := codec.Decode("BackendData", attrs.BackendData)
+			d6, _, _ := codec.Decode("BackendV6Data", attrs.BackendV6Data)
+			if l.Subnet != v4.Subnet || attrs.PublicAddr() != v4.PublicIP || d4 != vxlan.PeerData(v4.MAC) {
+				t.Errorf("%s peer %d: IPv4 peer %s %s, want %+v", s, i, l.Subnet, value, v4)
 			}
-			if s == dualStack && (p6.Subnet != v6.Subnet || p6.PublicIP != v6.PublicIP || p6.VtepMAC != v6.MAC) {
-				t.Errorf("%s peer %d: IPv6 peer %+v, want %+v", s, i, p6, v6)
+			if s == dualStack && (l.IPv6Subnet != v6.Subnet || attrs.PublicAddrV6() != v6.PublicIP || d6 != vxlan.PeerData(v6.MAC)) {
+				t.Errorf("%s peer %d: IPv6 peer %s %s, want %+v", s, i, l.IPv6Subnet, value, v6)
 			}
 			if s == dualStack && v6.MAC == v4.MAC {
 				t.Errorf("peer %d: the same VTEP MAC %v on both devices", i, v4.MAC)

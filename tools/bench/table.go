@@ -38,6 +38,9 @@ func span(r result) string {
 	return fmt.Sprintf("%s [%s–%s]", fmtFig(r.Median, r.Unit), fmtFig(r.Min, r.Unit), fmtFig(r.Max, r.Unit))
 }
 
+// headlines are the table's rows: each issue's figure against flannel's
+// and the target. It is long (over 80 lines) because it is that table, one
+// fig call per row, in the order Documentation/benchmarks.md prints it.
 func (b *bench) headlines() []headline {
 	var rows []headline
 	missing := func(section string) string {

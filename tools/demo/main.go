@@ -220,7 +220,8 @@ func build(ctx context.Context, w io.Writer, binDir, dir string, dualStack bool)
 }
 
 // report prints the leases, routes, pings and how to explore (over IPv4,
-// and over IPv6 too in a dual-stack demo).
+// and over IPv6 too in a dual-stack demo). It is long (over 80 lines) as
+// the page it prints is: one section after another, top to bottom.
 func report(ctx context.Context, w io.Writer, l *lab.Lab, o options, kept bool) error {
 	section(w, "Leases in etcd", "bin/overlayd lease list")
 	table, err := l.CLI(ctx, "lease", "list")
@@ -285,7 +286,7 @@ func report(ctx context.Context, w io.Writer, l *lab.Lab, o options, kept bool) 
 	hints = append(hints,
 		[2]string{"The leases in etcd (try also: lease get, config get):", overlayd + " --endpoints " + l.Endpoint() + " lease list"})
 	if _, err := exec.LookPath("curl"); err == nil {
-		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as JSON (also /readyz, /metrics), and as a table:", "ip netns exec " + n1.NSName + " curl -s 127.0.0.1:9436/status"})
+		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as JSON (also /readyz, /metrics), and as a table:", "ip netns exec " + n1.NSName + " curl -s " + lab.HealthAddr + "/status"})
 	} else {
 		hints = append(hints, [2]string{n1.Name + "'s overlayd: its state as a table:", ""})
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
@@ -135,16 +136,19 @@ type simHost struct {
 func (h *simHost) host() etcdv3.Host {
 	ip := netip.AddrFrom4([4]byte{100, 64 + byte(h.idx>>16), byte(h.idx >> 8), byte(h.idx)})
 	return etcdv3.Host{
-		NodeID:   fmt.Sprintf("sim-%05d", h.idx),
-		Hostname: fmt.Sprintf("sim-%05d", h.idx),
-		PublicIP: ip,
-		VtepMAC:  net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)},
-		Previous: subnet.Subnets{IPv4: h.lease},
+		NodeID:      fmt.Sprintf("sim-%05d", h.idx),
+		Hostname:    fmt.Sprintf("sim-%05d", h.idx),
+		PublicIP:    ip,
+		BackendData: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)}),
+		Previous:    subnet.Subnets{IPv4: h.lease},
 	}
 }
 
 // start connects and acquires the lease; the host then runs in the
-// background until stop.
+// background until stop. It is long (over 80 lines) because it replays
+// overlayd's start-up steps in overlayd's order, each timed (lap) and
+// retried as overlayd retries it; split, the timings would lose their
+// shared clock.
 func (h *simHost) start(ctx context.Context) error {
 	t := time.Now()
 	lap := func(i int) {

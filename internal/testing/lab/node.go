@@ -28,7 +28,7 @@ import (
 
 // HealthAddr is where overlayd serves /readyz and /status on each host. The
 // default is fine: every host namespace has its own loopback.
-const HealthAddr = "127.0.0.1:9436"
+const HealthAddr = subnet.DefaultHealthAddr
 
 // Node is a simulated host running a real `overlayd run` process in its
 // namespace. Its files live in Dir: subnet.env, overlayd.log (appended to

@@ -1,0 +1,155 @@
+package daemon
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/subnet"
+)
+
+// PlaneSpec is what Kernel.Plane builds one data plane from: the network's
+// backend, the family, and this host's side of it. The daemon fills it in
+// the same way for `overlayd run` and `overlayd teardown`; only the
+// factory knows which backend package makes the plane.
+type PlaneSpec struct {
+	// Backend is the network config's "Backend" object: the type that
+	// chooses the backend, and its parameters (VXLAN: VNI, port,
+	// DirectRouting, MTU).
+	Backend subnet.BackendConfig
+	Family  backend.Family
+	// Underlay is the interface encapsulated traffic leaves by; LocalIP
+	// this host's address of Family on it (zero in a teardown that found
+	// none).
+	Underlay string
+	LocalIP  netip.Addr
+	// OwnSubnet is this host's lease of Family; zero in a teardown.
+	OwnSubnet netip.Prefix
+	// NodeID is the host's stable identity (VXLAN derives its MAC from it).
+	NodeID string
+	// Device and MAC, if set, name a device another program left (flanneld's)
+	// that the plane takes over with its MAC, instead of its own.
+	Device string
+	MAC    net.HardwareAddr
+
+	Resync time.Duration // how often the kernel is re-listed (0: the backend's default)
+	Logger *slog.Logger
+	// OnPeerProgrammed, if set, is called when a peer's current lease is
+	// fully in the kernel for the first time (see vxlan.Config).
+	OnPeerProgrammed func(backend.Peer, time.Time)
+}
+
+// vxlanConfig is spec as the VXLAN backend takes it.
+func (spec PlaneSpec) vxlanConfig() vxlan.Config {
+	b := spec.Backend
+	own := spec.OwnSubnet
+	if spec.Family == backend.IPv6 && !own.IsValid() {
+		// The VXLAN backend takes its family from its addresses: with no
+		// lease (a teardown), any IPv6 prefix says IPv6.
+		own = netip.PrefixFrom(netip.IPv6Unspecified(), 128)
+	}
+	return vxlan.Config{VNI: b.VNI, Port: b.Port, DirectRouting: b.DirectRouting, MTU: b.MTU,
+		Underlay: spec.Underlay, LocalIP: spec.LocalIP, OwnSubnet: own, NodeID: spec.NodeID,
+		DeviceName: spec.Device, VtepMAC: spec.MAC, ResyncInterval: spec.Resync, Logger: spec.Logger,
+		OnPeerProgrammed: spec.OnPeerProgrammed}
+}
+
+// familyPlane is what this run has of one address family's data plane:
+// flanneld's device being taken over (found while joining), then the
+// plane and its device (startDataPlane). The daemon keeps one per family
+// the network carries, IPv4 first.
+type familyPlane struct {
+	family  backend.Family
+	flannel flannelDevice // flanneld's device being taken over; zero if none
+	plane   backend.Plane // nil until startDataPlane built it
+	dev     backend.Device
+}
+
+// families are the address families of a network config, IPv4 first.
+func families(nc *subnet.Config) []backend.Family {
+	var out []backend.Family
+	if nc.EnableIPv4 {
+		out = append(out, backend.IPv4)
+	}
+	if nc.EnableIPv6 {
+		out = append(out, backend.IPv6)
+	}
+	return out
+}
+
+// localIP is this host's underlay address of fam.
+func (u Underlay) localIP(fam backend.Family) netip.Addr {
+	if fam == backend.IPv6 {
+		return u.PublicIPv6
+	}
+	return u.PublicIP
+}
+
+// ownSubnet is this host's lease of fam.
+func ownSubnet(l subnet.Lease, fam backend.Family) netip.Prefix {
+	if fam == backend.IPv6 {
+		return l.IPv6Subnet
+	}
+	return l.Subnet
+}
+
+// network is the cluster network of fam.
+func network(nc *subnet.Config, fam backend.Family) netip.Prefix {
+	if fam == backend.IPv6 {
+		return nc.IPv6.Network
+	}
+	return nc.Network
+}
+
+// ownVtepMAC is the MAC this host publishes for its device of fam:
+// flanneld's if one is being taken over, else the one derived from the
+// node ID (also for a family the network does not carry, as before).
+func (d *daemon) ownVtepMAC(fam backend.Family) net.HardwareAddr {
+	vni := d.netCfg.Backend.VNI
+	mac := vxlan.VtepMAC(d.nodeID, vni)
+	if fam == backend.IPv6 {
+		mac = vxlan.VtepMACv6(d.nodeID, vni)
+	}
+	if fp := d.plane(fam); fp != nil {
+		return fp.flannel.macOr(mac)
+	}
+	return mac
+}
+
+// LeaseCodec is the codec of the network's backend's part of lease values
+// (Backend.Type: ParseConfig accepts vxlan only); the CLI judges leases
+// with it as the daemon does. A new backend adds its codec here, beside
+// its case in hostKernel.Plane.
+func LeaseCodec(b subnet.BackendConfig) backend.Codec { return vxlan.Codec{VNI: b.VNI} }
+
+// publishedData is the backend data this host writes into its lease for
+// its device of fam (see ownVtepMAC): known before the kernel is touched.
+func (d *daemon) publishedData(fam backend.Family) json.RawMessage {
+	return vxlan.Codec{VNI: d.netCfg.Backend.VNI}.Encode(d.ownVtepMAC(fam))
+}
+
+// LeaseVtepMAC is the VTEP MAC a lease's backend data raw (its member
+// member) names, as the lease writes it, if it can be read: for peer
+// events' logs and `overlayd lease list`.
+func LeaseVtepMAC(raw json.RawMessage, member string) (string, bool) {
+	d, err := vxlan.DecodeLeaseData(member, raw)
+	return d.VtepMAC, err == nil
+}
+
+// peerDataString is how a removed peer's log names its data: its VTEP MAC.
+func peerDataString(p backend.Peer) string { return vxlan.PeerMAC(p).String() }
+
+// plane returns this run's plane of fam, nil if the network does not
+// carry fam.
+func (d *daemon) plane(fam backend.Family) *familyPlane {
+	for _, fp := range d.planes {
+		if fp.family == fam {
+			return fp
+		}
+	}
+	return nil
+}

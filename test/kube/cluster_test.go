@@ -3,6 +3,7 @@ package kubee2e
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -104,6 +105,13 @@ func newCluster(t testing.TB, nodes int) *cluster {
 	testenv.PluginDir(t)
 	removeStaleCgroups()
 
+	// Registered first, so it runs last: after the lab is gone.
+	before := testenv.RootNetworkState(t)
+	t.Cleanup(func() {
+		if after := testenv.RootNetworkState(t); after != before {
+			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+	})
 	var err error
 	pattern := "ovl-lab-" + strconv.Itoa(os.Getpid()) + "-kube-"
 	if c.dir, err = os.MkdirTemp("", pattern); err != nil {
@@ -226,7 +234,7 @@ func (c *cluster) token(user string) string {
 	if tok, ok := c.tokens[user]; ok {
 		return tok
 	}
-	tok := fmt.Sprintf("lab%08x%d", time.Now().UnixNano()&0xffffffff, len(c.tokens))
+	tok := rand.Text()
 	c.tokens[user] = tok
 	return tok
 }

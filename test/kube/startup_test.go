@@ -90,7 +90,30 @@ spec:
 			events <- seen{p.Metadata.Name, time.Now(), p.Status.Phase == "Running" && p.Status.PodIP != ""}
 		}
 	}()
-	time.Sleep(time.Second) // the watch is established (no pod of the label exists yet)
+	// The watch is established once it shows a sentinel pod (one that no
+	// node can run): from then on it sees every pod from its creation.
+	sentinel := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: s-sentinel, labels: {bench: startup}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: no-such-node}
+  containers:
+  - {name: c, image: %s, imagePullPolicy: Never, args: [pause]}
+`, echoImage)
+	if out, err := c.kubectl(context.Background(), []byte(sentinel), "create", "-f", "-"); err != nil {
+		t.Fatalf("create the sentinel pod: %v\n%s", err, out)
+	}
+	for established := false; !established; {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("the watch ended before it showed the sentinel pod")
+			}
+			established = e.name == "s-sentinel"
+		case <-time.After(testenv.Deadline(time.Minute)):
+			t.Fatal("the watch did not show the sentinel pod within a minute")
+		}
+	}
 	start := time.Now()
 	if out, err := c.kubectl(context.Background(), []byte(strings.Join(docs, "---\n")), "create", "-f", "-"); err != nil {
 		t.Fatalf("create %d pods: %v\n%s", len(names), err, out)
@@ -104,6 +127,9 @@ spec:
 		case e, ok := <-events:
 			if !ok {
 				t.Fatalf("the watch ended with %d of %d pods Running", len(running), len(names))
+			}
+			if e.name == "s-sentinel" {
+				continue
 			}
 			if _, ok := created[e.name]; !ok {
 				created[e.name] = e.at

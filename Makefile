@@ -85,7 +85,7 @@ kube-deps:
 	@test/kube/install-deps.sh
 
 kube-e2e: build plugins kube kube-deps
-	KUBE_MATRIX=$(abspath $(KUBE_MATRIX)) $(GO) test -count=1 -timeout 15m -v ./test/kube/
+	KUBE_MATRIX=$(abspath $(KUBE_MATRIX)) $(GO) test -race -count=1 -timeout 15m -v ./test/kube/
 
 # Not part of `make test`: run the suites RUNS times with HOGS busy-loop
 # processes beside them and print how often each test failed (a deadline

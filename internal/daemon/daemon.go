@@ -30,6 +30,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -204,6 +205,7 @@ type daemon struct {
 
 	reg    *etcdv3.Registry
 	netCfg *subnet.Config
+	codec  backend.Codec // the network's backend's part of lease values (codecs.For)
 	mgr    *etcdv3.Manager
 	lease  subnet.Lease
 	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)

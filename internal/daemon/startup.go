@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -53,6 +54,11 @@ func (d *daemon) join(ctx context.Context) error {
 	}
 	// An IPv6-only network keeps its leases apart (under subnets6/).
 	d.reg = d.reg.For(d.netCfg)
+	codec, err := codecs.For(d.netCfg.Backend)
+	if err != nil {
+		return fmt.Errorf("%s: %w", d.reg.ConfigKey(), err)
+	}
+	d.codec = codec
 	for _, fam := range families(d.netCfg) {
 		d.planes = append(d.planes, &familyPlane{family: fam})
 	}
@@ -160,7 +166,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.reg.SubnetsPrefix())
+	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.reg.SubnetsPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -763,7 +764,7 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	published := ""
 	for _, l := range snap.Leases {
 		if l.Attrs.NodeID == "wiring" {
-			published, _ = LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
+			published, _ = codecs.LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
 		}
 	}
 	if published != flannelMAC.String() {

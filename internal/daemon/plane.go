@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -56,6 +57,21 @@ func (spec PlaneSpec) vxlanConfig() vxlan.Config {
 		Underlay: spec.Underlay, LocalIP: spec.LocalIP, OwnSubnet: own, NodeID: spec.NodeID,
 		DeviceName: spec.Device, VtepMAC: spec.MAC, ResyncInterval: spec.Resync, Logger: spec.Logger,
 		OnPeerProgrammed: spec.OnPeerProgrammed}
+}
+
+// planeDevice is the name of the device the plane of the network's
+// backend b and family fam makes its own (VXLAN: overlay.<VNI>,
+// overlay-v6.<VNI>), for what looks for it apart from the plane: start-up
+// checking the data path and removing an old IPv6 one, and teardown. Like
+// hostKernel.Plane it knows the backends by type.
+func planeDevice(b subnet.BackendConfig, fam backend.Family) (string, error) {
+	if b.Type != "" && b.Type != subnet.DefaultBackendType {
+		return "", fmt.Errorf("no data plane of backend type %q", b.Type)
+	}
+	if fam == backend.IPv6 {
+		return vxlan.DeviceNameV6(b.VNI), nil
+	}
+	return vxlan.DeviceName(b.VNI), nil
 }
 
 // familyPlane is what this run has of one address family's data plane:

@@ -17,7 +17,6 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
@@ -239,7 +238,11 @@ func (d *daemon) seedPeers(now time.Time) {
 // stop the start (the IPv4 data path does not depend on it); it says what
 // to remove by hand.
 func (d *daemon) removeOldIPv6(ctx context.Context) {
-	name := vxlan.DeviceNameV6(d.netCfg.Backend.VNI)
+	name, err := planeDevice(d.netCfg.Backend, backend.IPv6)
+	if err != nil {
+		d.log.Warn("the network no longer carries IPv6: the IPv6 device of an earlier run, if any, is left in place", "err", err)
+		return
+	}
 	spec := PlaneSpec{Backend: d.netCfg.Backend, Family: backend.IPv6, Underlay: d.ul.Iface, LocalIP: d.ul.PublicIPv6, NodeID: d.nodeID, Logger: d.log}
 	warn := func(err error) {
 		d.log.Warn("the network no longer carries IPv6, but the IPv6 device of an earlier run could not be removed: delete it with `ip link delete "+name+"` (its routes, neighbours and FDB entries go with it)",

@@ -59,6 +59,11 @@ func (spec PlaneSpec) vxlanConfig() vxlan.Config {
 		OnPeerProgrammed: spec.OnPeerProgrammed}
 }
 
+// ownRouteProtocol is the route protocol number of the routes the planes
+// install (the VXLAN backend's, 115), for messages that tell an operator
+// how to remove them.
+const ownRouteProtocol = vxlan.RouteProtocol
+
 // planeDevice is the name of the device the plane of the network's
 // backend b and family fam makes its own (VXLAN: overlay.<VNI>,
 // overlay-v6.<VNI>), for what looks for it apart from the plane: start-up

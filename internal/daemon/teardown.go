@@ -17,7 +17,6 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -99,7 +98,7 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, ulErr // nothing on this host can be removed: leave the lease too
 	}
 	if ulErr != nil {
-		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, vxlan.RouteProtocol)
+		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, ownRouteProtocol)
 		cfg.Logger.Warn(w)
 		res.Warnings = append(res.Warnings, w)
 	}

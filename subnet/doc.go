@@ -4,6 +4,7 @@
 // etcd, subnet allocation, and the subnet.env file handed to the CNI plugin.
 //
 // It imports neither etcd nor netlink, so the CNI plugin can read subnet.env
-// through it without paying for an etcd client at every exec. The etcd side
-// (registry, lease keeping, watch) lives in subnet/etcdv3.
+// through it without paying for an etcd client at every exec. Source is the
+// seam the daemon takes its leases through (source.go); the etcd side
+// (registry, lease keeping, watch, journal) implements it in subnet/etcdv3.
 package subnet

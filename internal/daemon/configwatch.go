@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // configWatch judges each change of <prefix>/config against the config the
@@ -32,7 +31,7 @@ type configWatch struct {
 // fits) and, for a change this host applies at its next start while it
 // keeps carrying traffic (EnableIPv6 turned on or off), what is pending;
 // it logs a change of either once.
-func (w *configWatch) update(u etcdv3.ConfigUpdate) (reason, pending string) {
+func (w *configWatch) update(u subnet.ConfigUpdate) (reason, pending string) {
 	problem := ""
 	if u.Err != nil {
 		problem = u.Err.Error()

@@ -1,12 +1,15 @@
 // Package daemon wires the pieces of `overlayd run` together:
 //
-//	etcd ──Manager──▶ this host's lease ──▶ subnet.env (for overlay-cni)
-//	etcd ──Watch────▶ peerSet (validate) ──SetPeers──▶ planes ──▶ kernel
+//	subnet.Source ──Acquire, Keep──▶ this host's lease ──▶ subnet.env (for overlay-cni)
+//	subnet.Source ──Watch──────────▶ peerSet (validate) ──SetPeers──▶ planes ──▶ kernel
 //
-// The lease manager keeps our subnet, the watcher follows every other
-// host's, the peer set turns leases into validated peers, and the data
-// planes (backend.Plane, one per address family, built by Kernel.Plane)
-// converge the kernel to them. Shutdown leaves the data path in place so a
+// The lease source (etcd: subnet/etcdv3.Source) keeps our subnet and
+// follows every other host's, the peer set turns leases into validated
+// peers, and the data planes (backend.Plane, one per address family,
+// built by Kernel.Plane) converge the kernel to them. The daemon knows
+// the source only through subnet.Source: the node-ID claim, the lease
+// journal and the catch-up of a resumed watch are the etcd source's.
+// Shutdown leaves the data path in place so a
 // restart drops no packets; Teardown removes it.
 //
 // Run's goroutine does start-up in phases (serveHealth, join,
@@ -29,6 +32,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -86,6 +90,9 @@ type Config struct {
 	NetNS netns.NsHandle
 	// Kernel, if set, replaces the real network stack in NetNS (tests).
 	Kernel Kernel
+	// Source, if set, is where the leases come from instead of the etcd
+	// cluster Etcd and Prefix name (tests; another store).
+	Source subnet.Source
 
 	Logger *slog.Logger
 }
@@ -109,6 +116,18 @@ func (c *Config) defaults() {
 	if c.Kernel == nil {
 		c.Kernel = hostKernel{ns: c.NetNS}
 	}
+}
+
+// leaseSource is where the leases come from: Source if set, else the etcd
+// cluster Etcd and Prefix name, with the lease journal beside the subnet
+// file (the host lock makes it this daemon's alone).
+func (c *Config) leaseSource(log *slog.Logger) subnet.Source {
+	if c.Source != nil {
+		return c.Source
+	}
+	dial := func(ctx context.Context) (*clientv3.Client, error) { return etcdclient.Connect(ctx, c.Etcd) }
+	return etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: c.Etcd.Endpoints, Dial: dial, Prefix: c.Prefix, JournalFile: etcdv3.JournalFile(c.SubnetFile),
+		LeaseTTL: c.LeaseTTL, LivenessTTL: c.LivenessTTL, Resync: c.LeaseResync, ConfigRetry: retryInterval, Logger: log})
 }
 
 // retryInterval is the first pause between attempts of a start-up step
@@ -203,20 +222,18 @@ type daemon struct {
 	wg      sync.WaitGroup
 	closers []func()
 
-	reg    *etcdv3.Registry
+	src    subnet.Source
 	netCfg *subnet.Config
 	codec  backend.Codec // the network's backend's part of lease values (codecs.For)
-	mgr    *etcdv3.Manager
 	lease  subnet.Lease
-	snap   etcdv3.Snapshot // the lease listing Acquire made, which seeds the peers and the watch (dropped once the watch has it)
+	snap   subnet.Snapshot // the lease set Acquire returned, which seeds the peers and the watch (dropped once the watch has it)
 	// planes are the data planes, one per address family the network
 	// carries, IPv4 first: listed once the config is read, built by
 	// startDataPlane through Kernel.Plane.
 	planes  []*familyPlane
 	peers   *peerSet
 	env     *envKeeper
-	journal *etcdv3.Journal // nil if it cannot be kept
-	batches <-chan etcdv3.Batch
+	batches <-chan subnet.Batch
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

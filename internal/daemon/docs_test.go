@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 var backticked = regexp.MustCompile("`([^`]+)`")
@@ -39,10 +40,11 @@ func TestStartupReasonsAreDocumented(t *testing.T) {
 	for _, row := range rows {
 		quoted = append(quoted, firstCell(row)...)
 	}
-	catchUp := strings.ReplaceAll(phaseCatchUp, "%d", "%s")
+	catchUp := strings.ReplaceAll(etcdv3.CatchUpReason, "%d", "%s")
+	reach := stepReach + "etcd at " // etcdv3.Source.Where
 	want := []string{
-		phaseTrying + stepReachEtcd + "<endpoints>",
-		phaseWaiting + stepReachEtcd + "<endpoints>: <why>",
+		phaseTrying + reach + "<endpoints>",
+		phaseWaiting + reach + "<endpoints>: <why>",
 		phaseTrying + stepClaimNodeID + `"<id>"`,
 		phaseTrying + stepAcquire,
 		phaseDevices,

@@ -14,7 +14,6 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // Logs and counters say only what happened: "peer added" is logged for
@@ -35,7 +34,7 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 	reservation := func(sub string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev, Attrs: subnet.LeaseAttrs{PublicIP: "198.18.0.9"}}
 	}
-	step := func(name string, b etcdv3.Batch, wantLines []string, wantInvalid float64) {
+	step := func(name string, b subnet.Batch, wantLines []string, wantInvalid float64) {
 		t.Helper()
 		logs.Reset()
 		d.onBatch(b)
@@ -58,7 +57,7 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 		}
 	}
 	own1 := reservation("10.244.1.0/24", 1)
-	step("arrivals", etcdv3.Batch{Events: []subnet.Event{
+	step("arrivals", subnet.Batch{Events: []subnet.Event{
 		{Type: subnet.Added, Lease: own1}, // ours, being adopted
 		{Type: subnet.Added, Lease: lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)},
 		{Type: subnet.Added, Lease: reservation("10.244.3.0/24", 3)},
@@ -67,7 +66,7 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 		`"peer added" peer=10.244.2.0/24 public_ip=198.18.0.2 node_id="" vtep_mac=0e:00:00:00:00:02`,
 		`"skipping invalid lease" key=/coreos.com/network/subnets/10.244.4.0-24 err="invalid lease: VtepMAC is all zeros"`,
 	}, 1)
-	step("changes", etcdv3.Batch{Events: []subnet.Event{
+	step("changes", subnet.Batch{Events: []subnet.Event{
 		{Type: subnet.Changed, Lease: lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 5)}, // adopted
 		{Type: subnet.Changed, Lease: lease("10.244.2.0/24", "198.18.0.2", "01:00:5e:00:00:01", 6)}, // turns bad
 		{Type: subnet.Removed, Lease: reservation("10.244.3.0/24", 3)},
@@ -100,7 +99,7 @@ func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
 		lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 3),
 	}
-	d.snap = etcdv3.Snapshot{Revision: 9, Leases: append([]subnet.Lease{
+	d.snap = subnet.Snapshot{Revision: 9, Leases: append([]subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		{Subnet: netip.MustParsePrefix("10.244.4.0/24"), Reserved: true, ModRevision: 4, Attrs: subnet.LeaseAttrs{PublicIP: "198.18.0.4"}},
 		lease("10.244.5.0/24", "198.18.0.5", "00:00:00:00:00:00", 5), // invalid: zero MAC

@@ -2,14 +2,12 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"time"
 
 	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // loop follows the cluster once start-up is done: lease events become peer
@@ -19,14 +17,14 @@ import (
 func (d *daemon) loop(ctx context.Context) error {
 	fatal := make(chan error, 1)
 	d.wg.Go(func() {
-		if err := d.mgr.Run(ctx); err != nil {
+		if err := d.src.Keep(ctx); err != nil {
 			fatal <- err
 		}
 	})
-	configs := d.reg.WatchConfig(ctx, retryInterval)
+	configs := d.src.WatchConfig(ctx)
 	d.wg.Go(func() { <-ctx.Done(); drain(configs) }) // as watchLeases does
 	batches := d.batches
-	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.reg.ConfigKey(), public: []netip.Addr{d.ul.PublicIP, d.ul.PublicIPv6}, log: d.log}
+	drift := configWatch{running: d.netCfg, lease: d.lease.Subnets(), key: d.src.ConfigKey(), public: []netip.Addr{d.ul.PublicIP, d.ul.PublicIPv6}, log: d.log}
 	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
 	defer envCheck.Stop()
@@ -56,30 +54,28 @@ func (d *daemon) loop(ctx context.Context) error {
 	}
 }
 
-// watchLeases starts the lease watch from the start-up lease set, and the
-// journal of it.
+// watchLeases starts the lease watch from the start-up lease set (the
+// source keeps its journal, if it has one, from there on).
 func (d *daemon) watchLeases(ctx context.Context) {
-	d.startJournal()
-	d.batches = d.reg.Watch(ctx, d.snap, etcdv3.WatchOptions{ResyncInterval: d.cfg.LeaseResync, Logger: d.log,
-		OnRestart: func(string) { d.m.watchRestarts.Inc() }, Progress: d.journal != nil})
+	d.batches = d.src.Watch(ctx, d.snap, subnet.WatchOptions{Logger: d.log, OnRestart: func(string) { d.m.watchRestarts.Inc() }})
 	// The watch ends by closing its channel once ctx is cancelled; the
-	// shutdown waits for that before the etcd client closes, so a re-list
-	// in flight never runs on a closed client.
+	// shutdown waits for that before the source closes, so a re-list in
+	// flight never runs on a closed client.
 	batches := d.batches
 	d.wg.Go(func() { <-ctx.Done(); drain(batches) })
 }
 
-// catchUp applies the watch's batches until the lease set is as current as
-// etcd was when a saved set was checked against it (Snapshot.Head):
-// readiness promises that the first pass programs the lease set as it is,
-// not as it was when this host stopped. It is quick: the watch delivers
-// only what changed meanwhile.
+// catchUp applies the watch's batches until the lease set is current
+// (one CaughtUp), when the set Acquire returned was saved by the last run
+// and the store has moved on since (Snapshot.Behind): readiness promises
+// that the first pass programs the lease set as it is, not as it was when
+// this host stopped. It is quick: the watch delivers only what changed
+// meanwhile.
 func (d *daemon) catchUp(ctx context.Context) error {
-	head := d.snap.Head
-	if head <= d.snap.Revision {
+	if d.snap.Behind == "" {
 		return nil
 	}
-	d.st.setPhase(fmt.Sprintf(phaseCatchUp, d.snap.Revision, head))
+	d.st.setPhase(d.snap.Behind)
 	for {
 		select {
 		case <-ctx.Done():
@@ -89,7 +85,7 @@ func (d *daemon) catchUp(ctx context.Context) error {
 				return ctx.Err()
 			}
 			d.onBatch(b)
-			if b.Revision >= head {
+			if b.CaughtUp {
 				return nil
 			}
 		}
@@ -98,10 +94,9 @@ func (d *daemon) catchUp(ctx context.Context) error {
 
 // onBatch applies one batch of lease events to the peer set and hands the
 // result to the backend.
-func (d *daemon) onBatch(b etcdv3.Batch) {
-	d.journalBatch(b)
-	if len(b.Events) == 0 && len(b.Invalid) == 0 && len(b.Deleted) == 0 {
-		return // etcd's revision moved on; no lease changed
+func (d *daemon) onBatch(b subnet.Batch) {
+	if b.Empty() {
+		return // the store's revision moved on; no lease changed
 	}
 	before := d.peers.programmed(b)
 	now := time.Now()
@@ -140,7 +135,7 @@ func (d *daemon) publishPeers() {
 // is what the peer set held of the batch's keys before it was applied
 // (programmed), after the set it was applied to. A key the batch names
 // more than once is logged once, as it ends.
-func logEvents(log *slog.Logger, b etcdv3.Batch, own subnet.Subnets, before map[subnet.ID]programmedPeer, after *peerSet) {
+func logEvents(log *slog.Logger, b subnet.Batch, own subnet.Subnets, before map[subnet.ID]programmedPeer, after *peerSet) {
 	last := make(map[subnet.ID]int, len(b.Events))
 	for i, ev := range b.Events {
 		last[ev.Lease.ID()] = i

@@ -63,7 +63,7 @@ func newMetrics(p *probe) *metrics {
 			Help: "Seconds until this host's lease expires unless renewed; +Inf for a reservation, 0 before a lease is held."},
 			func() float64 {
 				p.mu.Lock()
-				mgr := p.mgr
+				mgr := p.held
 				p.mu.Unlock()
 				switch {
 				case mgr == nil:

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 func mustConfig(t *testing.T, raw string) *subnet.Config {
@@ -54,10 +53,10 @@ func TestConfigWatchReportsEachChangeOnce(t *testing.T) {
 	logs := &logBuffer{}
 	w := configWatch{running: mustConfig(t, `{"Network":"10.244.0.0/16"}`), lease: subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.7.0/24")}, key: "/p/config",
 		log: slog.New(slog.NewJSONHandler(logs, nil))}
-	moved := etcdv3.ConfigUpdate{Config: mustConfig(t, `{"Network":"10.50.0.0/16"}`)}
-	same := etcdv3.ConfigUpdate{Config: w.running}
-	gone := etcdv3.ConfigUpdate{Err: errors.New("no network config at /p/config")}
-	for i, u := range []etcdv3.ConfigUpdate{same, moved, moved, gone, gone, same, same} {
+	moved := subnet.ConfigUpdate{Config: mustConfig(t, `{"Network":"10.50.0.0/16"}`)}
+	same := subnet.ConfigUpdate{Config: w.running}
+	gone := subnet.ConfigUpdate{Err: errors.New("no network config at /p/config")}
+	for i, u := range []subnet.ConfigUpdate{same, moved, moved, gone, gone, same, same} {
 		reason, _ := w.update(u)
 		if (u.Config == w.running) != (reason == "") {
 			t.Errorf("update %d: reason %q", i, reason)
@@ -84,13 +83,13 @@ func TestConfigWatchIPv6ToggleIsPending(t *testing.T) {
 	} {
 		logs := &logBuffer{}
 		w := configWatch{running: mustConfig(t, tc.run), lease: lease, key: "/p/config", log: slog.New(slog.NewJSONHandler(logs, nil))}
-		toggled := etcdv3.ConfigUpdate{Config: mustConfig(t, tc.now)}
+		toggled := subnet.ConfigUpdate{Config: mustConfig(t, tc.now)}
 		for range 2 {
 			if reason, pending := w.update(toggled); reason != "" || pending != tc.want {
 				t.Errorf("%s -> %s: reason %q, pending %q; want ready, pending %q", tc.run, tc.now, reason, pending, tc.want)
 			}
 		}
-		if reason, pending := w.update(etcdv3.ConfigUpdate{Config: w.running}); reason != "" || pending != "" {
+		if reason, pending := w.update(subnet.ConfigUpdate{Config: w.running}); reason != "" || pending != "" {
 			t.Errorf("back to the running config: reason %q, pending %q", reason, pending)
 		}
 		if n := logs.count(t, "network config changed while running; restart overlayd on this host to apply it"); n != 1 {
@@ -215,7 +214,7 @@ func TestConfigWatchNamesANetworkHoldingThisHost(t *testing.T) {
 		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"2001:db8::/32"}`: "/p/config: IPv6Network 2001:db8::/32 holds this host's public address 2001:db8::7",
 		`{"Network":"10.50.0.0/16"}`: "is not a /24 inside Network 10.50.0.0/16: it is stranded",
 	} {
-		if got, _ := w.update(etcdv3.ConfigUpdate{Config: mustConfig(t, cfg)}); !strings.Contains(got, want) {
+		if got, _ := w.update(subnet.ConfigUpdate{Config: mustConfig(t, cfg)}); !strings.Contains(got, want) {
 			t.Errorf("stored %s: reason %q, want %q", cfg, got, want)
 		}
 	}

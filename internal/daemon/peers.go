@@ -7,7 +7,6 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // peerSet turns the lease set seen in etcd into the peer set handed to the
@@ -71,7 +70,7 @@ func newPeerSet(cfg *subnet.Config, codec backend.Codec, own subnet.Subnets, sub
 }
 
 // reset replaces everything with a full listing.
-func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
+func (s *peerSet) reset(snap subnet.Snapshot) []rejection {
 	old := s.bad
 	s.valid[0] = make(map[subnet.ID]backend.Peer, len(snap.Leases))
 	s.valid[1] = map[subnet.ID]backend.Peer{}
@@ -90,7 +89,7 @@ func (s *peerSet) reset(snap etcdv3.Snapshot) []rejection {
 }
 
 // apply folds a watch batch in and returns the new rejections.
-func (s *peerSet) apply(b etcdv3.Batch) []rejection {
+func (s *peerSet) apply(b subnet.Batch) []rejection {
 	if b.Resync {
 		// A re-list batch carries every invalid key again; start the
 		// bookkeeping of undecodable keys afresh so deleted ones vanish.
@@ -177,7 +176,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[string]skip, out []rejection)
 type programmedPeer [2]backend.Peer
 
 // programmed returns what the set holds of the peers b's events name.
-func (s *peerSet) programmed(b etcdv3.Batch) map[subnet.ID]programmedPeer {
+func (s *peerSet) programmed(b subnet.Batch) map[subnet.ID]programmedPeer {
 	out := map[subnet.ID]programmedPeer{}
 	for _, ev := range b.Events {
 		id := ev.Lease.ID()
@@ -225,7 +224,7 @@ func (s *peerSet) unmark(id subnet.ID) {
 	}
 }
 
-func (s *peerSet) invalid(inv []etcdv3.Invalid, reported map[string]skip, out []rejection) []rejection {
+func (s *peerSet) invalid(inv []subnet.Invalid, reported map[string]skip, out []rejection) []rejection {
 	for _, i := range inv {
 		sn, err := s.cfg.ParseLeaseKey(i.Key[min(len(s.prefix), len(i.Key)):])
 		if err == nil {

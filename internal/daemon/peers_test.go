@@ -12,7 +12,6 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 const prefix = "/coreos.com/network/subnets/"
@@ -29,12 +28,12 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
 	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
-	snap := etcdv3.Snapshot{Leases: []subnet.Lease{
+	snap := subnet.Snapshot{Leases: []subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
 		lease("10.244.3.0/24", "0.0.0.0", "0e:00:00:00:00:03", 3),    // bad public IP
 		lease("10.244.4.0/24", "198.18.0.4", "00:00:00:00:00:00", 4), // zero MAC
-	}, Invalid: []etcdv3.Invalid{{Key: prefix + "garbage", ModRevision: 5, Err: errors.New("bad key")}}}
+	}, Invalid: []subnet.Invalid{{Key: prefix + "garbage", ModRevision: 5, Err: errors.New("bad key")}}}
 	rej := s.reset(snap)
 	if len(rej) != 3 || s.rejected() != 3 {
 		t.Fatalf("reset: %d rejections (%v), %d rejected; want 3", len(rej), rej, s.rejected())
@@ -48,7 +47,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Errorf("second reset reported %v again", rej)
 	}
 	// Fixing a bad lease programs it; changing a good one to bad removes it.
-	rej = s.apply(etcdv3.Batch{Events: []subnet.Event{
+	rej = s.apply(subnet.Batch{Events: []subnet.Event{
 		{Type: subnet.Changed, Lease: lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 6)},
 		{Type: subnet.Changed, Lease: lease("10.244.2.0/24", "198.18.0.2", "01:00:5e:00:00:01", 7)},
 		{Type: subnet.Added, Lease: lease("10.244.5.0/24", "198.18.0.5", "0e:00:00:00:00:05", 8)},
@@ -70,7 +69,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Errorf("rejected = %d, want 2", s.rejected())
 	}
 	// Deleting the garbage key removes no lease but ends its count.
-	if rej := s.apply(etcdv3.Batch{Deleted: []string{prefix + "garbage"}}); len(rej) != 0 || s.rejected() != 1 {
+	if rej := s.apply(subnet.Batch{Deleted: []string{prefix + "garbage"}}); len(rej) != 0 || s.rejected() != 1 {
 		t.Errorf("after the garbage key's deletion: rejections %v, rejected = %d, want none and 1", rej, s.rejected())
 	}
 }
@@ -111,7 +110,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	}
 	claimed := lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 5)
 	claimed.Reserved = true // an adopted reservation keeps no etcd lease
-	rej := s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{
+	rej := s.reset(subnet.Snapshot{Leases: []subnet.Lease{
 		reservation("10.244.2.0/24", "198.18.0.2", "", 2),
 		reservation("10.244.4.0/24", "", "later", 3),
 		reservation("10.244.6.0/24", "0.0.0.0", "", 4),               // names no host: invalid
@@ -135,7 +134,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 	}
 	// Its host claims 10.244.2.0/24; 10.244.4.0/24 is revoked; the orphan
 	// is cleaned up.
-	rej = s.apply(etcdv3.Batch{Events: []subnet.Event{
+	rej = s.apply(subnet.Batch{Events: []subnet.Event{
 		{Type: subnet.Changed, Lease: func() subnet.Lease {
 			l := lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 9)
 			l.Reserved = true
@@ -182,7 +181,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefix)
-		if rej := s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
+		if rej := s.reset(subnet.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
 			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
 		}
 		v4, v6 := s.peers(backend.IPv4), s.peers(backend.IPv6)
@@ -194,7 +193,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		}
 		// v4Key's host restarts with the dual-stack config: its key is
 		// replaced in one transaction.
-		s.apply(etcdv3.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: v4Key}, {Type: subnet.Added, Lease: tc.rekeyed}}})
+		s.apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: v4Key}, {Type: subnet.Added, Lease: tc.rekeyed}}})
 		v4 = s.peers(backend.IPv4)
 		found := false
 		for _, p := range v4 {

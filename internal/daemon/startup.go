@@ -12,32 +12,29 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
-// join connects to etcd, reads the network config and acquires this host's
-// lease, retrying what waiting can fix.
+// join reaches the lease source, reads the network config and acquires
+// this host's lease, retrying what waiting can fix.
 func (d *daemon) join(ctx context.Context) error {
-	var cli *clientv3.Client
-	if err := d.steps.retry(ctx, stepReachEtcd+strings.Join(d.cfg.Etcd.Endpoints, ","), func(ctx context.Context) (err error) {
-		cli, err = etcdclient.Connect(ctx, d.cfg.Etcd)
-		return err
-	}); err != nil {
+	src := d.cfg.leaseSource(d.log)
+	if err := d.steps.retry(ctx, stepReach+src.Where(), src.Connect); err != nil {
 		return err
 	}
-	d.closers = append(d.closers, func() { _ = cli.Close() })
-	d.reg = etcdv3.NewRegistry(cli, d.cfg.Prefix)
+	d.src = src
+	d.steps.fatal = src.IsFatal
+	// Last to close: a start-up that fails after the claim frees the node
+	// ID at once (a no-op once Keep runs: it releases its own).
+	d.closers = append(d.closers, src.Close)
 
 	if err := d.steps.retry(ctx, stepReadConfig, func(ctx context.Context) (err error) {
-		d.netCfg, _, err = d.reg.GetConfig(ctx)
+		d.netCfg, err = src.Config(ctx)
 		return err
 	}); err != nil {
 		return err
@@ -46,16 +43,14 @@ func (d *daemon) join(ctx context.Context) error {
 	case d.netCfg.EnableIPv4 && !d.ul.PublicIP.IsValid():
 		return fmt.Errorf("the network carries IPv4, but interface %s has no global IPv4 address: set --public-ip or choose another --iface", d.ul.Iface)
 	case d.netCfg.EnableIPv6 && !d.ul.PublicIPv6.IsValid():
-		return fmt.Errorf("the network carries IPv6 (EnableIPv6 in %s), but interface %s has no global IPv6 address: give it one, set --public-ipv6, or choose another --iface", d.reg.ConfigKey(), d.ul.Iface)
+		return fmt.Errorf("the network carries IPv6 (EnableIPv6 in %s), but interface %s has no global IPv6 address: give it one, set --public-ipv6, or choose another --iface", src.ConfigKey(), d.ul.Iface)
 	}
-	if err := checkUnderlayOutside(d.netCfg, d.ul, d.reg.ConfigKey()); err != nil {
+	if err := checkUnderlayOutside(d.netCfg, d.ul, src.ConfigKey()); err != nil {
 		return err
 	}
-	// An IPv6-only network keeps its leases apart (under subnets6/).
-	d.reg = d.reg.For(d.netCfg)
 	codec, err := codecs.For(d.netCfg.Backend)
 	if err != nil {
-		return fmt.Errorf("%s: %w", d.reg.ConfigKey(), err)
+		return fmt.Errorf("%s: %w", src.ConfigKey(), err)
 	}
 	d.codec = codec
 	for _, fam := range families(d.netCfg) {
@@ -69,30 +64,23 @@ func (d *daemon) join(ctx context.Context) error {
 		return err
 	}
 
-	host := etcdv3.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, BackendData: d.publishedData(backend.IPv4),
-		PublicIPv6: d.ul.PublicIPv6, BackendV6Data: d.publishedData(backend.IPv6),
-		Previous: previousLease(d.cfg.SubnetFile, d.netCfg, d.log)}
-	host.Hostname, _ = os.Hostname()
-	d.mgr = etcdv3.NewManager(d.reg, d.netCfg, host, etcdv3.ManagerOptions{
-		LeaseTTL: d.cfg.LeaseTTL, LivenessTTL: d.cfg.LivenessTTL, Logger: d.log, OnWait: d.st.setPhase})
-	// A start-up that fails after the claim frees the node ID at once (a
-	// no-op once the lease manager runs: it releases its own).
-	d.closers = append(d.closers, func() { d.mgr.ReleaseClaim(context.Background()) })
+	host := d.host()
 	// The wait for another host's liveness key is bounded by that key's
 	// TTL, not by a per-attempt timeout: it must be allowed to end.
-	if err := d.steps.retryUnbounded(ctx, stepClaimNodeID+strconv.Quote(d.nodeID), d.mgr.ClaimNodeID); err != nil {
+	if err := d.steps.retryUnbounded(ctx, stepClaimNodeID+strconv.Quote(d.nodeID), func(ctx context.Context) error {
+		return src.Claim(ctx, d.netCfg, host, d.st.setPhase)
+	}); err != nil {
 		return err
 	}
-	// The lease set saved by the last run, if etcd still holds it, or else
-	// a listing of every lease, seeds the peers and the watch.
-	saved := d.savedLeases()
+	// The lease set saved by the last run, if the store still holds it,
+	// or else a listing of every lease, seeds the peers and the watch.
 	if err := d.steps.retry(ctx, stepAcquire, func(ctx context.Context) (err error) {
-		d.lease, d.snap, err = d.mgr.AcquireFrom(ctx, saved)
+		d.lease, d.snap, err = src.Acquire(ctx)
 		return err
 	}); err != nil {
 		return err
 	}
-	d.st.set(func(p *probe) { p.mgr = d.mgr })
+	d.st.set(func(p *probe) { p.held = src.Held() })
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
 	}
@@ -100,6 +88,24 @@ func (d *daemon) join(ctx context.Context) error {
 		d.log = d.log.With("ipv6_subnet", d.lease.IPv6Subnet)
 	}
 	return nil
+}
+
+// host is this host as its lease names it: the value it publishes, with
+// each family's plane's data of its device (publishedData), and the
+// subnets of an old subnet.env.
+func (d *daemon) host() subnet.Host {
+	nc := d.netCfg
+	h := subnet.Host{NodeID: d.nodeID, PublicIP: d.ul.PublicIP, PublicIPv6: d.ul.PublicIPv6,
+		Previous: previousLease(d.cfg.SubnetFile, nc, d.log)}
+	h.Hostname, _ = os.Hostname()
+	h.Attrs = subnet.LeaseAttrs{BackendType: subnet.DefaultBackendType, NodeID: h.NodeID, Hostname: h.Hostname}
+	if nc.EnableIPv4 {
+		h.Attrs = subnet.NewAttrs(h.PublicIP, subnet.DefaultBackendType, d.publishedData(backend.IPv4), h.NodeID, h.Hostname)
+	}
+	if nc.EnableIPv6 {
+		h.Attrs = h.Attrs.WithIPv6(h.PublicIPv6, d.publishedData(backend.IPv6))
+	}
+	return h
 }
 
 // checkUnderlayOutside refuses to start a host whose public address of a
@@ -129,12 +135,16 @@ func checkUnderlayOutside(cfg *subnet.Config, ul Underlay, configKey string) err
 // reservation, or re-keyed to add or drop its IPv6 subnet) is kept: pods
 // may hold addresses from it.
 func (d *daemon) releaseUnserved() {
-	if d.mgr == nil || !d.mgr.Created() {
+	if d.src == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout(d.cfg.Etcd))
 	defer cancel()
-	if err := d.mgr.Release(ctx); err != nil {
+	released, err := d.src.Release(ctx)
+	if !released {
+		return
+	}
+	if err != nil {
 		d.log.Warn("start-up failed before the data path was in place, and the lease it claimed could not be released; it expires after its TTL, or run `overlayd lease revoke SUBNET`", "err", err)
 		return
 	}
@@ -165,7 +175,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.reg.SubnetsPrefix())
+	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.src.LeaseKeyPrefix())
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the
@@ -178,7 +188,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.publishPeers()
 	c := d.peers.counts()
 	d.log.Info("initial lease set", "peers", d.peers.size(), "invalid", c.invalid, "orphaned", c.orphaned, "reserved", c.reserved, "ipv4_only", c.ipv4Only, "revision", d.snap.Revision, "saved", d.snap.Saved)
-	d.snap = etcdv3.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
+	d.snap = subnet.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	for _, fp := range d.planes {
 		d.wg.Go(func() { _ = fp.plane.Run(ctx) })
 	}
@@ -264,7 +274,7 @@ func (d *daemon) removeOldIPv6(ctx context.Context) {
 		warn(err)
 		return
 	}
-	d.log.Info("the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries", "device", name, "config", d.reg.ConfigKey())
+	d.log.Info("the network no longer carries IPv6: removed the IPv6 device of an earlier run with its routes, neighbours and FDB entries", "device", name, "config", d.src.ConfigKey())
 }
 
 // removeOldMasq deletes the masquerade table a run with --ip-masq left
@@ -340,6 +350,9 @@ func previousLease(path string, cfg *subnet.Config, log *slog.Logger) subnet.Sub
 type stepper struct {
 	log *slog.Logger
 	st  *probe
+	// fatal says which errors of the lease source waiting cannot fix
+	// (subnet.Source.IsFatal); nil before the source is known.
+	fatal func(error) bool
 }
 
 // Start-up steps are paced by a backoff.Backoff: an attempt may take
@@ -397,11 +410,11 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case fatalAtStart(err):
+		case s.fatalAtStart(err):
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		s.st.setPhase(phaseWaiting + what + ": " + err.Error())
-		if time.Since(lastLog) >= etcdv3.WarnEvery {
+		if time.Since(lastLog) >= warnEvery {
 			s.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt)
 			lastLog = time.Now()
 		}
@@ -413,11 +426,13 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 	}
 }
 
-func fatalAtStart(err error) bool {
-	for _, fatal := range []error{subnet.ErrOutOfSubnets, etcdv3.ErrLeaseLost, etcdv3.ErrDuplicateNode, etcdv3.ErrStranded, etcdclient.ErrConfig} {
-		if errors.Is(err, fatal) {
-			return true
-		}
-	}
-	return false
+// warnEvery is how often a start-up step that keeps failing is logged
+// again, as the lease source's own retry loops do (etcdv3.WarnEvery).
+const warnEvery = 30 * time.Second
+
+// fatalAtStart: no free subnet, bad client settings, or an error of the
+// lease source that waiting cannot fix (the lease lost, a duplicate node
+// ID, a stranded lease).
+func (s stepper) fatalAtStart(err error) bool {
+	return errors.Is(err, subnet.ErrOutOfSubnets) || errors.Is(err, etcdclient.ErrConfig) || s.fatal != nil && s.fatal(err)
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // Status is what `overlayd status` and /status show about the local daemon.
@@ -72,7 +71,7 @@ type probe struct {
 	publicIP netip.Addr
 	// phase says what start-up is waiting for; "" once it is over.
 	phase string
-	mgr   *etcdv3.Manager
+	held  subnet.LeaseState // this host's lease, once acquired
 	// planes are the data planes, the IPv4 one first.
 	planes []backend.Plane
 	env    *envKeeper
@@ -98,12 +97,11 @@ func (p *probe) set(f func(p *probe)) {
 const (
 	phaseTrying     = "trying to "
 	phaseWaiting    = "waiting to "
-	stepReachEtcd   = "reach etcd at " // and the endpoints
+	stepReach       = "reach " // and the source's Where: "etcd at <endpoints>"
 	stepReadConfig  = "read the network config"
 	stepClaimNodeID = "claim node ID " // and the quoted node ID
 	stepAcquire     = "acquire a lease"
 	phaseDevices    = "setting up the VXLAN devices"
-	phaseCatchUp    = "catching up with etcd: the saved lease set is at revision %d, etcd was at %d"
 )
 
 // setPhase records what start-up is doing or waiting for.
@@ -114,7 +112,7 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 // the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, planes, env, phase, config, own := p.mgr, p.planes, p.env, p.phase, p.config, p.own
+	mgr, planes, env, phase, config, own := p.held, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
 	if p.publicIP.IsValid() {
@@ -177,7 +175,7 @@ func (p *probe) status(now time.Time) Status {
 	return s
 }
 
-func etcdCondition(mgr *etcdv3.Manager) Condition {
+func etcdCondition(mgr subnet.LeaseState) Condition {
 	c := Condition{Name: "etcd"}
 	switch alive, err := mgr.Liveness(); {
 	case alive:
@@ -189,7 +187,8 @@ func etcdCondition(mgr *etcdv3.Manager) Condition {
 	return c
 }
 
-// leaseState is what the lease condition is judged on: the lease manager.
+// leaseState is what the lease condition is judged on (of
+// subnet.LeaseState).
 type leaseState interface {
 	Lease() subnet.Lease
 	Expires() time.Time

@@ -13,7 +13,6 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // lostKey is a lease manager whose lease key has just gone.
@@ -96,19 +95,19 @@ func TestOwnLeaseSkippedByEveryHostIsNotReady(t *testing.T) {
 		want  []string // in the reason; none: ready
 	}{
 		{"its public IP inside the network", func() {
-			s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{ownLease("198.18.100.1", 1, 1), lease("198.18.9.0/24", "203.0.113.9", "0e:00:00:00:00:09", 2)}})
+			s.reset(subnet.Snapshot{Leases: []subnet.Lease{ownLease("198.18.100.1", 1, 1), lease("198.18.9.0/24", "203.0.113.9", "0e:00:00:00:00:09", 2)}})
 		}, []string{"this host's lease " + key + " is invalid, so every host skips it and none routes to this host: ", "PublicIP 198.18.100.1 is inside the overlay network 198.18.0.0/16"}},
 		{"fixed by an event", func() {
-			s.apply(etcdv3.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: ownLease("203.0.113.7", 1, 3)}}})
+			s.apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: ownLease("203.0.113.7", 1, 3)}}})
 		}, nil},
 		{"orphaned: another VNI", func() {
-			s.apply(etcdv3.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: ownLease("203.0.113.7", 2, 4)}}})
+			s.apply(subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: ownLease("203.0.113.7", 2, 4)}}})
 		}, []string{"this host's lease " + key + " is orphaned", "VNI 2 is not the network's Backend.VNI 1"}},
 		{"undecodable", func() {
-			s.apply(etcdv3.Batch{Invalid: []etcdv3.Invalid{{Key: key, ModRevision: 5, Err: errors.New("invalid lease: value is not a JSON object")}}})
+			s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: key, ModRevision: 5, Err: errors.New("invalid lease: value is not a JSON object")}}})
 		}, []string{"this host's lease " + key + " is invalid", "value is not a JSON object"}},
 		{"fixed by a re-list", func() {
-			s.reset(etcdv3.Snapshot{Leases: []subnet.Lease{ownLease("203.0.113.7", 1, 6)}})
+			s.reset(subnet.Snapshot{Leases: []subnet.Lease{ownLease("203.0.113.7", 1, 6)}})
 		}, nil},
 	} {
 		step.apply()

@@ -115,7 +115,7 @@ func TestTakenSubnetsAreSizedForTheListing(t *testing.T) {
 			}
 			m := NewManager(NewRegistry(nil, DefaultPrefix).For(cfg), cfg, Host{}, ManagerOptions{})
 			var taken takenSubnets
-			mallocs, bytes := measure(func() { taken = m.listed(c.snap) })
+			mallocs, bytes := measure(func() { taken = m.acq.listed(c.snap) })
 			t.Logf("%d allocations, %d bytes", mallocs, bytes)
 			if len(taken.v4)+len(taken.v6) != int(c.maps)*n {
 				t.Fatalf("noted %d IPv4 and %d IPv6 subnets, want %d subnets of each family the network carries", len(taken.v4), len(taken.v6), n)

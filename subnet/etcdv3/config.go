@@ -27,21 +27,14 @@ func (r *Registry) GetConfig(ctx context.Context) (*subnet.Config, []byte, error
 }
 
 // configErr explains a missing or invalid config.
-func (r *Registry) configErr(exists bool, err error) error {
+func (k Keys) configErr(exists bool, err error) error {
 	switch {
 	case !exists:
-		return fmt.Errorf("%w at %s: check that --prefix is the network's prefix (flanneld's --etcd-prefix), or create one with `overlayd config put -f net.json`", ErrNoConfig, r.ConfigKey())
+		return fmt.Errorf("%w at %s: check that --prefix is the network's prefix (flanneld's --etcd-prefix), or create one with `overlayd config put -f net.json`", ErrNoConfig, k.ConfigKey())
 	case err != nil:
-		return fmt.Errorf("%s: %w: fix it with `overlayd config put -f net.json`", r.ConfigKey(), err)
+		return fmt.Errorf("%s: %w: fix it with `overlayd config put -f net.json`", k.ConfigKey(), err)
 	}
 	return nil
-}
-
-// ConfigUpdate is the network config as read after <prefix>/config changed:
-// Config, or Err if it is gone (ErrNoConfig) or invalid.
-type ConfigUpdate struct {
-	Config *subnet.Config
-	Err    error
 }
 
 // WatchConfig delivers the network config as it is now, then again each
@@ -50,6 +43,7 @@ type ConfigUpdate struct {
 // read then, so a change made meanwhile is not missed.
 func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan ConfigUpdate {
 	out := make(chan ConfigUpdate)
+	w := configWatch{cli: r.cli, keys: r.Keys}
 	go func() {
 		defer close(out)
 		for ctx.Err() == nil {
@@ -57,10 +51,10 @@ func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan 
 			resp, err := r.cli.Get(rctx, r.ConfigKey())
 			cancel()
 			if err == nil {
-				if !sendConfig(ctx, out, r.configUpdate(resp.Kvs)) {
+				if !sendConfig(ctx, out, w.update(resp.Kvs)) {
 					return
 				}
-				r.followConfig(ctx, resp.Header.Revision, out)
+				w.follow(ctx, resp.Header.Revision, out)
 			}
 			if !sleepCtx(ctx, retry) {
 				return
@@ -70,12 +64,18 @@ func (r *Registry) WatchConfig(ctx context.Context, retry time.Duration) <-chan 
 	return out
 }
 
-// followConfig sends each change of the config key after rev until the
+// configWatch is one watch of the config key (WatchConfig).
+type configWatch struct {
+	cli  *clientv3.Client
+	keys Keys
+}
+
+// follow sends each change of the config key after rev until the
 // watch breaks or ctx ends.
-func (r *Registry) followConfig(ctx context.Context, rev int64, out chan<- ConfigUpdate) {
+func (r configWatch) follow(ctx context.Context, rev int64, out chan<- ConfigUpdate) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for wr := range r.cli.Watch(ownStream(clientv3.WithRequireLeader(wctx), "config"), r.ConfigKey(), clientv3.WithRev(rev+1)) {
+	for wr := range r.cli.Watch(ownStream(clientv3.WithRequireLeader(wctx), "config"), r.keys.ConfigKey(), clientv3.WithRev(rev+1)) {
 		if wr.Err() != nil || wr.Canceled {
 			return
 		}
@@ -84,20 +84,21 @@ func (r *Registry) followConfig(ctx context.Context, rev int64, out chan<- Confi
 			if ev.Type == clientv3.EventTypePut {
 				kvs = []*mvccpb.KeyValue{ev.Kv}
 			}
-			if !sendConfig(ctx, out, r.configUpdate(kvs)) {
+			if !sendConfig(ctx, out, r.update(kvs)) {
 				return
 			}
 		}
 	}
 }
 
-func (r *Registry) configUpdate(kvs []*mvccpb.KeyValue) ConfigUpdate {
+// update is the config as kvs hold it (none: deleted).
+func (r configWatch) update(kvs []*mvccpb.KeyValue) ConfigUpdate {
 	if len(kvs) == 0 {
-		return ConfigUpdate{Err: r.configErr(false, nil)}
+		return ConfigUpdate{Err: r.keys.configErr(false, nil)}
 	}
 	cfg, err := subnet.ParseConfig(kvs[0].Value)
 	if err != nil {
-		return ConfigUpdate{Err: r.configErr(true, err)}
+		return ConfigUpdate{Err: r.keys.configErr(true, err)}
 	}
 	return ConfigUpdate{Config: cfg}
 }

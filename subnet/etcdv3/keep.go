@@ -12,6 +12,16 @@ import (
 	"github.com/overlaynet/overlay/subnet"
 )
 
+// keeper keeps the lease Acquire obtained: it renews the etcd lease,
+// watches the lease key and re-claims the same subnet whenever the key or
+// its etcd lease disappears (or etcd's store was re-created).
+type keeper struct {
+	*acquirer
+	// epoch is the re-creations of etcd's store known (storeHead), read
+	// and written by the keeper only.
+	epoch uint64
+}
+
 // Run keeps the lease until ctx ends (then it returns nil) or the subnet is
 // lost to another host (ErrLeaseLost). It survives etcd outages: renewals and
 // re-claims are retried until etcd answers again.
@@ -20,11 +30,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wg.Go(func() { m.keepLiveness(ctx) })
+	wg.Go(func() { m.node.keep(ctx) })
 
 	lost := make(chan error, 1)
 	wg.Go(func() {
-		if err := m.keepLease(ctx); err != nil {
+		if err := m.keep.keepLease(ctx); err != nil {
 			lost <- err
 		}
 	})
@@ -38,45 +48,45 @@ func (m *Manager) Run(ctx context.Context) error {
 
 // keepLease renews the etcd lease and watches the lease key, re-claiming the
 // same subnet whenever the key or its etcd lease disappears.
-func (m *Manager) keepLease(ctx context.Context) error {
+func (m *keeper) keepLease(ctx context.Context) error {
 	var warn repeatWarn
 	for ctx.Err() == nil {
 		held := time.Now()
 		// etcd answering the hold ends a run of failures, whether or not
 		// a re-claim was needed: the next outage is news again.
-		err := m.holdLease(ctx, func() { warn.recovered(m.log, "lease keeping resumed", "subnets", m.Lease().Subnets()) })
+		err := m.holdLease(ctx, func() { warn.recovered(m.log, "lease keeping resumed", "subnets", m.held.Lease().Subnets()) })
 		if ctx.Err() != nil {
 			return nil
 		}
 		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrDuplicateNode) {
-			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnets", m.Lease().Subnets(), "err", err)
+			m.log.Error("lease taken over: pods on this host hold addresses from it; stopping", "subnets", m.held.Lease().Subnets(), "err", err)
 			return err
 		}
 		if kg := (keyGoneError{}); errors.As(err, &kg) {
-			m.setKeyProblem(err)
+			m.held.setKeyProblem(err)
 		}
 		// A hold that ends at once, again and again, must not become a
 		// busy loop of re-claims against etcd.
 		if time.Since(held) < m.opts.RetryInterval && !sleepCtx(ctx, m.opts.RetryInterval) {
 			return nil
 		}
-		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnets", m.Lease().Subnets(), "err", err)
+		warn.warn(m.log, "lease keeping interrupted, re-claiming", "subnets", m.held.Lease().Subnets(), "err", err)
 		rctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 		err = m.reclaim(rctx)
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
-				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnets", m.Lease().Subnets(), "err", err)
+				m.log.Error("lease lost to another host: pods on this host hold addresses from it; stopping", "subnets", m.held.Lease().Subnets(), "err", err)
 				return err
 			}
-			warn.warn(m.log, "re-claim failed, will retry", "subnets", m.Lease().Subnets(), "err", err)
+			warn.warn(m.log, "re-claim failed, will retry", "subnets", m.held.Lease().Subnets(), "err", err)
 			if !sleepCtx(ctx, m.opts.RetryInterval) {
 				return nil
 			}
 			continue
 		}
-		m.setKeyProblem(nil)
-		warn.recovered(m.log, "lease keeping resumed", "subnets", m.Lease().Subnets())
+		m.held.setKeyProblem(nil)
+		warn.recovered(m.log, "lease keeping resumed", "subnets", m.held.Lease().Subnets())
 	}
 	return nil
 }
@@ -85,7 +95,7 @@ func (m *Manager) keepLease(ctx context.Context) error {
 // watches the lease key. It calls answered once, at etcd's first answer
 // (a keepalive reply, or a watch response for a reservation), and returns
 // why it stopped holding.
-func (m *Manager) holdLease(ctx context.Context, answered func()) error {
+func (m *keeper) holdLease(ctx context.Context, answered func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A store that was re-created (wiped, restored from a backup) holds
@@ -95,7 +105,7 @@ func (m *Manager) holdLease(ctx context.Context, answered func()) error {
 	if epoch != m.epoch {
 		return m.storeRecreated()
 	}
-	l := m.Lease()
+	l := m.held.Lease()
 	var kaCh <-chan *clientv3.LeaseKeepAliveResponse
 	if !l.Reserved {
 		var err error
@@ -106,12 +116,12 @@ func (m *Manager) holdLease(ctx context.Context, answered func()) error {
 	}
 	key := m.reg.LeaseKey(l.Subnets())
 	wctx := ownStream(clientv3.WithRequireLeader(ctx), "lease")
-	from := m.seenRev()
+	from := m.held.seenRev()
 	wch, err := openWatch(wctx, m.reg.cli, m.reg.head, m.opts.ProgressInterval, m.opts.StallTimeout, key, clientv3.WithRev(answerableFrom(from)), clientv3.WithProgressNotify())
 	if err != nil {
 		return fmt.Errorf("watch of %s: %w", key, err)
 	}
-	stall := newStallCheck(m.reg.cli, wctx, wch, m.reg.head, m.seenRev, m.opts.ProgressInterval, m.opts.StallTimeout)
+	stall := newStallCheck(m.reg.cli, wctx, wch, m.reg.head, m.held.seenRev, m.opts.ProgressInterval, m.opts.StallTimeout)
 	defer stall.stop()
 	once := sync.OnceFunc(answered)
 	for {
@@ -126,10 +136,10 @@ func (m *Manager) holdLease(ctx context.Context, answered func()) error {
 			return m.storeRecreated()
 		case ka, ok := <-kaCh:
 			if !ok {
-				m.clearEtcdLease()
+				m.held.clearEtcdLease()
 				return keyGone("lease expired: etcd lease %x of %s was revoked or not renewed within its TTL (etcd unreachable?)", l.EtcdLease, key)
 			}
-			m.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
+			m.held.setEtcdLease(ka.ID, time.Duration(ka.TTL)*time.Second)
 			once()
 		case resp, ok := <-wch:
 			stall.heard()
@@ -140,41 +150,51 @@ func (m *Manager) holdLease(ctx context.Context, answered func()) error {
 				once() // no etcd lease to renew: the watch is etcd's answer
 			}
 			for _, ev := range after(resp.Events, from) {
-				if ev.Type == clientv3.EventTypeDelete {
-					return keyGone("lease key %s was deleted", key)
-				}
-				attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
-				switch {
-				case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !attrs.NamesAHost():
-					// Garbage is nobody's claim: reclaim restores ours.
-					return keyGone("lease key %s was overwritten with a value naming no host", key)
-				case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
-					return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
-				case !subnet.SameAttrs(attrs, m.attrs()):
-					return fmt.Errorf("%w: %s was rewritten with node ID %q from %s: give every host its own --node-name",
-						ErrDuplicateNode, key, attrs.NodeID, publicAddrs(attrs))
+				if err := m.stillOurs(key, ev); err != nil {
+					return err
 				}
 				l.ModRevision = ev.Kv.ModRevision
-				m.setLease(l)
+				m.held.setLease(l)
 			}
 			// Everything up to here has been seen: the last event's
 			// revision, or a progress notification's.
 			if n := len(resp.Events); n > 0 {
-				m.setSeen(resp.Events[n-1].Kv.ModRevision)
+				m.held.setSeen(resp.Events[n-1].Kv.ModRevision)
 				m.reg.head.delivered(resp.Events[n-1].Kv.ModRevision)
 			} else if resp.IsProgressNotify() {
-				m.setSeen(resp.Header.Revision)
+				m.held.setSeen(resp.Header.Revision)
 			}
 		}
 	}
 }
 
+// stillOurs says why an event of the lease key means it no longer holds
+// this host's lease (nil if it still does): deleted, overwritten with
+// garbage (nobody's claim: reclaim restores ours), rewritten by another
+// host, or by a clone of this one (the same node ID from elsewhere).
+func (m *keeper) stillOurs(key string, ev *clientv3.Event) error {
+	if ev.Type == clientv3.EventTypeDelete {
+		return keyGone("lease key %s was deleted", key)
+	}
+	attrs, err := subnet.DecodeAttrs(ev.Kv.Value)
+	switch {
+	case err != nil || !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6) && !attrs.NamesAHost():
+		return keyGone("lease key %s was overwritten with a value naming no host", key)
+	case !attrs.OwnedBy(m.host.NodeID, m.host.PublicIP, m.host.PublicIPv6):
+		return fmt.Errorf("%w: %s was rewritten by someone else", ErrLeaseLost, key)
+	case !subnet.SameAttrs(attrs, m.host.Attrs):
+		return fmt.Errorf("%w: %s was rewritten with node ID %q from %s: give every host its own --node-name",
+			ErrDuplicateNode, key, attrs.NodeID, publicAddrs(attrs))
+	}
+	return nil
+}
+
 // storeRecreated forgets the old store and says why the lease is
 // re-claimed.
-func (m *Manager) storeRecreated() error {
+func (m *keeper) storeRecreated() error {
 	m.epoch, _ = m.reg.head.rebaseSignal()
-	m.forgetStore()
-	return keyGone("etcd's store was re-created (wiped, or restored from a backup): re-claiming %s", m.Lease().Subnets())
+	m.held.forgetStore()
+	return keyGone("etcd's store was re-created (wiped, or restored from a backup): re-claiming %s", m.held.Lease().Subnets())
 }
 
 // keyGoneError is a reason holdLease stopped that means the key no longer
@@ -185,21 +205,15 @@ func (e keyGoneError) Error() string { return e.msg }
 
 func keyGone(format string, args ...any) error { return keyGoneError{fmt.Sprintf(format, args...)} }
 
-func (m *Manager) clearEtcdLease() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.etcdLease = 0
-}
-
 // reclaim restores this host's claim on the same subnet: it re-creates the
 // key if it is gone, re-attaches a fresh etcd lease if the old one expired,
 // and reports ErrLeaseLost if another host now holds the subnet.
-func (m *Manager) reclaim(ctx context.Context) error {
-	want := m.Lease()
+func (m *keeper) reclaim(ctx context.Context) error {
+	want := m.held.Lease()
 	cur, rev, err := m.current(ctx, want.Subnets())
 	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, subnet.ErrInvalidLease) {
 		// Whatever happens to the key after rev, the watch will see.
-		defer m.setSeen(rev)
+		defer m.held.setSeen(rev)
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -209,7 +223,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 				return err
 			}
 		}
-		rev, err := m.reg.Create(ctx, want.Subnets(), m.attrs(), int64(id))
+		rev, err := m.reg.Create(ctx, want.Subnets(), m.host.Attrs, int64(id))
 		if errors.Is(err, ErrHeldElsewhere) {
 			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		}
@@ -219,7 +233,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		m.setLease(subnet.Lease{Subnet: want.Subnet, IPv6Subnet: want.IPv6Subnet, Attrs: m.attrs(), Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
+		m.held.setLease(subnet.Lease{Subnet: want.Subnet, IPv6Subnet: want.IPv6Subnet, Attrs: m.host.Attrs, Reserved: id == 0, EtcdLease: int64(id), ModRevision: rev})
 		m.log.Info("lease re-claimed", "subnets", want.Subnets())
 		return nil
 	case errors.Is(err, subnet.ErrInvalidLease) && cur.ModRevision != 0,
@@ -238,13 +252,13 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m.setLease(l)
+	m.held.setLease(l)
 	return nil
 }
 
 // current reads the lease key like Registry.Get, and also returns the
 // revision it was read at.
-func (m *Manager) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, int64, error) {
+func (m *keeper) current(ctx context.Context, s subnet.Subnets) (subnet.Lease, int64, error) {
 	key := m.reg.LeaseKey(s)
 	resp, err := m.reg.cli.Get(ctx, key)
 	if err != nil {

@@ -24,7 +24,7 @@ type livenessValue struct {
 }
 
 // livenessOf is the value this host writes.
-func livenessOf(h Host) livenessValue {
+func livenessOf(h subnet.Host) livenessValue {
 	return livenessValue{PublicIP: addrOrEmpty(h.PublicIP), PublicIPv6: addrOrEmpty(h.PublicIPv6), Hostname: h.Hostname,
 		Since: time.Now().UTC().Format(time.RFC3339)}
 }
@@ -38,7 +38,7 @@ func addrOrEmpty(a netip.Addr) string {
 
 // writtenBy reports whether v was written from one of h's public
 // addresses: by an earlier process of this host.
-func (v livenessValue) writtenBy(h Host) bool {
+func (v livenessValue) writtenBy(h subnet.Host) bool {
 	return h.PublicIP.IsValid() && v.PublicIP == h.PublicIP.String() ||
 		h.PublicIPv6.IsValid() && v.PublicIPv6 == h.PublicIPv6.String()
 }
@@ -58,7 +58,27 @@ func (v livenessValue) String() string {
 // expired lease (and so delete the liveness key it carries).
 const livenessSlack = 3 * time.Second
 
-// ClaimNodeID makes this process the holder of the node ID: it writes the
+// nodeClaim holds this host's node ID: the liveness key
+// <prefix>/nodes/<node-id> on a short etcd lease, claimed before any lease
+// is looked at (claim) and kept while the daemon runs (keep), so that a
+// clone of this host cannot take its lease and tools can tell a live owner
+// from a dead one.
+type nodeClaim struct {
+	*lessee
+	mu        sync.Mutex
+	held      *liveClaim // the liveness key claim wrote, until keep takes it over
+	liveSince time.Time  // zero while the liveness key is not held
+	liveErr   error      // why the liveness key is not held, once it was lost
+}
+
+// liveness reports whether the liveness key is held and, if not, why.
+func (m *nodeClaim) liveness() (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.liveSince.IsZero(), m.liveErr
+}
+
+// claim makes this process the holder of the node ID: it writes the
 // liveness key on a short etcd lease, atomically, unless another host's
 // overlayd holds it. The key is kept alive from here on (Run takes it
 // over), so a clone that starts while this host is still starting up is
@@ -75,8 +95,8 @@ const livenessSlack = 3 * time.Second
 // caller may retry).
 //
 // A caller that gives up before Run (a later start-up step failed) calls
-// ReleaseClaim, so that the node ID is free at once, not after the TTL.
-func (m *Manager) ClaimNodeID(ctx context.Context) error {
+// release, so that the node ID is free at once, not after the TTL.
+func (m *nodeClaim) claim(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
 	waited := false
 	for {
@@ -153,7 +173,7 @@ const maxClaimAttempts = 3
 // absent or was written by this host (a previous process), in one
 // transaction each: two hosts claiming at once cannot both succeed. If
 // another host holds the key it returns that holder and writes nothing.
-func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, error) {
+func (m *nodeClaim) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, error) {
 	key := m.reg.NodeKey(m.host.NodeID)
 	cli := m.reg.cli
 	// Each request is bounded: with etcd out of reach the caller gets an
@@ -216,39 +236,36 @@ func (m *Manager) claimLiveness(ctx context.Context) (*liveClaim, *liveHolder, e
 }
 
 // setClaim keeps c for Run, releasing a claim not taken yet.
-func (m *Manager) setClaim(c *liveClaim) {
+func (m *nodeClaim) setClaim(c *liveClaim) {
 	m.mu.Lock()
-	old := m.claim
-	m.claim = c
+	old := m.held
+	m.held = c
 	m.mu.Unlock()
 	if old != nil {
 		old.release(context.Background(), m.reg.cli)
 	}
 }
 
-// ReleaseClaim gives up the node ID claimed by ClaimNodeID if Run has not
-// taken the claim over: the keepalive stops and the liveness key goes at
-// once. Once Run has it, Run releases it when it returns; then, and
-// without a claim, ReleaseClaim does nothing.
-func (m *Manager) ReleaseClaim(ctx context.Context) {
+// release gives up the claim if keep has not taken it over.
+func (m *nodeClaim) release(ctx context.Context) {
 	if c := m.takeClaim(); c != nil {
 		c.release(ctx, m.reg.cli)
 	}
 }
 
-// takeClaim returns the claim ClaimNodeID made, once; nil after that.
-func (m *Manager) takeClaim() *liveClaim {
+// takeClaim returns the claim claim made, once; nil after that.
+func (m *nodeClaim) takeClaim() *liveClaim {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := m.claim
-	m.claim = nil
+	c := m.held
+	m.held = nil
 	return c
 }
 
 // waitDeleted watches key from after rev for up to wait and reports
 // whether it was deleted. Only ctx's end is an error: a watch that breaks
 // just ends the wait early, and the caller looks again.
-func (m *Manager) waitDeleted(ctx context.Context, key string, rev int64, wait time.Duration) (bool, error) {
+func (m *nodeClaim) waitDeleted(ctx context.Context, key string, rev int64, wait time.Duration) (bool, error) {
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for wr := range m.reg.cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(rev+1)) {
@@ -279,10 +296,10 @@ func deadlineOf(ctx context.Context) time.Time {
 // keepLiveness holds <prefix>/nodes/<node-id> on a short etcd lease so tools
 // can tell a live owner from a dead one. After an outage long enough for the
 // short lease to expire, or if someone deletes the key, it is written again.
-func (m *Manager) keepLiveness(ctx context.Context) {
+func (m *nodeClaim) keep(ctx context.Context) {
 	var warn repeatWarn
 	for ctx.Err() == nil {
-		err := m.holdLiveness(ctx)
+		err := m.hold(ctx)
 		m.mu.Lock()
 		held := !m.liveSince.IsZero()
 		m.liveSince, m.liveErr = time.Time{}, err
@@ -300,7 +317,7 @@ func (m *Manager) keepLiveness(ctx context.Context) {
 	}
 }
 
-func (m *Manager) holdLiveness(ctx context.Context) error {
+func (m *nodeClaim) hold(ctx context.Context) error {
 	key := m.reg.NodeKey(m.host.NodeID)
 	c := m.takeClaim()
 	if c == nil {
@@ -360,7 +377,7 @@ func (m *Manager) holdLiveness(ctx context.Context) error {
 // ends. A broken watch (a leader change, a failover) is no loss by itself —
 // the keepalive says whether the session holds: it looks whether the key is
 // still this claim's, then watches again.
-func (m *Manager) watchLivenessKey(ctx context.Context, key string, c *liveClaim) error {
+func (m *nodeClaim) watchLivenessKey(ctx context.Context, key string, c *liveClaim) error {
 	rev := c.rev
 	lost := func(kv *mvccpb.KeyValue) error {
 		switch {

@@ -6,8 +6,12 @@
 //	<prefix>/subnets/10.244.7.0-24      a lease (with an etcd lease) or a reservation (without)
 //	<prefix>/nodes/<node-id>            liveness of a running overlayd (short TTL)
 //
-// Registry is the thin typed layer over those keys; Manager acquires and keeps
-// this host's lease; Watcher follows every lease.
+// Source is the lease source the daemon consumes (subnet.Source). Beneath
+// it, one job per type: Keys names the keys and decodes what they hold;
+// Registry is the thin typed layer over them (reads, the claim
+// transactions, the config); Manager acquires and keeps this host's lease
+// (held, nodeClaim, acquirer, keeper); the watcher follows every lease;
+// Journal saves what it followed for the next start.
 package etcdv3
 
 import (
@@ -40,16 +44,12 @@ var (
 	ErrNotFound = errors.New("no such lease")
 )
 
-// Registry reads and writes the keys under one prefix.
+// Registry reads and writes the keys under one prefix. How a key is named
+// and a value decoded is Keys' (pure); the claim transactions are in
+// claim.go, the config in config.go, the lease watch in watch.go.
 type Registry struct {
-	cli    *clientv3.Client
-	prefix string
-	// ipv6Only: the network carries IPv6 only, and its leases live under
-	// <prefix>/subnets6/ in the IPv6-only key form (see For).
-	ipv6Only bool
-	// subnets is SubnetsPrefix, spelt out once: it is asked for at
-	// every key of a listing.
-	subnets string
+	Keys
+	cli *clientv3.Client
 	// head is shared by every copy (For): the manager's keepalives feed
 	// it, the watches' stall checks read it.
 	head *storeHead
@@ -57,9 +57,7 @@ type Registry struct {
 
 // NewRegistry returns a registry for prefix (trailing slashes ignored).
 func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
-	r := &Registry{cli: cli, prefix: strings.TrimRight(prefix, "/"), head: &storeHead{}}
-	r.subnets = r.subnetsPrefix()
-	return r
+	return &Registry{Keys: newKeys(prefix), cli: cli, head: &storeHead{}}
 }
 
 // For returns the registry for the leases of network cfg. An IPv6-only
@@ -68,71 +66,22 @@ func NewRegistry(cli *clientv3.Client, prefix string) *Registry {
 // the others under <prefix>/subnets/, where NewRegistry looks.
 func (r *Registry) For(cfg *subnet.Config) *Registry {
 	c := *r
-	c.ipv6Only = !cfg.EnableIPv4
-	c.subnets = c.subnetsPrefix()
+	c.Keys = c.Keys.forFamilies(cfg)
 	return &c
-}
-
-// ParseKey decodes a lease key (the full key, under SubnetsPrefix).
-func (r *Registry) ParseKey(key string) (subnet.Subnets, error) {
-	suffix, ok := strings.CutPrefix(key, r.SubnetsPrefix())
-	switch {
-	case !ok:
-		return subnet.Subnets{}, fmt.Errorf("%w: key %q is not under %s", subnet.ErrInvalidLease, key, r.SubnetsPrefix())
-	case r.ipv6Only:
-		return subnet.ParseIPv6OnlyKey(suffix)
-	}
-	return subnet.ParseLeaseKey(suffix)
 }
 
 // Client returns the etcd client the registry uses.
 func (r *Registry) Client() *clientv3.Client { return r.cli }
 
-// ConfigKey is the key of the network config.
-func (r *Registry) ConfigKey() string { return r.prefix + "/config" }
-
-// SubnetsPrefix is the key prefix of all leases, with a trailing slash.
-func (r *Registry) SubnetsPrefix() string { return r.subnets }
-
-func (r *Registry) subnetsPrefix() string {
-	if r.ipv6Only {
-		return r.prefix + "/subnets6/"
-	}
-	return r.prefix + "/subnets/"
-}
-
-// LeaseKey is the key of the lease on s: one IPv4 subnet, or an IPv4 and
-// an IPv6 subnet (a dual-stack lease).
-func (r *Registry) LeaseKey(s subnet.Subnets) string { return r.SubnetsPrefix() + s.Key() }
-
-// NodesPrefix is the key prefix of the liveness keys, with a trailing slash.
-func (r *Registry) NodesPrefix() string { return r.prefix + "/nodes/" }
-
-// NodeKey is the liveness key of one node.
-func (r *Registry) NodeKey(nodeID string) string { return r.NodesPrefix() + nodeID }
-
-// Invalid is a key under subnets/ that could not be decoded.
-type Invalid struct {
-	Key         string
-	ModRevision int64
-	Err         error
-}
-
-// Snapshot is every lease at one etcd revision.
-type Snapshot struct {
-	Leases   []subnet.Lease
-	Invalid  []Invalid
-	Revision int64
-	// ClusterID is the etcd cluster's ID, which a lease journal checks
-	// before it is used (AcquireFrom).
-	ClusterID uint64
-	// Saved: read from a lease journal (OpenJournal), not from etcd.
-	Saved bool
-	// Head is, for a saved set that AcquireFrom resumed from, etcd's
-	// revision when it checked the set: the set is current once the
-	// watch has delivered that far (a watch from it says when, see Watch).
-	Head int64
-}
+// Invalid, Snapshot, Batch and ConfigUpdate are the lease source's types,
+// which the daemon consumes through subnet.Source; the names stay here for
+// the registry's other users (the admin commands, the tools).
+type (
+	Invalid      = subnet.Invalid
+	Snapshot     = subnet.Snapshot
+	Batch        = subnet.Batch
+	ConfigUpdate = subnet.ConfigUpdate
+)
 
 // listPage is how many leases one range request of List reads. etcd
 // builds each response in memory: with every host cold-starting at once,
@@ -243,18 +192,6 @@ func (r *Registry) Lookup(ctx context.Context, p netip.Prefix) (subnet.Lease, er
 	return r.Get(ctx, s)
 }
 
-func (r *Registry) decode(key, value []byte, etcdLease, modRev int64) (subnet.Lease, error) {
-	s, err := r.ParseKey(string(key))
-	if err != nil {
-		return subnet.Lease{}, err
-	}
-	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: etcdLease == 0, EtcdLease: etcdLease, ModRevision: modRev}
-	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
-		l.Value = value
-	}
-	return l, err
-}
-
 // Update rewrites an existing lease if it is still at prev.ModRevision,
 // attaching etcdLease (0 keeps it a reservation). It returns ErrConflict if
 // someone else wrote or deleted the key since.
@@ -335,12 +272,6 @@ func leaseOpt(etcdLease int64) []clientv3.OpOption {
 		return nil
 	}
 	return []clientv3.OpOption{clientv3.WithLease(clientv3.LeaseID(etcdLease))}
-}
-
-// unchangedSince holds when no lease key was written after revision rev
-// (deletions do not count: they only free subnets).
-func (r *Registry) unchangedSince(rev int64) clientv3.Cmp {
-	return clientv3.Compare(clientv3.ModRevision(r.SubnetsPrefix()), "<", rev+1).WithPrefix()
 }
 
 // Reserve writes a reservation (a key without an etcd lease) for s only if

@@ -21,7 +21,7 @@ func (m *Manager) AcquireFrom(ctx context.Context, saved Snapshot) (subnet.Lease
 	if saved.Revision == 0 {
 		return m.Acquire(ctx)
 	}
-	l, rev, err := m.resume(ctx, saved)
+	l, rev, err := m.acq.resume(ctx, saved)
 	var stale staleJournal
 	if errors.As(err, &stale) {
 		m.log.Info("saved lease set not used, listing every lease", "reason", stale.reason, "saved_revision", saved.Revision)
@@ -30,8 +30,8 @@ func (m *Manager) AcquireFrom(ctx context.Context, saved Snapshot) (subnet.Lease
 	if err != nil {
 		return subnet.Lease{}, Snapshot{}, err
 	}
-	m.setLease(l)
-	m.setSeen(rev)
+	m.held.setLease(l)
+	m.held.setSeen(rev)
 	m.log.Info("lease acquired", "subnets", l.Subnets(), "reserved", l.Reserved, "public_ip", m.host.PublicIP, "resumed_from", saved.Revision)
 	saved.Head = rev
 	return l, saved, nil
@@ -56,7 +56,7 @@ func stale(format string, args ...any) error { return staleJournal{fmt.Sprintf(f
 // of the members' CPU in a profiled restart of 2,000 hosts). The journal's
 // checksums catch a file changed since it was written; the periodic
 // re-list catches what no cheap check could.
-func (m *Manager) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {
+func (m *acquirer) resume(ctx context.Context, saved Snapshot) (subnet.Lease, int64, error) {
 	taken := m.listed(saved)
 	var own, atPrevious *subnet.Lease
 	for i, l := range saved.Leases {

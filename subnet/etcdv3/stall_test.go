@@ -80,7 +80,7 @@ func TestQuietWatchesAskNoProgressWhileTheStoreStandsStill(t *testing.T) {
 	}
 	w := put.Header.Revision
 	testenv.WaitFor(t, 10*time.Second+testenv.Slack, "both watches confirmed past the write", func() bool {
-		return m.seenRev() >= w && watched.Load() >= w
+		return m.held.seenRev() >= w && watched.Load() >= w
 	})
 	settled("quiet again after the write")
 }

@@ -2,44 +2,16 @@ package etcdv3
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/internal/lib/jitter"
 	"github.com/overlaynet/overlay/subnet"
 )
-
-// Batch is what the watcher delivers: the events of one etcd watch response
-// (or of one re-list), the keys that failed to decode, the invalid keys
-// that were deleted, and the revision the lease set is now at. A consumer
-// applies a batch's Events, then its Deleted keys, then its Invalid keys;
-// so that this order is always the order of the revisions, a key with an
-// Invalid or Deleted entry never shares a batch with a later change of the
-// same key (a watch response holding both is delivered as two batches).
-// With WatchOptions.Progress a batch may hold nothing but a newer Revision.
-type Batch struct {
-	Events  []subnet.Event
-	Invalid []Invalid
-	// Deleted are keys deleted while they held an invalid value (or were
-	// not lease keys at all): no lease was removed, but whoever counted
-	// them invalid can stop.
-	Deleted  []string
-	Revision int64
-	// Resync is true when the batch comes from a re-list (after a
-	// compaction passed the watch, the store was re-created, or the
-	// periodic check) rather than from watch events; Periodic too when it
-	// was the periodic check. A re-list's Revision is the listing's: below
-	// the batches before it when etcd's store was re-created.
-	Resync, Periodic bool
-	// ClusterID is the etcd cluster a re-list read (Resync only).
-	ClusterID uint64
-}
 
 // Defaults of WatchOptions (and of ManagerOptions' stall detection).
 const (
@@ -90,6 +62,12 @@ type WatchOptions struct {
 	Logger   *slog.Logger
 	// OnRestart is called each time the watch has to be re-established.
 	OnRestart func(reason string)
+	// Journal, if set, is started already (Journal.Start) and gets every
+	// batch (Journal.Apply) before it is delivered; the watch owns it from
+	// then on and closes it when it ends. After a failure (a full disk)
+	// the journal stops, and what it holds, the lease set at an earlier
+	// revision, is still true for a restart to resume from.
+	Journal *Journal
 }
 
 func (o *WatchOptions) defaults() {
@@ -128,7 +106,11 @@ func (o *WatchOptions) defaults() {
 // it has, an empty one if no lease changed.
 func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) <-chan Batch {
 	opts.defaults()
-	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases))}
+	w := &watcher{reg: r, opts: opts, log: opts.Logger, rev: snap.Revision, head: snap.Head, known: make(map[subnet.ID]subnet.Known, len(snap.Leases)),
+		journal: opts.Journal}
+	if snap.Head > snap.Revision {
+		w.catchUp = snap.Head
+	}
 	w.epoch, _ = r.head.rebaseSignal()
 	for _, l := range snap.Leases {
 		w.known[l.ID()] = subnet.KnownOf(l)
@@ -137,6 +119,7 @@ func (r *Registry) Watch(ctx context.Context, snap Snapshot, opts WatchOptions) 
 	out := make(chan Batch)
 	go func() {
 		defer close(out)
+		defer w.stopJournal()
 		w.run(ctx, out)
 	}()
 	return out
@@ -165,6 +148,11 @@ type watcher struct {
 	// one, nothing at rev or below means anything, and only a re-list can
 	// tell what the new store holds.
 	epoch uint64
+	// catchUp is the head a watch from a saved set must reach before the
+	// set is current (Snapshot.Head), 0 once a batch said so (CaughtUp).
+	catchUp int64
+	// journal gets each batch before it is sent; nil if none is kept.
+	journal *Journal
 }
 
 // setInvalid replaces the invalid keys with a listing's.
@@ -243,116 +231,6 @@ func (w *watcher) run(ctx context.Context, out chan<- Batch) {
 			}
 			warn.warn(w.log, "re-list of leases failed, will retry", "err", err)
 			wait = b.Failed(err)
-		}
-	}
-}
-
-// follow consumes one etcd watch until it breaks or stalls, returning why
-// and whether the revision it needed was compacted. It calls live once the
-// watch delivers anything.
-func (w *watcher) follow(ctx context.Context, out chan<- Batch, resync *time.Timer, live func()) (string, bool) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wctx = ownStream(clientv3.WithRequireLeader(wctx), "leases")
-	epoch, rebased := w.reg.head.rebaseSignal()
-	if epoch != w.epoch {
-		return w.rebased(epoch), true
-	}
-	wch, err := openWatch(wctx, w.reg.cli, w.reg.head, w.opts.ProgressInterval, w.opts.StallTimeout, w.reg.SubnetsPrefix(),
-		clientv3.WithPrefix(), clientv3.WithRev(answerableFrom(w.rev)), clientv3.WithProgressNotify())
-	if err != nil {
-		return err.Error(), false
-	}
-	// Events at or below floor are not news: the watch starts at w.rev
-	// (answerableFrom: its events come again), and a periodic re-list
-	// moves it to the listing's revision while older responses may still
-	// wait in wch. A progress notification does not move it: etcd before
-	// 3.4.25 and 3.5.8 could send one ahead of events still to come.
-	floor := w.rev
-	stall := newStallCheck(w.reg.cli, wctx, wch, w.reg.head, func() int64 { return w.rev }, w.opts.ProgressInterval, w.opts.StallTimeout)
-	defer stall.stop()
-	// A watch that starts behind a known head asks etcd whether it has
-	// caught up: etcd answers a progress request once the watch has
-	// delivered everything up to the store's revision (and drops it
-	// before), so the answer, not a quiet ProgressInterval, says when.
-	// The pause doubles after each request: a fleet that restarts at once
-	// must not flood an etcd that is slow to catch them all up.
-	var catchUp <-chan time.Time
-	wait := catchUpInterval
-	if w.rev < w.head {
-		catchUp = time.After(wait)
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return "stopped", false
-		case <-catchUp:
-			if w.rev >= w.head {
-				catchUp = nil
-				continue
-			}
-			rctx, cancel := context.WithTimeout(wctx, w.opts.StallTimeout)
-			_ = w.reg.cli.RequestProgress(rctx) // a failure shows as a stall
-			cancel()
-			wait = min(2*wait, maxCatchUpInterval)
-			catchUp = time.After(wait)
-		case <-stall.C():
-			if reason := stall.check(); reason != "" {
-				return reason, false
-			}
-		case <-rebased:
-			epoch, _ := w.reg.head.rebaseSignal()
-			return w.rebased(epoch), true
-		case <-resync.C:
-			resync.Reset(jitter.Spread(resyncInterval(w.opts.ResyncInterval, len(w.known))))
-			if err := w.relist(ctx, out, w.opts.RequestTimeout, true); err != nil {
-				return "periodic re-list failed: " + err.Error(), false
-			}
-			floor = w.rev
-		case resp, ok := <-wch:
-			stall.heard()
-			switch {
-			case !ok:
-				return "watch channel closed", false
-			case resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted):
-				return "revision compacted", true
-			case resp.Err() != nil:
-				return "watch error: " + resp.Err().Error(), false
-			case resp.Canceled:
-				return "watch canceled by the server", false
-			}
-			if live != nil {
-				live()
-				live = nil
-			}
-			switch {
-			case resp.IsProgressNotify():
-				if w.reports(resp.Header.Revision) && !send(ctx, out, Batch{Revision: resp.Header.Revision}) {
-					return "stopped", false
-				}
-				w.rev = max(w.rev, resp.Header.Revision)
-				continue
-			}
-			// Everything up to the last event has been delivered; not
-			// necessarily up to the header's revision: a watch catching up
-			// gets its backlog in parts, each headed with the store's
-			// current revision. Only a progress notification vouches for
-			// its header (the lease manager's own-key watch reads it so too).
-			rev := resp.Header.Revision
-			if n := len(resp.Events); n > 0 {
-				rev = resp.Events[n-1].Kv.ModRevision
-			}
-			batches := w.apply(after(resp.Events, floor), rev)
-			w.reg.head.delivered(rev)
-			if len(batches) == 0 && w.reports(rev) {
-				batches = []Batch{{Revision: rev}}
-			}
-			for _, b := range batches {
-				if !send(ctx, out, b) {
-					return "stopped", false
-				}
-			}
-			w.rev = max(w.rev, rev)
 		}
 	}
 }
@@ -465,16 +343,35 @@ func (w *watcher) relist(ctx context.Context, out chan<- Batch, timeout time.Dur
 	b := Batch{Events: events, Invalid: snap.Invalid, Revision: snap.Revision, Resync: true, Periodic: periodic, ClusterID: snap.ClusterID}
 	w.known, w.rev = known, snap.Revision
 	w.setInvalid(snap.Invalid)
-	send(ctx, out, b)
+	w.send(ctx, out, b)
 	return nil
 }
 
-func send(ctx context.Context, out chan<- Batch, b Batch) bool {
+// send journals b, marks it CaughtUp if it is the first to reach a
+// resumed watch's head, and delivers it.
+func (w *watcher) send(ctx context.Context, out chan<- Batch, b Batch) bool {
+	if w.journal != nil {
+		if err := w.journal.Apply(b); err != nil {
+			w.log.Warn("stopped keeping the lease journal; a restart will resume from an older revision", "err", err)
+			w.stopJournal()
+		}
+	}
+	if w.catchUp > 0 && b.Revision >= w.catchUp {
+		b.CaughtUp, w.catchUp = true, 0
+	}
 	select {
 	case out <- b:
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// stopJournal closes the journal, if one is kept.
+func (w *watcher) stopJournal() {
+	if w.journal != nil {
+		_ = w.journal.Close()
+		w.journal = nil
 	}
 }
 

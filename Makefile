@@ -114,13 +114,19 @@ fuzz:
 GOVULNDB ?= https://vuln.go.dev
 
 # The tree's direction (README "Layout"): the binaries never link the
-# standard testing package, the test harness or the programs, and the
-# leaves in internal/lib import nothing of ours.
+# standard testing package, the test harness or the programs, the
+# leaves in internal/lib import nothing of ours, and the pure lease rules
+# (subnet, internal/leaseadmin, the codec picker backend/codecs) link no
+# netlink, nftables or prometheus.
 layering:
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|/internal/testing/|/tools/'); \
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \
 	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours outside internal/lib:"; echo "$$bad"; exit 1; fi
+	@for p in ./subnet ./internal/leaseadmin ./backend/codecs; do \
+	  bad=$$($(GO) list -deps $$p | grep -E '/vishvananda/netlink|/google/nftables|/prometheus/'); \
+	  if [ -n "$$bad" ]; then echo "$$p judges leases without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -27,7 +27,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
 	snap := subnet.Snapshot{Leases: []subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
@@ -103,7 +103,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefix)
 	reservation := func(sub, ip, node string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev,
 			Attrs: subnet.LeaseAttrs{PublicIP: ip, NodeID: node, BackendType: "vxlan"}}
@@ -180,7 +180,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefix)
+		s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefix)
 		if rej := s.reset(subnet.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
 			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
 		}

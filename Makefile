@@ -23,7 +23,7 @@ FUZZ_EXECS := FuzzPluginMain=3000 FuzzParseConf=80000 FuzzVerbs=6000 FuzzCorrupt
               FuzzLeaseDataFastAgreesWithEncodingJSON=30000 FuzzLeaseDataReadsAsMemberByMember=100000
 FUZZTIME  ?=
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube fuzz layering lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps
 
 all: build plugins
 
@@ -47,7 +47,7 @@ test: build plugins unit e2e fuzz
 # -parallel 4: the tests marked parallel mostly wait on timers (stall
 # checks, TTLs, gRPC keepalive), so more of them than cores run at once.
 unit:
-	$(GO) test -race -count=1 -parallel 4 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime)
+	$(GO) test -race -count=1 -parallel 4 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime -e /test/kube)
 
 # Multi-host tests: real overlayd processes on simulated hosts (network
 # namespaces the tests create and delete), a real etcd, pods through libcni.
@@ -74,6 +74,18 @@ runtime-e2e: build plugins runtime-deps
 # takes ~20-30 minutes on 2 cores; a second run builds nothing.
 kube:
 	@test/kube/build.sh
+
+# The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
+# plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
+# overlay deployed with deploy/kubernetes/overlay.yaml, then the network
+# matrix, printed as a table and written to KUBE_MATRIX (JSON).
+KUBE_MATRIX ?= $(BIN)/kube-matrix.json
+
+kube-deps:
+	@test/kube/install-deps.sh
+
+kube-e2e: build plugins kube kube-deps
+	KUBE_MATRIX=$(abspath $(KUBE_MATRIX)) $(GO) test -race -count=1 -timeout 15m -v ./test/kube/
 
 # Not part of `make test`: run the suites RUNS times with HOGS busy-loop
 # processes beside them and print how often each test failed (a deadline
@@ -102,13 +114,19 @@ fuzz:
 GOVULNDB ?= https://vuln.go.dev
 
 # The tree's direction (README "Layout"): the binaries never link the
-# standard testing package, the test harness or the programs, and the
-# leaves in internal/lib import nothing of ours.
+# standard testing package, the test harness or the programs, the
+# leaves in internal/lib import nothing of ours, and the pure lease rules
+# (subnet, internal/leaseadmin, the codec picker backend/codecs) link no
+# netlink, nftables or prometheus.
 layering:
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|/internal/testing/|/tools/'); \
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \
 	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours outside internal/lib:"; echo "$$bad"; exit 1; fi
+	@for p in ./subnet ./internal/leaseadmin ./backend/codecs; do \
+	  bad=$$($(GO) list -deps $$p | grep -E '/vishvananda/netlink|/google/nftables|/prometheus/'); \
+	  if [ -n "$$bad" ]; then echo "$$p judges leases without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

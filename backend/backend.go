@@ -46,9 +46,9 @@ type Peer struct {
 }
 
 // PeerData is a backend's own data about a peer, decoded from the lease's
-// backend data by the backend's codec (backend/vxlan.Codec), in a form
-// only that backend reads: VXLAN keeps the peer's VTEP MAC in it
-// (vxlan.PeerData, vxlan.PeerMAC). Fixed bytes rather than an interface
+// backend data by the backend's codec (backend/vxlan/leasedata.Codec), in
+// a form only that backend reads: VXLAN keeps the peer's VTEP MAC in it
+// (leasedata.PeerData, leasedata.PeerMAC). Fixed bytes rather than an interface
 // or a string, so a Peer stays comparable and is made without an
 // allocation per peer (thousands at a cold start). Its size is what the
 // backends of this tree need; a backend with more to say (a WireGuard
@@ -58,9 +58,18 @@ type PeerData [8]byte
 // Codec is a backend's part of a lease value: it reads a peer's backend
 // data (the lease's BackendData, and BackendV6Data for the IPv6 device,
 // raw JSON the control plane does not interpret) into the PeerData the
-// backend's planes take, once, where the lease enters the daemon.
-// backend/vxlan.Codec is one.
+// backend's planes take, once, where the lease enters the daemon; and it
+// writes what this host publishes. backend/vxlan/leasedata.Codec is one;
+// backend/codecs picks the network's.
 type Codec interface {
+	// Publish returns the backend data this host publishes in its lease
+	// for its plane of fam, known before the kernel is touched: derived
+	// from the host's stable nodeID, or from mac, the hardware address of
+	// a device another program left that the plane takes over (nil if
+	// none).
+	Publish(nodeID string, fam Family, mac net.HardwareAddr) json.RawMessage
+	// String names a peer's data in logs (VXLAN: its VTEP MAC).
+	String(data PeerData) string
 	// Decode reads one family's backend data (member names it in errors)
 	// and says why it does not fit the network (misfit: the lease is then
 	// orphaned, e.g. VXLAN data of another VNI) and why it cannot be used

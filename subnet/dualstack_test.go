@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/backend"
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 )
 
 func TestLeaseKeyForms(t *testing.T) {
@@ -78,7 +78,7 @@ func TestDualStackAttrsAreFlannelCompatible(t *testing.T) {
 	if a.PublicAddrV6() != mustAddr("2001:db8::7") {
 		t.Errorf("PublicAddrV6 = %v", a.PublicAddrV6())
 	}
-	if d, err := vxlan.DecodeLeaseData("BackendV6Data", a.BackendV6Data); err != nil || d != (vxlan.LeaseData{VNI: 1, VtepMAC: "0e:00:00:00:06:07"}) {
+	if d, err := leasedata.DecodeLeaseData("BackendV6Data", a.BackendV6Data); err != nil || d != (leasedata.LeaseData{VNI: 1, VtepMAC: "0e:00:00:00:06:07"}) {
 		t.Errorf("BackendV6Data = %+v, %v", d, err)
 	}
 	b, err := a.Marshal()
@@ -119,10 +119,10 @@ func TestDualStackPeerValidation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Peer(good) = %v", err)
 	}
-	if want := (backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, 7})}); v4 != want {
+	if want := (backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: leasedata.PeerData(leasedata.MAC{0x0e, 0, 0, 0, 0, 7})}); v4 != want {
 		t.Errorf("IPv4 peer = %+v, want %+v", v4, want)
 	}
-	if want := (backend.Peer{Subnet: mustPrefix("fd00:10:244:7::/64"), PublicIP: mustAddr("2001:db8::7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 6, 7})}); v6 != want {
+	if want := (backend.Peer{Subnet: mustPrefix("fd00:10:244:7::/64"), PublicIP: mustAddr("2001:db8::7"), Data: leasedata.PeerData(leasedata.MAC{0x0e, 0, 0, 0, 6, 7})}); v6 != want {
 		t.Errorf("IPv6 peer = %+v, want %+v", v6, want)
 	}
 
@@ -176,7 +176,7 @@ func TestDualStackPeerValidation(t *testing.T) {
 // IPv6 half of a key the network carries IPv6 for still orphans it.
 func TestIPv6ToggleKeysUseTheirIPv4Half(t *testing.T) {
 	v4net, dual := mustConfig(t, `{"Network":"10.244.0.0/16"}`), dualStackConfig(t)
-	want4 := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, 7})}
+	want4 := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: leasedata.PeerData(leasedata.MAC{0x0e, 0, 0, 0, 0, 7})}
 	dualKey := goodDualStackLease()
 	dualKey.Attrs.BackendV6Data = []byte(`{"VNI":9,"VtepMAC":"0e:00:00:00:06:07"}`) // ignored with the IPv6 half
 	v4Key := goodDualStackLease()

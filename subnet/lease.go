@@ -76,7 +76,7 @@ func (l Lease) Key() string { return l.Subnets().Key() }
 
 // NewAttrs builds the value a host writes for its lease: its public
 // address, the backend's type and the backend's data, which the backend's
-// codec encoded (backend/vxlan.Codec.Encode); subnet does not interpret it.
+// codec encoded (backend.Codec.Publish); subnet does not interpret it.
 func NewAttrs(publicIP netip.Addr, backendType string, data json.RawMessage, nodeID, hostname string) LeaseAttrs {
 	return LeaseAttrs{PublicIP: publicIP.String(), BackendType: backendType, BackendData: data, NodeID: nodeID, Hostname: hostname}
 }
@@ -219,7 +219,7 @@ func orphaned(format string, args ...any) error {
 // DataChecker is a backend's reading of the backend data of leases: the
 // member BackendData, and BackendV6Data for the IPv6 device, which subnet
 // keeps as raw JSON and does not interpret. Each backend owns its codec
-// (backend/vxlan.Codec); the checks that need it take it.
+// (backend/vxlan/leasedata.Codec); the checks that need it take it.
 type DataChecker interface {
 	// CheckData reads one family's backend data as the lease holds it
 	// (member names it in errors) and says why it does not fit this

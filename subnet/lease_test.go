@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/overlaynet/overlay/backend"
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 )
 
 func TestKeyRoundTrip(t *testing.T) {
@@ -41,7 +41,7 @@ func TestParseKeyRejectsNonCanonical(t *testing.T) {
 
 func TestAttrsAreFlannelCompatible(t *testing.T) {
 	mac, _ := net.ParseMAC("0e:2a:5f:00:11:22")
-	a := NewAttrs(mustAddr("198.18.0.7"), DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(mac), "node-a", "host-a")
+	a := NewAttrs(mustAddr("198.18.0.7"), DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(mac), "node-a", "host-a")
 	b, err := a.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestPeerValidation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Peer(good) = %v", err)
 	}
-	want := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: vxlan.PeerData(vxlan.MAC{0x0e, 0, 0, 0, 0, 7})}
+	want := backend.Peer{Subnet: mustPrefix("10.244.7.0/24"), PublicIP: mustAddr("198.18.0.7"), Data: leasedata.PeerData(leasedata.MAC{0x0e, 0, 0, 0, 0, 7})}
 	if diff := cmp.Diff(want, p, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Errorf("Peer mismatch (-want +got):\n%s", diff)
 	}
@@ -346,7 +346,7 @@ func checkPeerSafe(t *testing.T, pool *Pool, p backend.Peer) {
 	t.Helper()
 	ip := p.PublicIP
 	if !pool.Contains(p.Subnet) || ip.Is6() != p.Subnet.Addr().Is6() || ip.Is4In6() || ip.Zone() != "" || ip.IsUnspecified() ||
-		ip.IsMulticast() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || pool.Network.Contains(ip) || vxlan.PeerMAC(p).IsZero() || vxlan.PeerMAC(p)[0]&1 == 1 {
+		ip.IsMulticast() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || pool.Network.Contains(ip) || leasedata.PeerMAC(p).IsZero() || leasedata.PeerMAC(p)[0]&1 == 1 {
 		t.Fatalf("unsafe peer accepted: %+v", p)
 	}
 }

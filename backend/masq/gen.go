@@ -16,7 +16,7 @@ import (
 // consistent ruleset (what `nft` itself checks). github.com/google/nftables
 // v0.3.0 has no call for NFT_MSG_GETGEN, so this speaks netlink directly.
 func generation(ns netns.NsHandle, timeout time.Duration) (uint32, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: nsFd(ns)})
 	if err != nil {
 		return 0, fmt.Errorf("nftables netlink in netns %s: %w", ns, err)
 	}
@@ -54,4 +54,23 @@ func generation(ns netns.NsHandle, timeout time.Duration) (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("read the nftables ruleset generation in netns %s: no generation in the kernel's answer", ns)
+}
+
+// nsFd is the namespace descriptor for a netlink dial into ns: 0 ("where
+// the calling thread is") when the calling thread is in ns already, else
+// ns's descriptor. Entering a namespace takes CAP_SYS_ADMIN, even the one a
+// thread is in, and a DaemonSet pod granted NET_ADMIN alone (as
+// deploy/kubernetes/overlay.yaml's) lacks it. A goroutine that has not
+// locked its thread runs on threads that are all in the process's
+// namespace, so the answer holds for the dials that follow on any of them.
+func nsFd(ns netns.NsHandle) int {
+	cur, err := netns.Get()
+	if err != nil {
+		return int(ns)
+	}
+	defer cur.Close()
+	if cur.Equal(ns) {
+		return 0
+	}
+	return int(ns)
 }

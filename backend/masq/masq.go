@@ -196,7 +196,7 @@ func (m *Masq) Close() error {
 // state behind in a long-lived Conn.
 func (m *Masq) conn() (*nftables.Conn, error) {
 	deadline := func(c *netlink.Conn) error { return c.SetDeadline(time.Now().Add(m.timeout)) }
-	c, err := nftables.New(nftables.WithNetNSFd(int(m.ns)), nftables.WithSockOptions(deadline))
+	c, err := nftables.New(nftables.WithNetNSFd(nsFd(m.ns)), nftables.WithSockOptions(deadline))
 	if err != nil {
 		return nil, fmt.Errorf("nftables netlink in netns %s: %w", m.ns, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,4 +339,72 @@ func newTableRaw(t *testing.T, ns netns.NsHandle, family byte, name string, flag
 		return nil, fmt.Errorf("new table %s (family %d) with flags %#x: %w", name, family, flags, err)
 	}
 	return c, nil
+}
+
+// withoutSysAdmin, set, makes TestEnsureWithoutCapSysAdmin the program it
+// runs: New and Ensure in the namespace it was born in.
+const withoutSysAdmin = "MASQ_TEST_WITHOUT_CAP_SYS_ADMIN"
+
+// A DaemonSet pod granted NET_ADMIN and NET_RAW alone (no CAP_SYS_ADMIN,
+// which entering a network namespace takes, even one's own) installs its
+// table in the namespace it runs in. The test binary runs again in a test
+// namespace without CAP_SYS_ADMIN in any thread (dropped from the bounding
+// set before execve: capabilities are per thread, and the netlink library
+// opens its sockets from a goroutine of its own).
+func TestEnsureWithoutCapSysAdmin(t *testing.T) {
+	if os.Getenv(withoutSysAdmin) != "" {
+		m, err := New(clusterNet)
+		if err == nil {
+			_, err = m.Ensure()
+			m.Close()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(3)
+		}
+		return
+	}
+	ns := newNS(t, "nosysadmin")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestEnsureWithoutCapSysAdmin$", "-test.count=1")
+	cmd.Env = testenv.ProgramEnv(withoutSysAdmin + "=1")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	startErr := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread ends with this goroutine.
+		runtime.LockOSThread()
+		if err := netns.Set(ns); err != nil {
+			startErr <- err
+			return
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0); err != nil {
+			startErr <- err
+			return
+		}
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			startErr <- err
+			return
+		}
+		data[0].Inheritable &^= 1 << unix.CAP_SYS_ADMIN
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			startErr <- err
+			return
+		}
+		startErr <- cmd.Start()
+	}()
+	if err := <-startErr; err != nil {
+		t.Fatalf("start the test binary without CAP_SYS_ADMIN: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("New and Ensure without CAP_SYS_ADMIN: %v\n%s", err, out.String())
+	}
+	tables, err := nftConn(t, ns).ListTablesOfFamily(nftables.TableFamilyUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 1 || !isTable(tables[0], ourTable) {
+		t.Fatalf("tables in the test namespace: %v", tables)
+	}
 }

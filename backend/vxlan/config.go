@@ -1,7 +1,6 @@
 package vxlan
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 )
 
 // RouteProtocol tags every route this backend installs (rtm_protocol). The
@@ -138,27 +138,13 @@ func DeviceName(vni int) string { return "overlay." + strconv.Itoa(vni) }
 // overlay-v6.<VNI> (flannel's is flannel-v6.<VNI>).
 func DeviceNameV6(vni int) string { return "overlay-v6." + strconv.Itoa(vni) }
 
-// VtepMAC derives the MAC of this host's IPv4 VTEP from its node ID and the
-// VNI: the first six bytes of a SHA-256, made locally administered and
-// unicast. The same host therefore gets the same MAC across daemon
-// restarts and reboots, and peers' neighbour entries stay valid when the
-// device is recreated.
-func VtepMAC(nodeID string, vni int) net.HardwareAddr { return vtepMAC("overlay-vtep", nodeID, vni) }
+// VtepMAC derives the MAC of this host's IPv4 VTEP from its node ID and
+// the VNI (leasedata.VtepMAC: the MAC a host publishes is the lease
+// data's to say).
+func VtepMAC(nodeID string, vni int) net.HardwareAddr { return leasedata.VtepMAC(nodeID, vni) }
 
-// VtepMACv6 is VtepMAC for the IPv6 VTEP. It is derived with another salt:
-// the host's two devices need distinct MACs (each peer's FDB of a device
-// maps a MAC to one remote), and VtepMAC's values, which running hosts
-// publish, must not change.
-func VtepMACv6(nodeID string, vni int) net.HardwareAddr {
-	return vtepMAC("overlay-vtep-v6", nodeID, vni)
-}
-
-func vtepMAC(salt, nodeID string, vni int) net.HardwareAddr {
-	sum := sha256.Sum256([]byte(salt + "\x00" + nodeID + "\x00" + strconv.Itoa(vni)))
-	mac := net.HardwareAddr(sum[:6:6])
-	mac[0] = mac[0]&^0x01 | 0x02
-	return mac
-}
+// VtepMACv6 is VtepMAC for the IPv6 VTEP (leasedata.VtepMACv6).
+func VtepMACv6(nodeID string, vni int) net.HardwareAddr { return leasedata.VtepMACv6(nodeID, vni) }
 
 // deviceName and vtepMAC are the device name and MAC of the overlay of
 // family fam.
@@ -170,10 +156,7 @@ func famDeviceName(fam Family, vni int) string {
 }
 
 func famVtepMAC(fam Family, nodeID string, vni int) net.HardwareAddr {
-	if fam == IPv6 {
-		return VtepMACv6(nodeID, vni)
-	}
-	return VtepMAC(nodeID, vni)
+	return leasedata.FamilyVtepMAC(fam, nodeID, vni)
 }
 
 // overhead is what VXLAN over the underlay of family fam adds.

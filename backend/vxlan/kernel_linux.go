@@ -8,6 +8,7 @@ import (
 	"runtime"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -52,7 +53,7 @@ func OpenNetlink(ns netns.NsHandle) (*KernelNetlink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open network namespace handle: %w", err)
 	}
-	h, err := netlink.NewHandleAt(own, unix.NETLINK_ROUTE)
+	h, err := handleAt(own)
 	if err != nil {
 		own.Close()
 		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
@@ -64,6 +65,43 @@ func OpenNetlink(ns netns.NsHandle) (*KernelNetlink, error) {
 		return nil, err
 	}
 	return &KernelNetlink{ns: own, h: h, rt: rt}, nil
+}
+
+// inNamespace reports whether the calling thread is in network namespace
+// ns. The caller locks its thread.
+func inNamespace(ns netns.NsHandle) bool {
+	cur, err := netns.Get()
+	if err != nil {
+		return false
+	}
+	defer cur.Close()
+	return cur.Equal(ns)
+}
+
+// Entering a network namespace takes CAP_SYS_ADMIN, even entering the one
+// the thread is already in; a DaemonSet pod granted NET_ADMIN alone (as
+// deploy/kubernetes/overlay.yaml's) lacks it. So a socket for the
+// namespace the calling thread is in is opened where the thread stands,
+// and only a socket for another namespace is opened by switching into it.
+
+// handleAt opens a netlink.Handle for the route family in ns.
+func handleAt(ns netns.NsHandle) (*netlink.Handle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if inNamespace(ns) {
+		return netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	return netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+}
+
+// socketAt opens a netlink socket of protocol proto in ns.
+func socketAt(ns netns.NsHandle, proto int) (*nl.NetlinkSocket, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if inNamespace(ns) {
+		return nl.GetNetlinkSocketAt(netns.None(), netns.None(), proto)
+	}
+	return nl.GetNetlinkSocketAt(ns, netns.None(), proto)
 }
 
 // Close releases the sockets and the namespace handle. Safe to call twice.

@@ -637,3 +637,33 @@ func BenchmarkKernelColdPass(b *testing.B) {
 		})
 	}
 }
+
+// A DaemonSet pod granted NET_ADMIN and NET_RAW alone (no CAP_SYS_ADMIN,
+// which entering a network namespace takes, even one's own) opens its
+// netlink sockets in the namespace it runs in: deploy/kubernetes's pods did
+// not start before ("failed to set into network namespace").
+func TestOpenNetlinkWithoutCapSysAdmin(t *testing.T) {
+	tn := newTestNS(t)
+	nsh, err := netns.GetFromPath(tn.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	var links []vxlan.Link
+	err = testenv.WithoutCapabilities(nsh, []uintptr{unix.CAP_SYS_ADMIN}, func() error {
+		nl, err := vxlan.OpenNetlink(netns.None())
+		if err != nil {
+			return err
+		}
+		defer nl.Close()
+		links, err = nl.LinkList()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("OpenNetlink without CAP_SYS_ADMIN: %v", err)
+	}
+	// The sockets are in the test namespace: lo alone, no root link.
+	if len(links) != 1 || links[0].Name != "lo" {
+		t.Fatalf("links seen: %+v, want lo alone (the test namespace's)", links)
+	}
+}

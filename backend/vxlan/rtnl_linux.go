@@ -9,7 +9,6 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -56,7 +55,7 @@ func openRTNL(ns netns.NsHandle) (*rtnlConn, error) {
 	// The netlink package knows how to open a socket in another namespace
 	// safely (a locked thread, switched and switched back); take a copy of
 	// its descriptor and drive it ourselves.
-	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
+	s, err := socketAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
 	}

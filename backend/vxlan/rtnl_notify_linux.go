@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -52,7 +51,7 @@ const subscribeBuffer = 1 << 20
 // openNotify opens a socket in ns that receives link, route (of both
 // families) and neighbour notifications, filtered by notifyFilter.
 func openNotify(ns netns.NsHandle) (*os.File, error) {
-	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
+	s, err := socketAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/subnet"
@@ -289,7 +290,7 @@ func checkReservation(t *testing.T, reg *etcdv3.Registry, s subnet.Subnets, publ
 	t.Helper()
 	l, err := reg.Get(ctx(t), s)
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil || l.Attrs.PublicIP != publicIP || l.Attrs.PublicIPv6 != publicIPv6 {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, leasedata.Codec{VNI: cfg.Backend.VNI}) != nil || l.Attrs.PublicIP != publicIP || l.Attrs.PublicIPv6 != publicIPv6 {
 		t.Fatalf("reservation %s read back: %+v, %v, %v", s, l, err, cerr)
 	}
 }
@@ -465,8 +466,8 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 		t.Errorf("lease reserve: %+v", r)
 	}
 	res, err := reg.For(cfg).Get(ctx(t), subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:9::/64")})
-	if err != nil || !res.Reserved || cfg.CheckClaim(res, daemon.LeaseCodec(cfg.Backend)) != nil {
-		t.Errorf("the reservation: %+v, %v (CheckClaim %v)", res, err, cfg.CheckClaim(res, daemon.LeaseCodec(cfg.Backend)))
+	if err != nil || !res.Reserved || cfg.CheckClaim(res, leasedata.Codec{VNI: cfg.Backend.VNI}) != nil {
+		t.Errorf("the reservation: %+v, %v (CheckClaim %v)", res, err, cfg.CheckClaim(res, leasedata.Codec{VNI: cfg.Backend.VNI}))
 	}
 	for _, args := range [][]string{
 		{"10.244.9.0/24", "--public-ip", "198.18.0.9"},

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
@@ -160,10 +160,10 @@ func leaseRows(ctx context.Context, reg *etcdv3.Registry, cfg *subnet.Config, le
 	for _, l := range leases {
 		row := leaseRow{Subnet: prefixString(l.Subnet), IPv6Subnet: prefixString(l.IPv6Subnet), PublicIP: l.Attrs.PublicIP, PublicIPv6: l.Attrs.PublicIPv6, NodeID: l.Attrs.NodeID,
 			Hostname: l.Attrs.Hostname, Reserved: l.Reserved, TTLSeconds: -1, Alive: "unknown", Revision: l.ModRevision}
-		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendData, "BackendData"); ok {
+		if mac, ok := codecs.LeaseVtepMAC(l.Attrs.BackendData, "BackendData"); ok {
 			row.VtepMAC = mac
 		}
-		if mac, ok := daemon.LeaseVtepMAC(l.Attrs.BackendV6Data, "BackendV6Data"); ok {
+		if mac, ok := codecs.LeaseVtepMAC(l.Attrs.BackendV6Data, "BackendV6Data"); ok {
 			row.VtepMACv6 = mac
 		}
 		if !l.Reserved {

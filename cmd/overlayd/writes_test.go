@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/leaseadmin"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
@@ -102,7 +102,7 @@ func TestReserveRefusesWhatDaemonsWouldSkip(t *testing.T) {
 	}
 	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.61.0/24")})
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, leasedata.Codec{VNI: cfg.Backend.VNI}) != nil {
 		t.Fatalf("reservation read back: %+v, %v, %v", l, err, cerr)
 	}
 	// A second one for the same node is refused.
@@ -488,7 +488,7 @@ func TestReserveRefusesSubnetsOutsideTheLeasedRange(t *testing.T) {
 	}
 	l, err := reg.Get(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.0.0/24")})
 	cfg, _, cerr := reg.GetConfig(ctx(t))
-	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend)) != nil {
+	if err != nil || cerr != nil || !l.Unclaimed() || cfg.CheckClaim(l, leasedata.Codec{VNI: cfg.Backend.VNI}) != nil {
 		t.Errorf("the forced reservation read back: %+v, %v, %v", l, err, cerr)
 	}
 	// --force is never taken from the environment.

@@ -34,6 +34,7 @@ import (
 	"github.com/vishvananda/netns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -239,6 +240,7 @@ type daemon struct {
 
 	src    subnet.Source
 	netCfg *subnet.Config
+	codec  backend.Codec // the network's backend's part of lease values (codecs.For)
 	lease  subnet.Lease
 	snap   subnet.Snapshot // the lease set Acquire returned, which seeds the peers and the watch (dropped once the watch has it)
 	// planes are the data planes, one per address family the network

@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend"
 )
 
 // Start-up refuses, before anything is claimed in etcd, a host that could
@@ -50,7 +50,11 @@ func (d *daemon) dataPath() DataPath {
 	// overlayd's own devices of an earlier run, of either family: one of
 	// a family the network no longer carries (IPv6 turned off) holds the
 	// port until start-up removes it.
-	p.Devices = []string{vxlan.DeviceName(p.VNI), vxlan.DeviceNameV6(p.VNI)}
+	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		if name, err := planeDevice(nc.Backend, fam); err == nil {
+			p.Devices = append(p.Devices, name)
+		}
+	}
 	for _, fp := range d.planes {
 		if fp.flannel.name != "" {
 			p.Devices = append(p.Devices, fp.flannel.name)

@@ -30,7 +30,7 @@ func TestPeerEventsSayOnlyWhatHappened(t *testing.T) {
 	var logs bytes.Buffer
 	st := &probe{}
 	d := &daemon{log: slog.New(slog.NewTextHandler(&logs, nil)), st: st, m: newMetrics(st),
-		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, LeaseCodec(cfg.Backend), own, prefixed)}
+		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, testCodec(t, cfg.Backend), own, prefixed)}
 	reservation := func(sub string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev, Attrs: subnet.LeaseAttrs{PublicIP: "198.18.0.9"}}
 	}
@@ -94,7 +94,7 @@ func TestColdStartRecordsArrivalsOfPeersOnly(t *testing.T) {
 	own := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}
 	st := &probe{}
 	d := &daemon{log: slog.New(slog.DiscardHandler), st: st, m: newMetrics(st),
-		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, LeaseCodec(cfg.Backend), own, prefixed)}
+		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, testCodec(t, cfg.Backend), own, prefixed)}
 	peers := []subnet.Lease{
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
 		lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 3),

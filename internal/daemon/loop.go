@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -159,10 +160,10 @@ func logEvents(log *slog.Logger, b subnet.Batch, own subnet.Subnets, before map[
 			if ev.Lease.Attrs.PublicIPv6 != "" {
 				attrs = append(attrs, "public_ipv6", ev.Lease.Attrs.PublicIPv6)
 			}
-			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendData, "BackendData"); ok {
+			if mac, ok := codecs.LeaseVtepMAC(ev.Lease.Attrs.BackendData, "BackendData"); ok {
 				attrs = append(attrs, "vtep_mac", mac)
 			}
-			if mac, ok := LeaseVtepMAC(ev.Lease.Attrs.BackendV6Data, "BackendV6Data"); ok {
+			if mac, ok := codecs.LeaseVtepMAC(ev.Lease.Attrs.BackendV6Data, "BackendV6Data"); ok {
 				attrs = append(attrs, "vtep_mac_v6", mac)
 			}
 			if why := after.cfg.IPv4Only(ev.Lease); why != "" {
@@ -172,7 +173,7 @@ func logEvents(log *slog.Logger, b subnet.Batch, own subnet.Subnets, before map[
 			msg = "peer removed"
 			for i, keys := range [2][2]string{{"public_ip", "vtep_mac"}, {"public_ipv6", "vtep_mac_v6"}} { // by famIndex
 				if p := was[i]; p.PublicIP.IsValid() {
-					attrs = append(attrs, keys[0], p.PublicIP.String(), keys[1], peerDataString(p))
+					attrs = append(attrs, keys[0], p.PublicIP.String(), keys[1], after.codec.String(p.Data))
 				}
 			}
 		default:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -176,9 +177,7 @@ func (s *peerSet) put(l subnet.Lease, reported map[badKey]skip, out []rejection)
 	// The backend's data of each family is decoded once, here, where the
 	// lease enters: CheckPeer judges what the codec found, and the peers
 	// keep the decoded data.
-	data4, misfit4, err4 := s.codec.Decode("BackendData", l.Attrs.BackendData)
-	data6, misfit6, err6 := s.codec.Decode("BackendV6Data", l.Attrs.BackendV6Data)
-	is4, is6, err := s.cfg.CheckPeer(l, subnet.DataCheck{Misfit: misfit4, Err: err4}, subnet.DataCheck{Misfit: misfit6, Err: err6})
+	p4, p6, is4, is6, err := codecs.Peers(s.cfg, s.codec, l)
 	switch {
 	case id == s.own && err == nil:
 		// Our own lease is never a peer. Clear a mark left by a value
@@ -194,10 +193,10 @@ func (s *peerSet) put(l subnet.Lease, reported map[badKey]skip, out []rejection)
 	}
 	s.unmark(id)
 	if is4 {
-		s.valid[famIndex(backend.IPv4)][id] = backend.Peer{Subnet: l.Subnet, PublicIP: l.Attrs.PublicAddr(), Data: data4}
+		s.valid[famIndex(backend.IPv4)][id] = p4
 	}
 	if is6 {
-		s.valid[famIndex(backend.IPv6)][id] = backend.Peer{Subnet: l.IPv6Subnet, PublicIP: l.Attrs.PublicAddrV6(), Data: data6}
+		s.valid[famIndex(backend.IPv6)][id] = p6
 	}
 	if s.cfg.IPv4Half(l) {
 		s.half[id] = true

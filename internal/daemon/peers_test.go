@@ -30,7 +30,7 @@ func TestPeerSetValidatesSkipsOwnAndReportsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	snap := subnet.Snapshot{Leases: []subnet.Lease{
 		lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 1), // our own
 		lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2),
@@ -106,7 +106,7 @@ func TestPeerSetNamesReservationsAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := netip.MustParsePrefix("10.244.1.0/24")
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	reservation := func(sub, ip, node string, rev int64) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Reserved: true, ModRevision: rev,
 			Attrs: subnet.LeaseAttrs{PublicIP: ip, NodeID: node, BackendType: "vxlan"}}
@@ -183,7 +183,7 @@ func TestPeerSetProgramsTheIPv4HalfDuringAnIPv6Roll(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefixed)
+		s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefixed)
 		if rej := s.reset(subnet.Snapshot{Leases: []subnet.Lease{v4Key, dual}}); len(rej) != 0 {
 			t.Fatalf("%s: rejected %v, want both keys as peers", tc.config, rej)
 		}
@@ -252,7 +252,7 @@ func TestInvalidOfANonEtcdSourceTurnsThePeerOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodeB := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.2.0/24")}
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, func(subnet.Subnets) string { return "node-?" })
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, func(subnet.Subnets) string { return "node-?" })
 	s.reset(subnet.Snapshot{Leases: []subnet.Lease{lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)}})
 	rej := s.apply(subnet.Batch{Invalid: []subnet.Invalid{{Key: "node-b", Subnets: nodeB, ModRevision: 3, Err: errors.New("bad annotation")}}})
 	if n := len(s.peers(backend.IPv4)); n != 0 {

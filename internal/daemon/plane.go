@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -58,6 +59,26 @@ func (spec PlaneSpec) vxlanConfig() vxlan.Config {
 		OnPeerProgrammed: spec.OnPeerProgrammed}
 }
 
+// ownRouteProtocol is the route protocol number of the routes the planes
+// install (the VXLAN backend's, 115), for messages that tell an operator
+// how to remove them.
+const ownRouteProtocol = vxlan.RouteProtocol
+
+// planeDevice is the name of the device the plane of the network's
+// backend b and family fam makes its own (VXLAN: overlay.<VNI>,
+// overlay-v6.<VNI>), for what looks for it apart from the plane: start-up
+// checking the data path and removing an old IPv6 one, and teardown. Like
+// hostKernel.Plane it knows the backends by type.
+func planeDevice(b subnet.BackendConfig, fam backend.Family) (string, error) {
+	if b.Type != "" && b.Type != subnet.DefaultBackendType {
+		return "", fmt.Errorf("no data plane of backend type %q", b.Type)
+	}
+	if fam == backend.IPv6 {
+		return vxlan.DeviceNameV6(b.VNI), nil
+	}
+	return vxlan.DeviceName(b.VNI), nil
+}
+
 // familyPlane is what this run has of one address family's data plane:
 // flanneld's device being taken over (found while joining), then the
 // plane and its device (startDataPlane). The daemon keeps one per family
@@ -105,43 +126,18 @@ func network(nc *subnet.Config, fam backend.Family) netip.Prefix {
 	return nc.Network
 }
 
-// ownVtepMAC is the MAC this host publishes for its device of fam:
-// flanneld's if one is being taken over, else the one derived from the
-// node ID (also for a family the network does not carry, as before).
-func (d *daemon) ownVtepMAC(fam backend.Family) net.HardwareAddr {
-	vni := d.netCfg.Backend.VNI
-	mac := vxlan.VtepMAC(d.nodeID, vni)
-	if fam == backend.IPv6 {
-		mac = vxlan.VtepMACv6(d.nodeID, vni)
-	}
-	if fp := d.plane(fam); fp != nil {
-		return fp.flannel.macOr(mac)
-	}
-	return mac
-}
-
-// LeaseCodec is the codec of the network's backend's part of lease values
-// (Backend.Type: ParseConfig accepts vxlan only); the CLI judges leases
-// with it as the daemon does. A new backend adds its codec here, beside
-// its case in hostKernel.Plane.
-func LeaseCodec(b subnet.BackendConfig) backend.Codec { return vxlan.Codec{VNI: b.VNI} }
-
 // publishedData is the backend data this host writes into its lease for
-// its device of fam (see ownVtepMAC): known before the kernel is touched.
+// its device of fam, by the backend's codec: what the node ID derives,
+// or flanneld's device's if one is being taken over (also for a family
+// the network does not carry, as before). It is known before the kernel
+// is touched.
 func (d *daemon) publishedData(fam backend.Family) json.RawMessage {
-	return vxlan.Codec{VNI: d.netCfg.Backend.VNI}.Encode(d.ownVtepMAC(fam))
+	var mac net.HardwareAddr
+	if fp := d.plane(fam); fp != nil {
+		mac = fp.flannel.macOr(nil)
+	}
+	return d.codec.Publish(d.nodeID, fam, mac)
 }
-
-// LeaseVtepMAC is the VTEP MAC a lease's backend data raw (its member
-// member) names, as the lease writes it, if it can be read: for peer
-// events' logs and `overlayd lease list`.
-func LeaseVtepMAC(raw json.RawMessage, member string) (string, bool) {
-	d, err := vxlan.DecodeLeaseData(member, raw)
-	return d.VtepMAC, err == nil
-}
-
-// peerDataString is how a removed peer's log names its data: its VTEP MAC.
-func peerDataString(p backend.Peer) string { return vxlan.PeerMAC(p).String() }
 
 // plane returns this run's plane of fam, nil if the network does not
 // carry fam.

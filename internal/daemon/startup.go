@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
 )
@@ -50,6 +50,11 @@ func (d *daemon) join(ctx context.Context) error {
 	if err := checkUnderlayOutside(d.netCfg, d.ul, src.ConfigKey()); err != nil {
 		return err
 	}
+	codec, err := codecs.For(d.netCfg.Backend)
+	if err != nil {
+		return fmt.Errorf("%s: %w", src.ConfigKey(), err)
+	}
+	d.codec = codec
 	for _, fam := range families(d.netCfg) {
 		d.planes = append(d.planes, &familyPlane{family: fam})
 	}
@@ -172,7 +177,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// The peers are programmed from here on, while the masquerade table and
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
-	d.peers = newPeerSet(nc, LeaseCodec(nc.Backend), d.lease.Subnets(), d.src.LeaseName)
+	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.src.LeaseName)
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the
@@ -245,7 +250,11 @@ func (d *daemon) seedPeers(now time.Time) {
 // stop the start (the IPv4 data path does not depend on it); it says what
 // to remove by hand.
 func (d *daemon) removeOldIPv6(ctx context.Context) {
-	name := vxlan.DeviceNameV6(d.netCfg.Backend.VNI)
+	name, err := planeDevice(d.netCfg.Backend, backend.IPv6)
+	if err != nil {
+		d.log.Warn("the network no longer carries IPv6: the IPv6 device of an earlier run, if any, is left in place", "err", err)
+		return
+	}
 	spec := PlaneSpec{Backend: d.netCfg.Backend, Family: backend.IPv6, Underlay: d.ul.Iface, LocalIP: d.ul.PublicIPv6, NodeID: d.nodeID, Logger: d.log}
 	warn := func(err error) {
 		d.log.Warn("the network no longer carries IPv6, but the IPv6 device of an earlier run could not be removed: delete it with `ip link delete "+name+"` (its routes, neighbours and FDB entries go with it)",

@@ -88,7 +88,7 @@ func TestOwnLeaseSkippedByEveryHostIsNotReady(t *testing.T) {
 		return l
 	}
 	key := prefix + "198.18.7.0-24"
-	s := newPeerSet(cfg, LeaseCodec(cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: own}, prefixed)
 	for _, step := range []struct {
 		name  string
 		apply func()

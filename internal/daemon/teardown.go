@@ -17,7 +17,6 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/masq"
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -89,7 +88,7 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		return res, ulErr // nothing on this host can be removed: leave the lease too
 	}
 	if ulErr != nil {
-		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, vxlan.RouteProtocol)
+		w := fmt.Sprintf("underlay interface not found (%v): routes of DirectRouting through it are left in place; delete them with `ip route flush proto %d` and `ip -6 route flush proto %[2]d`", ulErr, ownRouteProtocol)
 		cfg.Logger.Warn(w)
 		res.Warnings = append(res.Warnings, w)
 	}
@@ -109,14 +108,16 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 		netCfg, _, etcdErr = reg.GetConfig(cctx)
 		cancel()
 	}
-	vni := opts.VNI
+	// The planes to tear down are the stored network's backend's; without
+	// etcd, the default backend's of opts.VNI.
+	be := subnet.BackendConfig{Type: subnet.DefaultBackendType, VNI: opts.VNI}
 	if etcdErr != nil {
-		cfg.Logger.Warn("etcd unusable: removing what is on this host; the lease stays until its TTL runs out", "err", etcdErr, "vni", vni)
+		cfg.Logger.Warn("etcd unusable: removing what is on this host; the lease stays until its TTL runs out", "err", etcdErr, "vni", be.VNI)
 	} else {
-		vni = netCfg.Backend.VNI
+		be = netCfg.Backend
 	}
 
-	if err := teardownDevices(ctx, cfg, ul, nodeID, vni, &res); err != nil {
+	if err := teardownDevices(ctx, cfg, ul, nodeID, be, &res); err != nil {
 		return res, err
 	}
 	// From here on a failure leaves the rest to do all the same: a
@@ -211,18 +212,24 @@ func teardownUnderlay(h *netlink.Handle, iface string, publicIP, publicIPv6 neti
 }
 
 // teardownDevices removes the data path of each family through the
-// Kernel's planes, as `overlayd run` builds them: overlayd's devices and,
-// if overlayd took them over, flanneld's, with their routes, neighbours
-// and FDB entries.
-func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string, vni int, res *TeardownResult) error {
-	res.Device = vxlan.DeviceName(vni)
+// Kernel's planes, as `overlayd run` builds them for the network's
+// backend b: overlayd's devices and, if overlayd took them over,
+// flanneld's, with their routes, neighbours and FDB entries.
+func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string, b subnet.BackendConfig, res *TeardownResult) error {
+	dev4, err := planeDevice(b, backend.IPv4)
+	if err != nil {
+		return err
+	}
+	dev6, err := planeDevice(b, backend.IPv6)
+	if err != nil {
+		return err
+	}
+	res.Device = dev4
 	existed := hasLink(cfg.Kernel, res.Device)
-	// What identifies the data path to remove is the VNI alone (the
-	// device names, the MAC derived from the node ID).
 	spec := func(fam backend.Family, dev, device string) PlaneSpec {
 		// Without an underlay each plane is given its own device as one:
 		// it then finds no routes but those on the device.
-		return PlaneSpec{Backend: subnet.BackendConfig{Type: subnet.DefaultBackendType, VNI: vni}, Family: fam,
+		return PlaneSpec{Backend: b, Family: fam,
 			Underlay: cmp.Or(ul.Iface, dev), LocalIP: ul.localIP(fam), NodeID: nodeID, Device: device, Logger: cfg.Logger}
 	}
 	// The IPv4 data path is torn down in any case (its routes may outlive
@@ -233,15 +240,15 @@ func teardownDevices(ctx context.Context, cfg Config, ul Underlay, nodeID string
 	if existed {
 		res.Removed = append(res.Removed, RemovedDevice{Name: res.Device, Family: backend.IPv4})
 	}
-	if name := vxlan.DeviceNameV6(vni); hasLink(cfg.Kernel, name) {
-		if err := teardownPlane(ctx, cfg, spec(backend.IPv6, name, "")); err != nil {
+	if hasLink(cfg.Kernel, dev6) {
+		if err := teardownPlane(ctx, cfg, spec(backend.IPv6, dev6, "")); err != nil {
 			return err
 		}
-		res.Removed = append(res.Removed, RemovedDevice{Name: name, Family: backend.IPv6})
+		res.Removed = append(res.Removed, RemovedDevice{Name: dev6, Family: backend.IPv6})
 	}
 	// flanneld's devices, if overlayd took them over (--adopt-flannel).
 	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
-		name := flannelDeviceName(fam, vni)
+		name := flannelDeviceName(fam, b.VNI)
 		if !cfg.Kernel.TakenOver(name, fam) {
 			continue
 		}

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
@@ -47,6 +49,7 @@ type fakeKernel struct {
 	devices map[string]net.HardwareAddr // the devices on the fake host: ensured, not torn down
 	marked  map[string]bool             // MarkTakenOver
 	events  []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
+	specs   []PlaneSpec                 // what each Plane call was given, in order
 	// Checked at the moment each is closed: what was still live.
 	runningAtPlaneClose int
 	deviceAtMasq        bool
@@ -110,6 +113,7 @@ func (k *fakeKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 	p := fakeplane.New(spec.Family, backend.Device{Name: name, Index: 10 + int(spec.Family), MAC: mac, MTU: mtu}, spec.OnPeerProgrammed)
 	k.mu.Lock()
 	k.planes[name] = p
+	k.specs = append(k.specs, spec)
 	k.mu.Unlock()
 	return hostPlane{p, k, name}, func() {
 		k.mu.Lock()
@@ -765,7 +769,7 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	published := ""
 	for _, l := range snap.Leases {
 		if l.Attrs.NodeID == "wiring" {
-			published, _ = LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
+			published, _ = codecs.LeaseVtepMAC(l.Attrs.BackendData, "BackendData")
 		}
 	}
 	if published != flannelMAC.String() {
@@ -785,6 +789,51 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	}
 	if log := k.log(); !slices.Contains(log, "masq removed") || !slices.Contains(log, "marked flannel.1") {
 		t.Errorf("kernel seam calls %v, want the takeover marked and the masquerade removed", log)
+	}
+}
+
+// Teardown builds its planes from the network config etcd holds, as
+// `overlayd run` does: the stored Backend (type, VNI, port,
+// DirectRouting, MTU), not only its VNI under the default type, and not
+// --vni, which names the device only when etcd cannot be reached.
+func TestWiringTeardownBuildsPlanesFromTheStoredBackend(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	defer cancel()
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":5,"Port":4789,"DirectRouting":true,"MTU":1400}}`)); err != nil {
+		t.Fatal(err)
+	}
+	k := newFakeKernel()
+	k.setIPv6("2001:db8::1")
+	w := startWiring(t, srv, func(c *Config) { c.Kernel = k })
+	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	w.stop(t)
+	stored, _, err := reg.GetConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	k.mu.Lock()
+	before := len(k.specs)
+	k.mu.Unlock()
+	res, err := Teardown(ctx, w.cfg, TeardownOptions{VNI: 1})
+	if err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	if res.Device != "overlay.5" || !res.removed("overlay.5") || !res.removed("overlay-v6.5") || k.present("overlay.5") || k.present("overlay-v6.5") {
+		t.Errorf("Teardown = %+v, want overlay.5 and overlay-v6.5 (the stored VNI's, not --vni's) removed", res)
+	}
+	k.mu.Lock()
+	specs := slices.Clone(k.specs[before:])
+	k.mu.Unlock()
+	if len(specs) != 2 {
+		t.Fatalf("teardown built %d planes, want one per family: %+v", len(specs), specs)
+	}
+	for _, spec := range specs {
+		if !reflect.DeepEqual(spec.Backend, stored.Backend) {
+			t.Errorf("teardown's %s plane was built from Backend %+v, want the stored %+v", spec.Family, spec.Backend, stored.Backend)
+		}
 	}
 }
 

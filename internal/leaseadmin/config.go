@@ -7,7 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -30,11 +31,24 @@ func (s Stranded) String() string {
 func StrandedLeases(prev, next *subnet.Config, leases []subnet.Lease) []Stranded {
 	var out []Stranded
 	leases = slices.SortedFunc(slices.Values(leases), func(a, b subnet.Lease) int { return a.Subnets().Compare(b.Subnets()) })
+	// ParseConfig accepts only backends with a codec; should next's have
+	// none, no daemon could read any lease: each is stranded.
+	nextCodec, nextErr := codecs.For(next.Backend)
+	var prevCodec backend.Codec
+	if prev != nil {
+		if c, err := codecs.For(prev.Backend); err == nil {
+			prevCodec = c
+		}
+	}
 	for _, l := range leases {
-		if prev != nil && prev.Orphaned(l, daemon.LeaseCodec(prev.Backend)) != nil {
+		if prevCodec != nil && prev.Orphaned(l, prevCodec) != nil {
 			continue // already orphaned: nothing changes for it
 		}
-		if err := next.Orphaned(l, daemon.LeaseCodec(next.Backend)); err != nil {
+		if nextErr != nil {
+			out = append(out, Stranded{l, nextErr.Error()})
+			continue
+		}
+		if err := next.Orphaned(l, nextCodec); err != nil {
 			out = append(out, Stranded{l, strings.TrimPrefix(err.Error(), subnet.ErrOrphaned.Error()+": ")})
 			continue
 		}

@@ -21,7 +21,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -85,11 +85,14 @@ func State(cfg *subnet.Config, l subnet.Lease) (state, problem string) {
 	if cfg == nil {
 		return StateUnknown, ""
 	}
-	var err error
+	codec, err := codecs.For(cfg.Backend)
+	if err != nil {
+		return StateUnknown, err.Error()
+	}
 	if l.Unclaimed() {
-		err = cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend))
+		err = cfg.CheckClaim(l, codec)
 	} else {
-		err = cfg.CheckLease(l, daemon.LeaseCodec(cfg.Backend))
+		err = cfg.CheckLease(l, codec)
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):
@@ -146,15 +149,22 @@ func PlainKey(key string) string {
 // same node). Revoking it takes nothing from the host even if it is alive.
 func UnusedByItsHost(ctx context.Context, st Store, l subnet.Lease) (bool, error) {
 	cfg, _, err := st.GetConfig(ctx)
-	if err != nil || cfg.Orphaned(l, daemon.LeaseCodec(cfg.Backend)) == nil && !l.Unclaimed() {
+	if err != nil {
 		return false, nil // without a valid config nothing is known to be orphaned
+	}
+	codec, err := codecs.For(cfg.Backend)
+	if err != nil {
+		return false, err
+	}
+	if cfg.Orphaned(l, codec) == nil && !l.Unclaimed() {
+		return false, nil
 	}
 	snap, err := st.List(ctx)
 	if err != nil {
 		return false, err
 	}
 	for _, other := range snap.Leases {
-		if other.Subnets() != l.Subnets() && cfg.Orphaned(other, daemon.LeaseCodec(cfg.Backend)) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
+		if other.Subnets() != l.Subnets() && cfg.Orphaned(other, codec) == nil && other.Attrs.OwnedBy(l.Attrs.NodeID, l.Attrs.PublicAddr(), l.Attrs.PublicAddrV6()) {
 			return true, nil
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -70,7 +70,7 @@ func hostLease(n int, node string) subnet.Lease {
 	mac := net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(n)}
 	return subnet.Lease{
 		Subnet:    netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n)),
-		Attrs:     subnet.NewAttrs(netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(mac), node, ""),
+		Attrs:     subnet.NewAttrs(netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", n)), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(mac), node, ""),
 		EtcdLease: int64(100 + n),
 	}
 }
@@ -299,5 +299,26 @@ func TestRefuseRevoke(t *testing.T) {
 				t.Errorf("RefuseRevoke = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A config whose Backend.Type has no codec (subnet.ParseConfig refuses
+// one, but a Config can be built by hand) judges nothing as VXLAN: a
+// lease's state is unknown, and a change to it strands every lease, each
+// saying why.
+func TestABackendWithoutACodecJudgesNothing(t *testing.T) {
+	cfg := config(t, `{"Network":"10.244.0.0/16"}`)
+	other := *cfg
+	other.Backend.Type = "wireguard"
+	l := hostLease(7, "h7")
+	if state, problem := State(&other, l); state != StateUnknown || !strings.Contains(problem, `Backend.Type "wireguard"`) {
+		t.Errorf("State under a backend without a codec = %q, %q; want %q naming the type", state, problem, StateUnknown)
+	}
+	if state, _ := State(cfg, l); state != StateLeased {
+		t.Errorf("State under vxlan = %q, want %q", state, StateLeased)
+	}
+	stranded := StrandedLeases(cfg, &other, []subnet.Lease{l, hostLease(8, "h8")})
+	if len(stranded) != 2 || !strings.Contains(stranded[0].String(), `Backend.Type "wireguard"`) {
+		t.Errorf("StrandedLeases to a backend without a codec = %v, want both leases, naming the type", stranded)
 	}
 }

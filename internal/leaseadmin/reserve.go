@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/backend/codecs"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -30,13 +30,17 @@ func Reserve(ctx context.Context, reg Store, s subnet.Subnets, attrs subnet.Leas
 	if err := checkFamilies(cfg, reg.ConfigKey(), s, attrs); err != nil {
 		return err
 	}
+	codec, err := codecs.For(cfg.Backend)
+	if err != nil {
+		return fmt.Errorf("cannot reserve %s: %s: %w", s, reg.ConfigKey(), err)
+	}
 	value, err := attrs.Marshal()
 	if err != nil {
 		return err
 	}
 	l := subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Reserved: true}
 	if l.Attrs, err = subnet.DecodeAttrs(value); err == nil {
-		err = cfg.CheckClaim(l, daemon.LeaseCodec(cfg.Backend))
+		err = cfg.CheckClaim(l, codec)
 	}
 	switch {
 	case errors.Is(err, subnet.ErrOrphaned):

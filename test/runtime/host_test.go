@@ -141,30 +141,6 @@ func (h *host) cachedVersion(t *testing.T, containerID string) string {
 	return e.Config.CNIVersion
 }
 
-// rootState is what the root network namespace must keep: its links (name,
-// flags, master) and routes, as `ip -br link` and `ip route` show them.
-func rootState(t *testing.T) string {
-	t.Helper()
-	links, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, l := range links {
-		a := l.Attrs()
-		lines = append(lines, fmt.Sprintf("link %s %s master %d %s", a.Name, l.Type(), a.MasterIndex, a.Flags))
-	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range routes {
-		lines = append(lines, "route "+r.String())
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
-}
-
 // runtimeNetns lists the named network namespaces the runtimes create
 // (podman's netns-*, containerd's cni-*).
 func runtimeNetns() []string {

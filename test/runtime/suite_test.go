@@ -38,11 +38,11 @@ func TestRuntimes(t *testing.T) {
 		testenv.Unavailable(t, "%v: install busybox-static (`make runtime-e2e` does)", err)
 	}
 	root := testenv.RepoRoot(t)
-	before, netnsBefore := rootState(t), runtimeNetns()
+	before, netnsBefore := testenv.RootNetworkState(t), runtimeNetns()
 	// Registered first, so it runs last: after the lab and the runtimes
 	// are gone.
 	t.Cleanup(func() {
-		if after := rootState(t); after != before {
+		if after := testenv.RootNetworkState(t); after != before {
 			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
 		if after := runtimeNetns(); !slices.Equal(after, netnsBefore) {

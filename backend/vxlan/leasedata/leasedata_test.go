@@ -1,4 +1,4 @@
-package vxlan
+package leasedata
 
 import (
 	"bytes"

@@ -1,0 +1,319 @@
+package kubee2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/internal/testing/testenv"
+)
+
+// networkConfig is the overlay network the lab stores in the overlay's
+// etcd before applying the manifest (its step 2).
+const networkConfig = `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
+
+// pass is one run of the matrix on a cluster of its own.
+type pass struct {
+	name      string
+	proxyMode string // kube-proxy's
+	// forward: "" leaves the nodes' forwarding alone (a new namespace
+	// forwards everything); "drop+accept" gives each node iptables'
+	// FORWARD policy drop (as Docker leaves it) and the accept rules for
+	// the cluster network that Documentation/operations.md prescribes.
+	forward string
+	rolling bool // also roll the DaemonSet to a new image under traffic
+}
+
+var passes = []pass{
+	{name: "iptables", proxyMode: "iptables", rolling: true},
+	{name: "nftables", proxyMode: "nftables"},
+	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
+}
+
+// TestKubernetes builds the lab, deploys overlay with the shipped
+// manifest and runs the network matrix, once per pass, each on a cluster
+// of its own: kube-proxy in iptables mode (with a rolling update of the
+// DaemonSet under traffic), in nftables mode, and in iptables mode on
+// nodes whose FORWARD policy is drop. Every pass's matrix is logged as a
+// table and written as JSON to $KUBE_MATRIX.
+func TestKubernetes(t *testing.T) {
+	var out []map[string]any
+	for _, p := range passes {
+		t.Run(p.name, func(t *testing.T) {
+			c := deploy(t, p)
+			m := newMatrix(c, p.name)
+			m.setup()
+			if p.rolling {
+				m.rollingUpdate(t)
+			}
+			m.run(t)
+			out = append(out, map[string]any{"pass": p.name, "family": "IPv4", "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+		})
+	}
+	if path := os.Getenv("KUBE_MATRIX"); path != "" {
+		data, err := json.MarshalIndent(map[string]any{"passes": out}, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+			t.Errorf("write %s: %v", path, err)
+		}
+	}
+}
+
+// deploy builds a three-node lab for pass p, stores the network config in
+// the overlay's etcd and applies the shipped manifest; it returns once
+// every node is Ready and overlayd ready on each.
+func deploy(t *testing.T, p pass) *cluster {
+	start := time.Now()
+	c := newCluster(t, 3)
+	archive := c.buildImages(t)
+	for _, n := range c.nodes {
+		c.waitContainerd(n)
+		c.importImages(n, archive)
+		if p.forward == "drop+accept" {
+			if err := forwardDrop(n.NS, netip.MustParsePrefix(podNetwork), true); err != nil {
+				t.Fatalf("%s: %v", n.Name, err)
+			}
+		}
+	}
+	netFile := filepath.Join(c.dir, "net.json")
+	if err := os.WriteFile(netFile, []byte(networkConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {
+		t.Fatalf("store the network config: %v\n%s", err, out)
+	}
+	for _, n := range c.nodes {
+		c.startKube(n, p.proxyMode)
+	}
+	c.waitNodes(false)
+	c.applyManifest()
+	c.waitNodes(true)
+	c.waitDaemonSet(overlayImage)
+	t.Logf("all %d nodes Ready with overlayd, %s after the lab's start", len(c.nodes), time.Since(start).Round(time.Second))
+	return c
+}
+
+// manifest is deploy/kubernetes/overlay.yaml with what a user sets: the
+// etcd endpoints, the Secret's CA and the image name. Each must be found
+// exactly where the manifest says, or the test fails: the lab applies the
+// shipped manifest, never a second one.
+func (c *cluster) manifest() []byte {
+	t := c.t
+	data, err := os.ReadFile(filepath.Join(c.root, "deploy", "kubernetes", "overlay.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(c.etcdCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	replace := func(old, new string, count int) {
+		t.Helper()
+		if n := strings.Count(text, old); n != count {
+			t.Fatalf("deploy/kubernetes/overlay.yaml: %q found %d times, want %d (the lab sets it)", old, n, count)
+		}
+		text = strings.ReplaceAll(text, old, new)
+	}
+	replace(`OVERLAY_ENDPOINTS: "https://10.0.0.11:2379,https://10.0.0.12:2379,https://10.0.0.13:2379"`,
+		fmt.Sprintf(`OVERLAY_ENDPOINTS: "https://%s:%d"`, c.cp.IP, overlayEtcd), 1)
+	placeholder := "    -----BEGIN CERTIFICATE-----\n    replace with the CA that signed etcd's server certificate\n    -----END CERTIFICATE-----\n"
+	var indented strings.Builder
+	for _, line := range strings.Split(strings.TrimRight(string(ca), "\n"), "\n") {
+		indented.WriteString("    " + line + "\n")
+	}
+	replace(placeholder, indented.String(), 1)
+	replace("image: ghcr.io/overlaynet/overlay:latest", "image: "+overlayImage, 2)
+	return []byte(text)
+}
+
+func (c *cluster) applyManifest() {
+	out, err := c.kubectl(context.Background(), c.manifest(), "apply", "-f", "-")
+	if err != nil {
+		c.t.Fatalf("kubectl apply -f deploy/kubernetes/overlay.yaml: %v\n%s", err, out)
+	}
+	c.t.Logf("kubectl apply:\n%s", strings.TrimSpace(out))
+}
+
+// kubeGet runs kubectl get ... -o json into v.
+func (c *cluster) kubeGet(v any, args ...string) error {
+	out, err := c.kubectl(context.Background(), nil, append([]string{"get", "-o", "json"}, args...)...)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(out), v)
+}
+
+type condition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+type nodeList struct {
+	Items []struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Status struct {
+			Conditions []condition `json:"conditions"`
+		} `json:"status"`
+	} `json:"items"`
+}
+
+// waitNodes waits until every node is registered, and Ready if ready.
+func (c *cluster) waitNodes(ready bool) {
+	what := "every node to register"
+	if ready {
+		what = "every node to turn Ready"
+	}
+	testenv.Eventually(c.t, 3*time.Minute, what, func() error {
+		for _, n := range c.nodes {
+			c.procsAlive(n.sup)
+		}
+		var nl nodeList
+		if err := c.kubeGet(&nl, "nodes"); err != nil {
+			return err
+		}
+		state := map[string]string{}
+		for _, item := range nl.Items {
+			for _, cond := range item.Status.Conditions {
+				if cond.Type == "Ready" {
+					state[item.Metadata.Name] = cond.Status + " " + cond.Message
+				}
+			}
+		}
+		for _, n := range c.nodes {
+			s, ok := state[n.Name]
+			if !ok {
+				return fmt.Errorf("node %s not registered", n.Name)
+			}
+			if ready && !strings.HasPrefix(s, "True") {
+				return fmt.Errorf("node %s: Ready %s", n.Name, s)
+			}
+		}
+		return nil
+	})
+}
+
+// waitDaemonSet waits until overlayd's pod runs image and is ready on
+// every node, and the DaemonSet controller has seen its latest spec.
+func (c *cluster) waitDaemonSet(image string) {
+	testenv.Eventually(c.t, 2*time.Minute, "the overlayd DaemonSet to be ready on every node with "+image, func() error {
+		var ds struct {
+			Metadata struct {
+				Generation int64 `json:"generation"`
+			} `json:"metadata"`
+			Status struct {
+				ObservedGeneration int64 `json:"observedGeneration"`
+				Desired            int   `json:"desiredNumberScheduled"`
+				Ready              int   `json:"numberReady"`
+				Updated            int   `json:"updatedNumberScheduled"`
+				Available          int   `json:"numberAvailable"`
+			} `json:"status"`
+		}
+		if err := c.kubeGet(&ds, "-n", "overlay-system", "daemonset", "overlayd"); err != nil {
+			return err
+		}
+		st, want := ds.Status, len(c.nodes)
+		if ds.Status.ObservedGeneration != ds.Metadata.Generation || st.Desired != want || st.Ready != want || st.Updated != want || st.Available != want {
+			return fmt.Errorf("status %+v, generation %d", st, ds.Metadata.Generation)
+		}
+		var pl struct {
+			Items []struct {
+				Metadata struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+				Spec struct {
+					Containers []struct {
+						Image string `json:"image"`
+					} `json:"containers"`
+				} `json:"spec"`
+			} `json:"items"`
+		}
+		if err := c.kubeGet(&pl, "-n", "overlay-system", "pods", "-l", "app=overlayd"); err != nil {
+			return err
+		}
+		if len(pl.Items) != want {
+			return fmt.Errorf("%d overlayd pods", len(pl.Items))
+		}
+		for _, p := range pl.Items {
+			if p.Spec.Containers[0].Image != image {
+				return fmt.Errorf("pod %s runs %s", p.Metadata.Name, p.Spec.Containers[0].Image)
+			}
+		}
+		return nil
+	})
+}
+
+// podInfo is what the tests read of a pod.
+type podInfo struct {
+	Name   string
+	Node   string
+	IP     netip.Addr
+	HostIP netip.Addr
+	Phase  string
+	Ready  bool
+}
+
+type podJSON struct {
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
+	Status struct {
+		Phase      string      `json:"phase"`
+		PodIP      string      `json:"podIP"`
+		HostIP     string      `json:"hostIP"`
+		Conditions []condition `json:"conditions"`
+	} `json:"status"`
+}
+
+func (p podJSON) info() podInfo {
+	i := podInfo{Name: p.Metadata.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase}
+	i.IP, _ = netip.ParseAddr(p.Status.PodIP)
+	i.HostIP, _ = netip.ParseAddr(p.Status.HostIP)
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == "Ready" && cond.Status == "True" {
+			i.Ready = true
+		}
+	}
+	return i
+}
+
+// pods lists the pods of a namespace.
+func (c *cluster) pods(namespace string) (map[string]podInfo, error) {
+	var pl struct {
+		Items []podJSON `json:"items"`
+	}
+	if err := c.kubeGet(&pl, "-n", namespace, "pods"); err != nil {
+		return nil, err
+	}
+	out := map[string]podInfo{}
+	for _, p := range pl.Items {
+		out[p.Metadata.Name] = p.info()
+	}
+	return out, nil
+}
+
+// node returns the lab node called name.
+func (c *cluster) node(name string) *kubeNode {
+	for _, n := range c.nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	c.t.Fatalf("no node %s", name)
+	return nil
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -32,11 +33,17 @@ import (
 const (
 	podNetwork     = "10.244.0.0/16"
 	serviceNetwork = "10.96.0.0/16"
-	apiPort        = 6443
-	overlayEtcd    = 2479
-	routerIP       = "198.18.0.254"
-	cpHostNum      = 10
-	publicHostNum  = 100
+	// A dual-stack cluster's second family: the overlay's IPv6Network,
+	// the API server's IPv6 service range and the router's IPv6 address
+	// on the underlay (lab.UnderlayIPv6).
+	podNetwork6     = "fd00:10:244::/56"
+	serviceNetwork6 = "fd00:10:96::/112"
+	routerIP6       = "fd18::fe"
+	apiPort         = 6443
+	overlayEtcd     = 2479
+	routerIP        = "198.18.0.254"
+	cpHostNum       = 10
+	publicHostNum   = 100
 )
 
 // cluster is the lab: an underlay with a router, the control plane in a
@@ -60,6 +67,10 @@ type cluster struct {
 	kcfg    map[string]string // user -> kubeconfig file
 	etcdCA  string
 	cgroups string // the cgroup name every node's cgroupRoot starts with
+	// dualStack: IPv6 on the router, the nodes' routes and forwarding,
+	// the API server's service ranges, kubelet's node IPs and
+	// kube-proxy's cluster CIDRs, beside IPv4.
+	dualStack bool
 
 	mu      sync.Mutex
 	cleanup []func() error // run in reverse order by close
@@ -85,11 +96,11 @@ var (
 	liveClusters = map[*cluster]bool{}
 )
 
-func newCluster(t testing.TB, nodes int) *cluster {
+func newCluster(t testing.TB, nodes int, dualStack bool) *cluster {
 	t.Helper()
 	testenv.RequireRoot(t)
 	root := testenv.RepoRoot(t)
-	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{}}
+	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{}, dualStack: dualStack}
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(c.kubeBin, b)); err != nil {
 			testenv.Unavailable(t, "%s is missing: run `make kube` (a cold build takes ~30 minutes): %v", filepath.Join(c.kubeBin, b), err)
@@ -153,7 +164,7 @@ func newCluster(t testing.TB, nodes int) *cluster {
 	if c.cp, err = c.ul.AddHost("cp", cpHostNum); err != nil {
 		t.Fatal(err)
 	}
-	if err := hostSetup(c.cp); err != nil {
+	if err := c.hostSetup(c.cp); err != nil {
 		t.Fatal(err)
 	}
 	if c.public, err = c.ul.AddHost("pub", publicHostNum); err != nil {
@@ -196,7 +207,8 @@ func (c *cluster) close() error {
 }
 
 // router puts the router's address on the underlay bridge and lets the
-// underlay's namespace forward.
+// underlay's namespace forward (and on a dual-stack cluster the same for
+// IPv6).
 func (c *cluster) router() error {
 	h, err := netlink.NewHandleAt(c.ul.NS)
 	if err != nil {
@@ -210,17 +222,35 @@ func (c *cluster) router() error {
 	if err := h.AddrAdd(br, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(routerIP).To4(), Mask: net.CIDRMask(24, 32)}}); err != nil {
 		return fmt.Errorf("router address: %w", err)
 	}
+	if c.dualStack {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(routerIP6), Mask: net.CIDRMask(lab.UnderlayIPv6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+		if err := h.AddrAdd(br, a); err != nil {
+			return fmt.Errorf("router IPv6 address: %w", err)
+		}
+		if err := sysctl(c.ul.NS, "net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
 	return sysctl(c.ul.NS, "net/ipv4/ip_forward", "1")
 }
 
-// hostSetup gives a host the router as its default route.
-func hostSetup(h *lab.Host) error {
+// hostSetup gives a host the router as its default route (of each family
+// on a dual-stack cluster).
+func (c *cluster) hostSetup(h *lab.Host) error {
 	nh, err := netlink.NewHandleAt(h.NS)
 	if err != nil {
 		return err
 	}
 	defer nh.Close()
-	return nh.RouteAdd(&netlink.Route{Gw: net.ParseIP(routerIP).To4()})
+	if err := nh.RouteAdd(&netlink.Route{Gw: net.ParseIP(routerIP).To4()}); err != nil {
+		return err
+	}
+	if c.dualStack {
+		if err := nh.RouteAdd(&netlink.Route{Gw: net.ParseIP(routerIP6)}); err != nil {
+			return fmt.Errorf("%s: IPv6 default route: %w", h.Name, err)
+		}
+	}
+	return nil
 }
 
 // sysctl writes a network sysctl (a path under /proc/sys) in namespace ns.
@@ -312,6 +342,10 @@ func (c *cluster) startControlPlane() {
 	if err := os.WriteFile(tokenFile, []byte(tokens.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	serviceRanges := serviceNetwork
+	if c.dualStack {
+		serviceRanges += "," + serviceNetwork6
+	}
 	env := testenv.ProgramEnv()
 	start := func(name string, argv ...string) {
 		t.Helper()
@@ -337,7 +371,7 @@ func (c *cluster) startControlPlane() {
 		"--token-auth-file="+tokenFile, "--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+c.pki.SAPub, "--service-account-signing-key-file="+c.pki.SAKey,
-		"--service-cluster-ip-range="+serviceNetwork,
+		"--service-cluster-ip-range="+serviceRanges,
 		"--kubelet-preferred-address-types=InternalIP", "--allow-privileged=true",
 		"--profiling=false", "--cert-dir="+filepath.Join(dir, "apiserver-certs"))
 	start("kube-controller-manager", bin("kube-controller-manager"),
@@ -432,11 +466,15 @@ func (c *cluster) addNode(name string, num int) *kubeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hostSetup(h); err != nil {
+	if err := c.hostSetup(h); err != nil {
 		t.Fatal(err)
 	}
 	// What a node needs of its network namespace (Documentation/kubernetes.md).
-	for key, v := range map[string]string{"net/ipv4/ip_forward": "1"} {
+	need := map[string]string{"net/ipv4/ip_forward": "1"}
+	if c.dualStack {
+		need["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	for key, v := range need {
 		if err := sysctl(h.NS, key, v); err != nil {
 			t.Fatalf("%s: %s: %v", name, key, err)
 		}

@@ -15,8 +15,14 @@ import (
 )
 
 // networkConfig is the overlay network the lab stores in the overlay's
-// etcd before applying the manifest (its step 2).
-const networkConfig = `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
+// etcd before applying the manifest (its step 2); dual-stack with
+// EnableIPv6 and an IPv6Network (Documentation/configuration.md).
+func networkConfig(dualStack bool) string {
+	if dualStack {
+		return `{"Network":"` + podNetwork + `","EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
+	}
+	return `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
+}
 
 // pass is one run of the matrix on a cluster of its own.
 type pass struct {
@@ -28,32 +34,46 @@ type pass struct {
 	// the cluster network that Documentation/operations.md prescribes.
 	forward string
 	rolling bool // also roll the DaemonSet to a new image under traffic
+	// ipv6: a dual-stack cluster (the overlay, the service ranges,
+	// kubelet and kube-proxy in both families) whose matrix runs with
+	// IPv6 Services, pod and node addresses (the IPv4 passes cover IPv4).
+	ipv6 bool
+}
+
+// family is the address family of the pass's matrix.
+func (p pass) family() string {
+	if p.ipv6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 var passes = []pass{
 	{name: "iptables", proxyMode: "iptables", rolling: true},
 	{name: "nftables", proxyMode: "nftables"},
 	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
+	{name: "iptables-dual-stack-ipv6", proxyMode: "iptables", ipv6: true},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
 // manifest and runs the network matrix, once per pass, each on a cluster
 // of its own: kube-proxy in iptables mode (with a rolling update of the
-// DaemonSet under traffic), in nftables mode, and in iptables mode on
-// nodes whose FORWARD policy is drop. Every pass's matrix is logged as a
-// table and written as JSON to $KUBE_MATRIX.
+// DaemonSet under traffic), in nftables mode, in iptables mode on nodes
+// whose FORWARD policy is drop, and on a dual-stack cluster with IPv6
+// Services (kube-proxy in iptables mode). Every pass's matrix is logged as
+// a table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
 	var out []map[string]any
 	for _, p := range passes {
 		t.Run(p.name, func(t *testing.T) {
 			c := deploy(t, p)
-			m := newMatrix(c, p.name)
+			m := newMatrix(c, p.name, p.ipv6)
 			m.setup()
 			if p.rolling {
 				m.rollingUpdate(t)
 			}
 			m.run(t)
-			out = append(out, map[string]any{"pass": p.name, "family": "IPv4", "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+			out = append(out, map[string]any{"pass": p.name, "family": p.family(), "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
 		})
 	}
 	if path := os.Getenv("KUBE_MATRIX"); path != "" {
@@ -72,7 +92,7 @@ func TestKubernetes(t *testing.T) {
 // every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
-	c := newCluster(t, 3)
+	c := newCluster(t, 3, p.ipv6)
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
@@ -84,7 +104,7 @@ func deploy(t *testing.T, p pass) *cluster {
 		}
 	}
 	netFile := filepath.Join(c.dir, "net.json")
-	if err := os.WriteFile(netFile, []byte(networkConfig), 0o644); err != nil {
+	if err := os.WriteFile(netFile, []byte(networkConfig(p.ipv6)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {
@@ -260,6 +280,7 @@ type podInfo struct {
 	Name   string
 	Node   string
 	IP     netip.Addr
+	IPv6   netip.Addr // its IPv6 address, on a dual-stack cluster
 	HostIP netip.Addr
 	Phase  string
 	Ready  bool
@@ -273,8 +294,11 @@ type podJSON struct {
 		NodeName string `json:"nodeName"`
 	} `json:"spec"`
 	Status struct {
-		Phase      string      `json:"phase"`
-		PodIP      string      `json:"podIP"`
+		Phase  string `json:"phase"`
+		PodIP  string `json:"podIP"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
 		HostIP     string      `json:"hostIP"`
 		Conditions []condition `json:"conditions"`
 	} `json:"status"`
@@ -283,6 +307,11 @@ type podJSON struct {
 func (p podJSON) info() podInfo {
 	i := podInfo{Name: p.Metadata.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase}
 	i.IP, _ = netip.ParseAddr(p.Status.PodIP)
+	for _, a := range p.Status.PodIPs {
+		if ip, err := netip.ParseAddr(a.IP); err == nil && ip.Is6() && !i.IPv6.IsValid() {
+			i.IPv6 = ip
+		}
+	}
 	i.HostIP, _ = netip.ParseAddr(p.Status.HostIP)
 	for _, cond := range p.Status.Conditions {
 		if cond.Type == "Ready" && cond.Status == "True" {

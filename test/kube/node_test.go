@@ -175,15 +175,22 @@ func (c *cluster) startKube(n *kubeNode, proxyMode string) {
 	if err := os.WriteFile(kc, []byte(fmt.Sprintf(kubeletConfig, n.cgroupRoot, n.sock, n.IP, resolv)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A dual-stack node: both addresses for kubelet, both pod networks for
+	// kube-proxy (which then programs both families).
+	nodeIPs, clusterCIDRs := n.IP.String(), podNetwork
+	if c.dualStack {
+		nodeIPs += "," + n.IPv6.String()
+		clusterCIDRs += "," + podNetwork6
+	}
 	pc := filepath.Join(n.dir, "kube-proxy.yaml")
-	if err := os.WriteFile(pc, []byte(fmt.Sprintf(kubeProxyConfig, proxyMode, c.kubeconfig("system:kube-proxy"), n.Name, podNetwork)), 0o644); err != nil {
+	if err := os.WriteFile(pc, []byte(fmt.Sprintf(kubeProxyConfig, proxyMode, c.kubeconfig("system:kube-proxy"), n.Name, clusterCIDRs)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	env := testenv.ProgramEnv()
 	var err error
 	if n.kubelet, err = n.sup.Start("kubelet", filepath.Join(n.dir, "kubelet.log"), env,
 		filepath.Join(c.kubeBin, "kubelet"), "--config="+kc, "--kubeconfig="+c.kubeconfig("system:node:"+n.Name),
-		"--hostname-override="+n.Name, "--node-ip="+n.IP.String(),
+		"--hostname-override="+n.Name, "--node-ip="+nodeIPs,
 		"--root-dir="+filepath.Join(n.dir, "fs", "kubelet"), "--cert-dir="+filepath.Join(n.dir, "kubelet-pki"),
 		"--v=1"); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -26,16 +27,26 @@ const (
 	internetNet = "203.0.113.0/24"
 	internetIP  = "203.0.113.10"
 	metadataIP  = "169.254.169.254"
+	// The IPv6 pass's: the "internet" behind the router in the
+	// documentation prefix, and the metadata server on the IPv6 address
+	// clouds use for it (EC2's fd00:ec2::254).
+	internetNet6    = "2001:db8:113::/64"
+	internetRouter6 = "2001:db8:113::1"
+	internetIP6     = "2001:db8:113::10"
+	metadataIP6     = "fd00:ec2::254"
 )
 
-// matrix is the network test matrix of issue 30, IPv4: clients are the
-// pod a-k1, the node k1 and the namespace "pub" on the underlay; servers
-// are kube-echo pods (a-kN and b-kN on every node), Services of every
-// kind in front of them, and probe responders on the nodes, the
-// "internet" behind the router and the metadata address.
+// matrix is the network test matrix of issue 30: clients are the pod
+// a-k1, the node k1 and the namespace "pub" on the underlay; servers are
+// kube-echo pods (a-kN and b-kN on every node), Services of every kind in
+// front of them, and probe responders on the nodes, the "internet" behind
+// the router and the metadata address. It runs in one family: IPv4, or
+// (ipv6, on a dual-stack cluster) IPv6 Services, pod, node, public,
+// internet and metadata addresses, row for row the same.
 type matrix struct {
 	c        *cluster
 	mode     string // kube-proxy's
+	ipv6     bool
 	pods     map[string]podInfo
 	svcs     map[string]service
 	internet netns.NsHandle
@@ -58,8 +69,40 @@ type result struct {
 	Detail   string `json:"detail,omitempty"`
 }
 
-func newMatrix(c *cluster, proxyMode string) *matrix {
-	return &matrix{c: c, mode: proxyMode, svcs: map[string]service{}}
+func newMatrix(c *cluster, proxyMode string, ipv6 bool) *matrix {
+	return &matrix{c: c, mode: proxyMode, ipv6: ipv6, svcs: map[string]service{}}
+}
+
+// family is the matrix's address family, as the table names it.
+func (m *matrix) family() string {
+	if m.ipv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// pick is v4 or v6, by the matrix's family.
+func (m *matrix) pick(v4, v6 string) string {
+	if m.ipv6 {
+		return v6
+	}
+	return v4
+}
+
+// podIP is a pod's address in the matrix's family.
+func (m *matrix) podIP(name string) netip.Addr {
+	if m.ipv6 {
+		return m.pods[name].IPv6
+	}
+	return m.pods[name].IP
+}
+
+// nodeIP is a node's underlay address in the matrix's family.
+func (m *matrix) nodeIP(h *lab.Host) netip.Addr {
+	if m.ipv6 {
+		return h.IPv6
+	}
+	return h.IP
 }
 
 // Services: a port "same" (8080 -> 8080) and a port "remap" (80 -> 8080).
@@ -69,7 +112,7 @@ type svcSpec struct {
 	selector map[string]string
 	typ      string // NodePort or LoadBalancer
 	local    bool   // externalTrafficPolicy: Local
-	lb       string // the ingress IP the lab sets (LoadBalancer)
+	lb, lb6  string // the ingress IP the lab sets (LoadBalancer), IPv4 and IPv6
 	manual   string // pod whose address a hand-written EndpointSlice names
 }
 
@@ -84,16 +127,21 @@ var svcSpecs = []svcSpec{
 	{name: "b2", selector: map[string]string{"app": "b-k2"}, typ: "NodePort"},
 	{name: "b1-local", selector: map[string]string{"app": "b-k1"}, typ: "NodePort", local: true},
 	{name: "b2-local", selector: map[string]string{"app": "b-k2"}, typ: "NodePort", local: true},
-	{name: "lb-b1-local", selector: map[string]string{"app": "b-k1"}, typ: "LoadBalancer", local: true, lb: "198.18.5.1"},
-	{name: "lb-b1", selector: map[string]string{"app": "b-k1"}, typ: "LoadBalancer", lb: "198.18.5.2"},
-	{name: "lb-b2", selector: map[string]string{"app": "b-k2"}, typ: "LoadBalancer", lb: "198.18.5.3"},
+	{name: "lb-b1-local", selector: map[string]string{"app": "b-k1"}, typ: "LoadBalancer", local: true, lb: "198.18.5.1", lb6: "fd18:5::1"},
+	{name: "lb-b1", selector: map[string]string{"app": "b-k1"}, typ: "LoadBalancer", lb: "198.18.5.2", lb6: "fd18:5::2"},
+	{name: "lb-b2", selector: map[string]string{"app": "b-k2"}, typ: "LoadBalancer", lb: "198.18.5.3", lb6: "fd18:5::3"},
 	{name: "manual", typ: "NodePort", manual: "b-k2"},
-	{name: "lb-manual", typ: "LoadBalancer", lb: "198.18.5.4", manual: "b-k2"},
+	{name: "lb-manual", typ: "LoadBalancer", lb: "198.18.5.4", lb6: "fd18:5::4", manual: "b-k2"},
 }
 
-func (s svcSpec) yaml() string {
+// yaml is the Service; ipv6: an IPv6 Service (single stack) of a
+// dual-stack cluster.
+func (s svcSpec) yaml(ipv6 bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: %s}\nspec:\n  type: %s\n", s.name, s.typ)
+	if ipv6 {
+		b.WriteString("  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n")
+	}
 	if s.local {
 		b.WriteString("  externalTrafficPolicy: Local\n")
 	}
@@ -132,7 +180,7 @@ func (m *matrix) setup() {
 		}
 	}
 	for _, s := range svcSpecs {
-		docs = append(docs, s.yaml())
+		docs = append(docs, s.yaml(m.ipv6))
 	}
 	if out, err := c.kubectl(context.Background(), []byte(strings.Join(docs, "---\n")), "apply", "-f", "-"); err != nil {
 		t.Fatalf("create the matrix's pods and Services: %v\n%s", err, out)
@@ -145,7 +193,7 @@ func (m *matrix) setup() {
 		for _, n := range c.nodes {
 			for _, name := range []string{"a-" + n.Name, "b-" + n.Name} {
 				p, ok := pods[name]
-				if !ok || !p.Ready || !p.IP.IsValid() {
+				if !ok || !p.Ready || !p.IP.IsValid() || (m.ipv6 && !p.IPv6.IsValid()) {
 					return fmt.Errorf("pod %s: %+v", name, p)
 				}
 			}
@@ -154,7 +202,11 @@ func (m *matrix) setup() {
 		return nil
 	})
 	for _, p := range m.pods {
-		t.Logf("pod %s on %s: %s", p.Name, p.Node, p.IP)
+		if p.IPv6.IsValid() {
+			t.Logf("pod %s on %s: %s %s", p.Name, p.Node, p.IP, p.IPv6)
+		} else {
+			t.Logf("pod %s on %s: %s", p.Name, p.Node, p.IP)
+		}
 	}
 	// Hand-written EndpointSlices, and the load balancers' addresses.
 	for _, s := range svcSpecs {
@@ -164,7 +216,7 @@ kind: EndpointSlice
 metadata:
   name: %[1]s-manual
   labels: {kubernetes.io/service-name: %[1]s, endpointslice.kubernetes.io/managed-by: overlay-lab}
-addressType: IPv4
+addressType: %[4]s
 ports:
 - {name: same, port: 8080, protocol: TCP}
 - {name: remap, port: 8080, protocol: TCP}
@@ -172,13 +224,13 @@ endpoints:
 - addresses: [%[2]s]
   conditions: {ready: true}
   nodeName: %[3]s
-`, s.name, m.pods[s.manual].IP, m.pods[s.manual].Node)
+`, s.name, m.podIP(s.manual), m.pods[s.manual].Node, m.family())
 			if out, err := c.kubectl(context.Background(), []byte(slice), "apply", "-f", "-"); err != nil {
 				t.Fatalf("EndpointSlice of %s: %v\n%s", s.name, err, out)
 			}
 		}
 		if s.lb != "" {
-			patch := fmt.Sprintf(`{"status":{"loadBalancer":{"ingress":[{"ip":%q,"ipMode":"VIP"}]}}}`, s.lb)
+			patch := fmt.Sprintf(`{"status":{"loadBalancer":{"ingress":[{"ip":%q,"ipMode":"VIP"}]}}}`, m.pick(s.lb, s.lb6))
 			if out, err := c.kubectl(context.Background(), nil, "patch", "service", s.name, "--subresource=status", "--type=merge", "-p", patch); err != nil {
 				t.Fatalf("load balancer address of %s: %v\n%s", s.name, err, out)
 			}
@@ -250,6 +302,7 @@ func (m *matrix) outside() {
 		if err != nil {
 			t.Fatal(err)
 		}
+		a.Flags = unix.IFA_F_NODAD // usable at once (IPv6)
 		if err := h.AddrAdd(l, a); err != nil {
 			t.Fatalf("address %s on %s: %v", cidr, link, err)
 		}
@@ -269,6 +322,15 @@ func (m *matrix) outside() {
 	if err := ih.RouteAdd(&netlink.Route{Gw: net.ParseIP("203.0.113.1")}); err != nil {
 		t.Fatal(err)
 	}
+	if m.ipv6 {
+		bits := netip.MustParsePrefix(internetNet6).Bits()
+		mustAddr(rh, "inet", fmt.Sprintf("%s/%d", internetRouter6, bits))
+		mustAddr(rh, "lo", metadataIP6+"/128")
+		mustAddr(ih, "eth0", fmt.Sprintf("%s/%d", internetIP6, bits))
+		if err := ih.RouteAdd(&netlink.Route{Gw: net.ParseIP(internetRouter6)}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ph, err := netlink.NewHandleAt(c.public.NS)
 	if err != nil {
 		t.Fatal(err)
@@ -279,9 +341,10 @@ func (m *matrix) outside() {
 		if s.lb == "" {
 			continue
 		}
-		_, dst, _ := net.ParseCIDR(s.lb + "/32")
-		if err := ph.RouteAdd(&netlink.Route{Dst: dst, Gw: k1.IP.AsSlice()}); err != nil {
-			t.Fatalf("public: route to %s: %v", s.lb, err)
+		ip := addrOf(t, m.pick(s.lb, s.lb6))
+		dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+		if err := ph.RouteAdd(&netlink.Route{Dst: dst, Gw: m.nodeIP(k1.Host).AsSlice()}); err != nil {
+			t.Fatalf("public: route to %s: %v", ip, err)
 		}
 	}
 	serve := func(ns netns.NsHandle, ip string) {
@@ -291,23 +354,28 @@ func (m *matrix) outside() {
 		}
 		c.onClose(func() error { r.Close(); return nil })
 	}
-	serve(ns, internetIP)
-	serve(c.ul.NS, metadataIP)
+	serve(ns, m.pick(internetIP, internetIP6))
+	serve(c.ul.NS, m.pick(metadataIP, metadataIP6))
 	for _, n := range c.nodes {
-		serve(n.NS, n.IP.String())
+		serve(n.NS, m.nodeIP(n.Host).String())
 	}
 }
 
 // nodeAddrs are a node's own addresses on the pod network: its bridge's
 // (cni0, the lease's first address) and its VXLAN device's (the lease's
-// network address), from the node's subnet.env.
-func (c *cluster) nodeAddrs(n *kubeNode) (cni0, vtep netip.Addr) {
+// network address; overlay.1's, or for IPv6 overlay-v6.1's), from the
+// node's subnet.env.
+func (c *cluster) nodeAddrs(n *kubeNode, ipv6 bool) (cni0, vtep netip.Addr) {
 	data, err := os.ReadFile(n.sup.Path("/run/overlay/subnet.env"))
 	if err != nil {
 		c.t.Fatalf("%s: subnet.env: %v", n.Name, err)
 	}
+	key := "OVERLAY_SUBNET="
+	if ipv6 {
+		key = "OVERLAY_IPV6_SUBNET="
+	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "OVERLAY_SUBNET="); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			p, err := netip.ParsePrefix(v)
 			if err != nil {
 				c.t.Fatalf("%s: subnet.env: %v", n.Name, err)
@@ -315,7 +383,7 @@ func (c *cluster) nodeAddrs(n *kubeNode) (cni0, vtep netip.Addr) {
 			return p.Addr(), p.Masked().Addr()
 		}
 	}
-	c.t.Fatalf("%s: no OVERLAY_SUBNET in subnet.env", n.Name)
+	c.t.Fatalf("%s: no %s in subnet.env", n.Name, strings.TrimSuffix(key, "="))
 	return
 }
 
@@ -332,36 +400,39 @@ type row struct {
 func (m *matrix) rows() []row {
 	c := m.c
 	k1, k2 := c.node("k1"), c.node("k2")
-	k1cni, k1vtep := c.nodeAddrs(k1)
-	k2cni, k2vtep := c.nodeAddrs(k2)
-	pod := m.pods["a-k1"].IP
-	pub := c.public.IP
+	k1cni, k1vtep := c.nodeAddrs(k1, m.ipv6)
+	k2cni, k2vtep := c.nodeAddrs(k2, m.ipv6)
+	pod := m.podIP("a-k1")
+	pub := m.nodeIP(c.public)
+	k1ip, k2ip := m.nodeIP(k1.Host), m.nodeIP(k2.Host)
+	internet, metadata := addrOf(c.t, m.pick(internetIP, internetIP6)), addrOf(c.t, m.pick(metadataIP, metadataIP6))
 	ap := netip.AddrPortFrom
 	svc := func(name string) service { return m.svcs[name] }
 	np := func(n *kubeNode, s, port string) netip.AddrPort {
-		return ap(n.IP, uint16(svc(s).NodePort[port]))
+		return ap(m.nodeIP(n.Host), uint16(svc(s).NodePort[port]))
 	}
 	cip := func(s string, port uint16) netip.AddrPort { return ap(svc(s).ClusterIP, port) }
 	lb := func(s string, port uint16) netip.AddrPort { return ap(svc(s).LB, port) }
-	const podW, k1W, k1cniW, k1vtepW, k2cniW, k2vtepW, pubW = "the pod", "k1", "k1 cni0", "k1 overlay.1", "k2 cni0", "k2 overlay.1", "public"
+	const podW, k1W, k1cniW, k2cniW, pubW = "the pod", "k1", "k1 cni0", "k2 cni0", "public"
+	k1vtepW, k2vtepW := m.pick("k1 overlay.1", "k1 overlay-v6.1"), m.pick("k2 overlay.1", "k2 overlay-v6.1")
 	return []row{
-		{"pod -> pod, same VM", "pod", ap(m.pods["b-k1"].IP, 8080), "b-k1", pod, podW},
-		{"pod -> pod, other VM", "pod", ap(m.pods["b-k2"].IP, 8080), "b-k2", pod, podW},
-		{"pod -> own VM, own hostPort", "pod", ap(k1.IP, aHostPort), "a-k1", k1cni, k1cniW},
+		{"pod -> pod, same VM", "pod", ap(m.podIP("b-k1"), 8080), "b-k1", pod, podW},
+		{"pod -> pod, other VM", "pod", ap(m.podIP("b-k2"), 8080), "b-k2", pod, podW},
+		{"pod -> own VM, own hostPort", "pod", ap(k1ip, aHostPort), "a-k1", k1cni, k1cniW},
 		// portmap (the conflist's second plugin) marks for masquerade what
 		// comes to a hostPort from the pod's whole subnet (its hairpin
 		// rule takes the pod's address with its prefix length), so every
 		// pod of the node reaches a hostPort of the node masqueraded.
-		{"pod -> own VM, other hostPort", "pod", ap(k1.IP, bHostPort), "b-k1", k1cni, k1cniW},
-		{"pod -> other VM, other hostPort", "pod", ap(k2.IP, bHostPort), "b-k2", k1.IP, k1W},
-		{"pod -> own VM", "pod", ap(k1.IP, probePort), "", pod, podW},
-		{"pod -> other VM", "pod", ap(k2.IP, probePort), "", k1.IP, k1W},
-		{"pod -> internet", "pod", ap(addrOf(c.t, internetIP), probePort), "", k1.IP, k1W},
-		{"pod -> http://metadata", "pod", ap(addrOf(c.t, metadataIP), probePort), "", k1.IP, k1W},
-		{"VM -> pod, same VM", "vm", ap(m.pods["b-k1"].IP, 8080), "b-k1", k1cni, k1cniW},
-		{"VM -> pod, other VM", "vm", ap(m.pods["b-k2"].IP, 8080), "b-k2", k1vtep, k1vtepW},
-		{"VM -> same VM hostPort", "vm", ap(k1.IP, bHostPort), "b-k1", k1.IP, k1W},
-		{"VM -> other VM hostPort", "vm", ap(k2.IP, bHostPort), "b-k2", k1.IP, k1W},
+		{"pod -> own VM, other hostPort", "pod", ap(k1ip, bHostPort), "b-k1", k1cni, k1cniW},
+		{"pod -> other VM, other hostPort", "pod", ap(k2ip, bHostPort), "b-k2", k1ip, k1W},
+		{"pod -> own VM", "pod", ap(k1ip, probePort), "", pod, podW},
+		{"pod -> other VM", "pod", ap(k2ip, probePort), "", k1ip, k1W},
+		{"pod -> internet", "pod", ap(internet, probePort), "", k1ip, k1W},
+		{"pod -> http://metadata", "pod", ap(metadata, probePort), "", k1ip, k1W},
+		{"VM -> pod, same VM", "vm", ap(m.podIP("b-k1"), 8080), "b-k1", k1cni, k1cniW},
+		{"VM -> pod, other VM", "vm", ap(m.podIP("b-k2"), 8080), "b-k2", k1vtep, k1vtepW},
+		{"VM -> same VM hostPort", "vm", ap(k1ip, bHostPort), "b-k1", k1ip, k1W},
+		{"VM -> other VM hostPort", "vm", ap(k2ip, bHostPort), "b-k2", k1ip, k1W},
 		{"pod -> own clusterIP, hairpin", "pod", cip("self", 8080), "a-k1", k1cni, k1cniW},
 		{"pod -> own clusterIP, same VM, other pod, no port remap", "pod", cip("own-same", 8080), "b-k1", pod, podW},
 		{"pod -> own clusterIP, same VM, other pod, port remap", "pod", cip("own-same", 80), "b-k1", pod, podW},
@@ -378,10 +449,10 @@ func (m *matrix) rows() []row {
 		{"pod -> own node, other nodePort, policy=local", "pod", np(k1, "b1-local", "same"), "b-k1", pod, podW},
 		{"pod -> own node, other nodePort, same VM", "pod", np(k1, "b1", "same"), "b-k1", k1cni, k1cniW},
 		{"pod -> own node, other nodePort, other VM", "pod", np(k1, "b2", "same"), "b-k2", k1vtep, k1vtepW},
-		{"pod -> other node, own nodeport, policy=local", "pod", np(k2, "own-other-local", "same"), "b-k2", k1.IP, k1W},
+		{"pod -> other node, own nodeport, policy=local", "pod", np(k2, "own-other-local", "same"), "b-k2", k1ip, k1W},
 		{"pod -> other node, own nodeport, same VM", "pod", np(k2, "own-same", "same"), "b-k1", k2vtep, k2vtepW},
 		{"pod -> other node, own nodeport, other VM", "pod", np(k2, "own-other", "same"), "b-k2", k2cni, k2cniW},
-		{"pod -> other node, other nodeport, policy=local", "pod", np(k2, "b2-local", "same"), "b-k2", k1.IP, k1W},
+		{"pod -> other node, other nodeport, policy=local", "pod", np(k2, "b2-local", "same"), "b-k2", k1ip, k1W},
 		{"pod -> other node, other nodeport, same VM", "pod", np(k2, "b1", "same"), "b-k1", k2vtep, k2vtepW},
 		{"pod -> other node, other nodeport, other VM", "pod", np(k2, "b2", "same"), "b-k2", k2cni, k2cniW},
 		{"pod -> own external LB, no remap, policy=local", "pod", lb("lb-b1-local", 8080), "b-k1", pod, podW},
@@ -393,7 +464,7 @@ func (m *matrix) rows() []row {
 		{"VM -> same VM nodePort, policy=local", "vm", np(k1, "b1-local", "same"), "b-k1", k1cni, k1cniW},
 		{"VM -> same VM nodePort, same VM", "vm", np(k1, "b1", "same"), "b-k1", k1cni, k1cniW},
 		{"VM -> same VM nodePort, other VM", "vm", np(k1, "b2", "same"), "b-k2", k1vtep, k1vtepW},
-		{"VM -> other VM nodePort, policy=local", "vm", np(k2, "b2-local", "same"), "b-k2", k1.IP, k1W},
+		{"VM -> other VM nodePort, policy=local", "vm", np(k2, "b2-local", "same"), "b-k2", k1ip, k1W},
 		{"VM -> other VM nodePort, same VM", "vm", np(k2, "b1", "same"), "b-k1", k2vtep, k2vtepW},
 		{"VM -> other VM nodePort, other VM", "vm", np(k2, "b2", "same"), "b-k2", k2cni, k2cniW},
 		{"VM -> external LB", "vm", lb("lb-b2", 8080), "b-k2", k1vtep, k1vtepW},
@@ -475,18 +546,19 @@ func (m *matrix) run(t *testing.T) {
 // report prints the matrix as a table.
 func (m *matrix) report(t *testing.T) {
 	var b strings.Builder
-	w := 0
+	head := "row (" + m.family() + ", kube-proxy " + m.mode + ")"
+	w, we, wo := len(head), 28, 16 // IPv6 addresses widen the columns
 	for _, r := range m.results {
-		w = max(w, len(r.Row))
+		w, we, wo = max(w, len(r.Row)), max(we, len(r.Expected)), max(wo, len(r.Observed))
 	}
 	pass := 0
-	fmt.Fprintf(&b, "\n%-*s  %-28s  %-16s  %s\n", w, "row (IPv4, kube-proxy "+m.mode+")", "expected source", "observed source", "pass")
+	fmt.Fprintf(&b, "\n%-*s  %-*s  %-*s  %s\n", w, head, we, "expected source", wo, "observed source", "pass")
 	for _, r := range m.results {
 		mark := "FAIL"
 		if r.Pass {
 			mark, pass = "ok", pass+1
 		}
-		fmt.Fprintf(&b, "%-*s  %-28s  %-16s  %s\n", w, r.Row, r.Expected, r.Observed, mark)
+		fmt.Fprintf(&b, "%-*s  %-*s  %-*s  %s\n", w, r.Row, we, r.Expected, wo, r.Observed, mark)
 	}
 	fmt.Fprintf(&b, "%d of %d rows pass\n", pass, len(m.results))
 	t.Log(b.String())

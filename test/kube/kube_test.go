@@ -53,6 +53,7 @@ var passes = []pass{
 	{name: "nftables", proxyMode: "nftables"},
 	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
 	{name: "iptables-dual-stack-ipv6", proxyMode: "iptables", ipv6: true},
+	{name: "nftables-dual-stack-ipv6", proxyMode: "nftables", ipv6: true},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped

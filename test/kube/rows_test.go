@@ -263,6 +263,13 @@ endpoints:
 		if len(sj.Status.LoadBalancer.Ingress) > 0 {
 			svc.LB = addrOf(t, sj.Status.LoadBalancer.Ingress[0].IP)
 		}
+		// An IPv6 row must go to an IPv6 Service: a dual-stack cluster
+		// that gave the Service an IPv4 address fails here, by name.
+		for what, a := range map[string]netip.Addr{"cluster IP": svc.ClusterIP, "load balancer address": svc.LB} {
+			if a.IsValid() && a.Is6() != m.ipv6 {
+				t.Fatalf("Service %s: %s %s is not %s (ipFamilies in its spec)", s.name, what, a, m.family())
+			}
+		}
 		m.svcs[s.name] = svc
 	}
 	m.outside()

@@ -78,7 +78,8 @@ kube:
 # The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
 # plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
 # overlay deployed with deploy/kubernetes/overlay.yaml, then the network
-# matrix, printed as a table and written to KUBE_MATRIX (JSON).
+# matrix (IPv4, and IPv6 Services on a dual-stack cluster), printed as a
+# table and written to KUBE_MATRIX (JSON).
 KUBE_MATRIX ?= $(BIN)/kube-matrix.json
 
 kube-deps:

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+
+	"github.com/overlaynet/overlay/internal/testing/corrupt"
 )
 
 var plainValues = []string{
@@ -42,24 +44,7 @@ func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
 	alphabet := []byte("{}[]\":,0123456789-.eE \\\nabcPIVNx\x00\xff")
 	for _, s := range plainValues {
 		check([]byte(s))
-		for range 3000 {
-			v := []byte(s)
-			for range 1 + r.IntN(3) {
-				i := r.IntN(len(v))
-				switch r.IntN(3) {
-				case 0:
-					v[i] = alphabet[r.IntN(len(alphabet))]
-				case 1:
-					v = append(v[:i], v[i+1:]...)
-				default:
-					v = append(v[:i], append([]byte{alphabet[r.IntN(len(alphabet))]}, v[i:]...)...)
-				}
-				if len(v) == 0 {
-					break
-				}
-			}
-			check(v)
-		}
+		corrupt.Each(r, []byte(s), alphabet, 3000, check)
 	}
 	if _, ok := decodeAttrsFast([]byte(plainValues[1])); !ok {
 		t.Error("the fast path refuses a plain dual-stack value")

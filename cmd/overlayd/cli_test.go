@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -116,7 +116,7 @@ func seed(t *testing.T, reg *etcdv3.Registry) (live []netip.Prefix, dead netip.P
 	}
 	for i := 1; i <= 3; i++ {
 		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h", PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}),
-			BackendData: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}), Previous: subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}}
+			BackendData: leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, byte(i)}), Previous: subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)}}
 		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
 		l, _, err := m.Acquire(ctx(t))
 		if err != nil {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/leaseadmin"
@@ -39,8 +38,8 @@ func seedDual(t *testing.T, reg *etcdv3.Registry) dualSeed {
 	var seed dualSeed
 	for i := byte(1); i <= 2; i++ {
 		h := etcdv3.Host{NodeID: "node-" + string(rune('0'+i)), Hostname: "h",
-			PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, i}), BackendData: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, i}),
-			PublicIPv6: netip.MustParseAddr("2001:db8::" + string(rune('0'+i))), BackendV6Data: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, i}),
+			PublicIP: netip.AddrFrom4([4]byte{198, 18, 0, i}), BackendData: leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, i}),
+			PublicIPv6: netip.MustParseAddr("2001:db8::" + string(rune('0'+i))), BackendV6Data: leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, i}),
 			Previous: subnet.Subnets{IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, i, 0}), 24),
 				IPv6: netip.MustParsePrefix("fd00:10:244:" + string(rune('0'+i)) + "::/64")}}
 		m := etcdv3.NewManager(reg, cfg, h, etcdv3.ManagerOptions{})
@@ -436,7 +435,7 @@ func TestLeaseCommandsIPv6Only(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), BackendV6Data: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, 6}),
+	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), BackendV6Data: leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, 6}),
 		Previous: subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:6::/64")}}
 	l, _, err := etcdv3.NewManager(reg.For(cfg), cfg, h, etcdv3.ManagerOptions{}).Acquire(ctx(t))
 	if err != nil || l.Subnets() != h.Previous {

@@ -10,7 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -43,7 +43,7 @@ func putLeases(t *testing.T, reg *etcdv3.Registry, n int) {
 		var ops []clientv3.Op
 		for j := i; j < min(n, i+100); j++ {
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(j >> 8), byte(j), 0}), 24)
-			a := subnet.NewAttrs(netip.AddrFrom4([4]byte{198, 18, byte(j >> 8), byte(j)}), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, byte(j >> 8), byte(j)}), "", "")
+			a := subnet.NewAttrs(netip.AddrFrom4([4]byte{198, 18, byte(j >> 8), byte(j)}), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, byte(j >> 8), byte(j)}), "", "")
 			val, err := a.Marshal()
 			if err != nil {
 				t.Fatal(err)

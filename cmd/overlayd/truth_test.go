@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -37,7 +37,7 @@ func TestRevokeDryRunAliveAsLeaseListSays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attrs := subnet.NewAttrs(netip.MustParseAddr("198.18.0.50"), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, 0x50}), "", "")
+	attrs := subnet.NewAttrs(netip.MustParseAddr("198.18.0.50"), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, 0x50}), "", "")
 	if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: p}, attrs, int64(id.ID)); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestSimpleTellsADashNodeFromNone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		attrs := subnet.NewAttrs(netip.MustParseAddr("198.18.0.51"), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, 0x51}), tc.node, "")
+		attrs := subnet.NewAttrs(netip.MustParseAddr("198.18.0.51"), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 0, 0x51}), tc.node, "")
 		if _, err := reg.Create(ctx(t), subnet.Subnets{IPv4: netip.MustParsePrefix(tc.subnet)}, attrs, int64(id.ID)); err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestLeaseListIPv6OnlyShowsItsAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), BackendV6Data: vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, 6}),
+	h := etcdv3.Host{NodeID: "h6", Hostname: "h", PublicIPv6: netip.MustParseAddr("2001:db8::6"), BackendV6Data: leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{0x0e, 0, 0, 0, 6, 6}),
 		Previous: subnet.Subnets{IPv6: netip.MustParsePrefix("fd00:10:244:6::/64")}}
 	if _, _, err := etcdv3.NewManager(reg.For(cfg), cfg, h, etcdv3.ManagerOptions{}).Acquire(ctx(t)); err != nil {
 		t.Fatal(err)

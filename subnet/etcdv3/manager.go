@@ -44,7 +44,7 @@ type Host struct {
 	Hostname string
 	PublicIP netip.Addr
 	// BackendData is what this host's data plane publishes of its device
-	// (the backend's codec made it: backend/vxlan.Codec.Encode), written
+	// (the backend's codec made it: backend/leasedata.Codec.Encode), written
 	// into the lease as it is.
 	BackendData json.RawMessage
 	// PublicIPv6 and BackendV6Data are the IPv6 device's, used in a

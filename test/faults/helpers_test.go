@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
@@ -92,7 +93,7 @@ func (f *fleet) attrs(i, gen int) subnet.LeaseAttrs {
 		ip = netip.AddrFrom4([4]byte{198, 19, 200 + byte(i>>8)%50, byte(i)})
 	}
 	mac := net.HardwareAddr{0x0e, 0xfa, byte(gen >> 8), byte(gen), byte(i >> 8), byte(i)}
-	return subnet.NewAttrs(ip, subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(mac), fmt.Sprintf("fake-%d", i), "")
+	return subnet.NewAttrs(ip, subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(mac), fmt.Sprintf("fake-%d", i), "")
 }
 
 // put writes one lease, retrying through a failover (bounded).
@@ -271,7 +272,7 @@ func expectedKernel(set map[netip.Prefix]subnet.Lease, own netip.Prefix) ([]stri
 		if p == own {
 			continue
 		}
-		d, err := vxlan.DecodeLeaseData("BackendData", l.Attrs.BackendData)
+		d, err := leasedata.DecodeLeaseData("BackendData", l.Attrs.BackendData)
 		if err != nil {
 			return nil, fmt.Errorf("lease %s: %w", p, err)
 		}

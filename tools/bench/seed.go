@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -108,13 +109,13 @@ func leaseValue(p peerEntry) string {
 }
 
 func leaseAttrs(p peerEntry) subnet.LeaseAttrs {
-	return subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: vxlan.Codec{VNI: 1}.Encode(p.MAC.HardwareAddr())}
+	return subnet.LeaseAttrs{PublicIP: p.PublicIP.String(), BackendType: "vxlan", BackendData: leasedata.Codec{VNI: 1}.Encode(p.MAC.HardwareAddr())}
 }
 
 // dualLeaseValue is the value of a dual-stack lease: v4's fields, plus
 // PublicIPv6 and BackendV6Data from v6.
 func dualLeaseValue(v4, v6 peerEntry) string {
-	v, _ := leaseAttrs(v4).WithIPv6(v6.PublicIP, vxlan.Codec{VNI: 1}.Encode(v6.MAC.HardwareAddr())).Marshal()
+	v, _ := leaseAttrs(v4).WithIPv6(v6.PublicIP, leasedata.Codec{VNI: 1}.Encode(v6.MAC.HardwareAddr())).Marshal()
 	return string(v)
 }
 

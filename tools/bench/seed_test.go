@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -33,7 +34,7 @@ func TestSynthLeasesAreValidPeers(t *testing.T) {
 				t.Fatalf("%s peer %d: value %s: %v", s, i, value, err)
 			}
 			l := subnet.Lease{Subnet: ids.IPv4, IPv6Subnet: ids.IPv6, Attrs: attrs}
-			codec := vxlan.Codec{VNI: cfg.Backend.VNI}
+			codec := leasedata.Codec{VNI: cfg.Backend.VNI}
 			if err := cfg.CheckLease(l, codec); err != nil {
 				t.Fatalf("%s peer %d (%s = %s) is not a valid peer: %v", s, i, key, value, err)
 			}

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/etcdclient"
 	"github.com/overlaynet/overlay/subnet"
@@ -139,7 +139,7 @@ func (h *simHost) host(cfg *subnet.Config) subnet.Host {
 	name := fmt.Sprintf("sim-%05d", h.idx)
 	mac := net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)}
 	return subnet.Host{NodeID: name, Hostname: name, PublicIP: ip, Previous: subnet.Subnets{IPv4: h.lease}}.
-		Publishing(cfg, vxlan.Codec{VNI: 1}.Encode(mac), nil)
+		Publishing(cfg, leasedata.Codec{VNI: 1}.Encode(mac), nil)
 }
 
 // start connects and acquires the lease through etcdv3.Source, the lease

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -112,7 +112,7 @@ func (m *atN) untilCurrent(sc string, from time.Time) ([]float64, int, error) {
 // later one where a simulated host holds that subnet), retrying until etcd
 // commits it, and returns its subnet and when the write that succeeded began.
 func (m *atN) writeProbe(k int) (netip.Prefix, time.Time, error) {
-	attrs := subnet.NewAttrs(netip.MustParseAddr("192.0.2.1"), subnet.DefaultBackendType, vxlan.Codec{VNI: 1}.Encode(net.HardwareAddr{2, 0, 0, 0, 0, 1}), fmt.Sprintf("probe-%d", k), "probe")
+	attrs := subnet.NewAttrs(netip.MustParseAddr("192.0.2.1"), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{2, 0, 0, 0, 0, 1}), fmt.Sprintf("probe-%d", k), "probe")
 	// Bounded: a cluster that does not commit within a minute is a result.
 	for give := time.Now().Add(time.Minute); time.Now().Before(give); {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)

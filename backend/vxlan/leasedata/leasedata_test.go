@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/testing/corrupt"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -131,24 +132,7 @@ func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
 	alphabet := []byte("{}[]\":,0123456789-.eE \\\nabcdefVNIx\x00\xff")
 	for _, s := range plainData {
 		fastAgrees(t, []byte(s))
-		for range 3000 {
-			v := []byte(s)
-			for range 1 + r.IntN(3) {
-				i := r.IntN(len(v))
-				switch r.IntN(3) {
-				case 0:
-					v[i] = alphabet[r.IntN(len(alphabet))]
-				case 1:
-					v = append(v[:i], v[i+1:]...)
-				default:
-					v = append(v[:i], append([]byte{alphabet[r.IntN(len(alphabet))]}, v[i:]...)...)
-				}
-				if len(v) == 0 {
-					break
-				}
-			}
-			fastAgrees(t, v)
-		}
+		corrupt.Each(r, []byte(s), alphabet, 3000, func(v []byte) { fastAgrees(t, v) })
 	}
 	if _, ok := decodeFast([]byte(plainData[1])); !ok {
 		t.Error("the fast path refuses plain backend data")

@@ -457,6 +457,14 @@ var kubeletSysctls = map[string]string{
 	"kernel/keys/root_maxbytes": "25000000",
 }
 
+// nodeDirs are the directories each node's mount namespace has of its
+// own (bound from the node's directory). /var/lib/kubelet is among them
+// although kubelet's --root-dir is elsewhere: kubelet opens its device
+// plugin socket at the fixed /var/lib/kubelet/device-plugins/kubelet.sock,
+// which in a shared directory one node's kubelet (or another lab run's)
+// holds while the next fails to start with "bind: address already in use".
+var nodeDirs = []string{"/var/lib/cni", "/var/lib/kubelet", "/var/log", "/etc/cni", "/opt/cni"}
+
 // addNode creates node name (underlay address 198.18.0.<n>), its mount
 // namespace and its containerd, kubelet and kube-proxy.
 func (c *cluster) addNode(name string, num int) *kubeNode {
@@ -483,7 +491,7 @@ func (c *cluster) addNode(name string, num int) *kubeNode {
 	n.sock = filepath.Join(n.dir, "containerd.sock")
 	n.cgroupRoot = "/" + c.cgroups + "-" + name
 	dirs := map[string]string{} // mount target -> source
-	for _, d := range []string{"/var/lib/cni", "/var/log", "/etc/cni", "/opt/cni"} {
+	for _, d := range nodeDirs {
 		src := filepath.Join(n.dir, "fs", strings.ReplaceAll(strings.TrimPrefix(d, "/"), "/", "-"))
 		if err := os.MkdirAll(src, 0o755); err != nil {
 			t.Fatal(err)
@@ -507,7 +515,7 @@ func (c *cluster) addNode(name string, num int) *kubeNode {
 		}
 	}
 	mounts := []mount{{Target: "/run"}}
-	for _, d := range []string{"/var/lib/cni", "/var/log", "/etc/cni", "/opt/cni"} {
+	for _, d := range nodeDirs {
 		if err := c.mountPoint(d); err != nil {
 			t.Fatal(err)
 		}

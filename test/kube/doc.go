@@ -5,8 +5,8 @@
 // kube-controller-manager, kube-scheduler, and the overlay's own etcd over
 // TLS), and three nodes, each a network namespace and a mount namespace
 // of its own (a tmpfs on /run, the node's directories over /var/lib/cni,
-// /var/log, /etc/cni and /opt/cni) with Debian's containerd, kubelet and
-// kube-proxy. Images are built locally and imported: nothing is pulled.
+// /var/lib/kubelet, /var/log, /etc/cni and /opt/cni) with Debian's
+// containerd, kubelet and kube-proxy. Images are built locally and imported: nothing is pulled.
 // overlay is deployed the way users deploy it, `kubectl apply -f
 // deploy/kubernetes/overlay.yaml`, and the network test matrix runs on top
 // (Documentation/kubernetes.md). `make kube-e2e` runs it.

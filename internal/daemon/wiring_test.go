@@ -692,15 +692,9 @@ func (w *wiring) routedFamily(subnet string) bool { return w.routed(subnet) }
 // to start: Run returns one line naming both, before it claims anything,
 // and /readyz never answers 200.
 func TestWiringRefusesAPublicIPInsideTheNetwork(t *testing.T) {
-	srv := etcdtest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
-	defer cancel()
-	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
 	// Stored as an older overlayd or etcdctl could: config put refuses it
 	// now that hosts hold addresses in it, but not before any host runs.
-	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"198.18.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
-		t.Fatal(err)
-	}
+	srv, reg, ctx := storeWithConfig(t, `{"Network":"198.18.0.0/16","Backend":{"Type":"vxlan"}}`)
 	w := startWiring(t, srv)
 	var err error
 	select {
@@ -734,13 +728,7 @@ func TestWiringRefusesAPublicIPInsideTheNetwork(t *testing.T) {
 // (with flanneld's MAC published), and teardown removes it through a plane
 // of the same factory, with the lease, the masquerade and subnet.env.
 func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
-	srv := etcdtest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
-	defer cancel()
-	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
-	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
-		t.Fatal(err)
-	}
+	srv, reg, ctx := storeWithConfig(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)
 	putLease(t, srv, "10.244.9.0-24", "198.18.0.9", "0e:00:00:00:00:09")
 	// flanneld's device on the fake host.
 	k := newFakeKernel()
@@ -797,13 +785,7 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 // DirectRouting, MTU), not only its VNI under the default type, and not
 // --vni, which names the device only when etcd cannot be reached.
 func TestWiringTeardownBuildsPlanesFromTheStoredBackend(t *testing.T) {
-	srv := etcdtest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
-	defer cancel()
-	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
-	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":5,"Port":4789,"DirectRouting":true,"MTU":1400}}`)); err != nil {
-		t.Fatal(err)
-	}
+	srv, reg, ctx := storeWithConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":5,"Port":4789,"DirectRouting":true,"MTU":1400}}`)
 	k := newFakeKernel()
 	k.setIPv6("2001:db8::1")
 	w := startWiring(t, srv, func(c *Config) { c.Kernel = k })
@@ -841,13 +823,7 @@ func TestWiringTeardownBuildsPlanesFromTheStoredBackend(t *testing.T) {
 // in its namespace) fails at once with that error: it removes nothing,
 // and above all keeps the lease, as the devices and routes using it stay.
 func TestWiringTeardownStopsWithoutNetlink(t *testing.T) {
-	srv := etcdtest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
-	defer cancel()
-	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
-	if _, err := reg.PutConfig(ctx, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)); err != nil {
-		t.Fatal(err)
-	}
+	srv, reg, ctx := storeWithConfig(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`)
 	k := newFakeKernel()
 	w := startWiring(t, srv, func(c *Config) { c.Kernel = k })
 	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
@@ -874,4 +850,18 @@ func TestWiringTeardownStopsWithoutNetlink(t *testing.T) {
 	if !held {
 		t.Error("the host's lease was released although its devices stay")
 	}
+}
+
+// storeWithConfig starts an etcd holding the network config cfg, and
+// returns it, its registry and a context bounded for the test.
+func storeWithConfig(t *testing.T, cfg string) (*etcdtest.Server, *etcdv3.Registry, context.Context) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(testenv.Slack))
+	t.Cleanup(cancel)
+	reg := etcdv3.NewRegistry(srv.Client(t), etcdv3.DefaultPrefix)
+	if _, err := reg.PutConfig(ctx, []byte(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	return srv, reg, ctx
 }

@@ -49,6 +49,9 @@ type Node struct {
 	PodCIDRs []string
 	// Annotations are metadata.annotations.
 	Annotations map[string]string
+	// ResourceVersion is metadata.resourceVersion (the lease's
+	// ModRevision, see Revision).
+	ResourceVersion string
 }
 
 // Annotations are the names of the annotations under one prefix.
@@ -167,7 +170,7 @@ func (a Annotations) Decode(cfg *subnet.Config, n Node) (l subnet.Lease, ok bool
 		s.IPv6 = netip.Prefix{}
 	}
 	l = subnet.Lease{Subnet: s.IPv4, IPv6Subnet: s.IPv6, Attrs: subnet.LeaseAttrs{
-		BackendType: n.Annotations[a.BackendType], Hostname: n.Name}}
+		BackendType: n.Annotations[a.BackendType], Hostname: n.Name}, ModRevision: Revision(n.ResourceVersion)}
 	fams := []struct {
 		on             bool
 		sub            netip.Prefix

@@ -44,9 +44,49 @@ type apiServer struct {
 	tokens  string
 	apiProc *proc
 	argv    []string
+	ip      string // where it serves
 }
 
-func startAPIServer(t *testing.T) *apiServer {
+func (a *apiServer) url() string { return "https://" + net.JoinHostPort(a.ip, strconv.Itoa(apiPort)) }
+
+// rootUnchanged fails t if the root network namespace differs at the end.
+func rootUnchanged(t *testing.T) {
+	before := testenv.RootNetworkState(t)
+	t.Cleanup(func() {
+		if after := testenv.RootNetworkState(t); after != before {
+			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+	})
+}
+
+// loopbackNS is a network namespace of the test's own with its loopback
+// up, and nothing else.
+func loopbackNS(t *testing.T) netns.NsHandle {
+	t.Helper()
+	nsName := lab.RunPrefix("kapi") + "api"
+	ns, err := lab.NewNamedNS(nsName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); _ = netns.DeleteNamed(nsName) })
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// startAPIServer starts etcd (on ns's loopback) and kube-apiserver (on ip,
+// an address of ns) in namespace ns.
+func startAPIServer(t *testing.T, ns netns.NsHandle, ip string) *apiServer {
 	t.Helper()
 	testenv.RequireRoot(t)
 	kubeBin := filepath.Join(testenv.RepoRoot(t), "bin", "kube")
@@ -55,39 +95,16 @@ func startAPIServer(t *testing.T) *apiServer {
 			testenv.Unavailable(t, "%s is missing: run `make kube`: %v", filepath.Join(kubeBin, b), err)
 		}
 	}
-	before := testenv.RootNetworkState(t)
-	t.Cleanup(func() {
-		if after := testenv.RootNetworkState(t); after != before {
-			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-	})
-	a := &apiServer{t: t}
+	a := &apiServer{t: t, ns: ns, ip: ip}
 	var err error
 	if a.dir, err = os.MkdirTemp("", "ovl-lab-"+strconv.Itoa(os.Getpid())+"-kubeapi-"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(a.dir) })
-	nsName := lab.RunPrefix("kapi") + "api"
-	if a.ns, err = lab.NewNamedNS(nsName); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.ns.Close(); _ = netns.DeleteNamed(nsName) })
-	h, err := netlink.NewHandleAt(a.ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lo, err := h.LinkByName("lo")
-	if err == nil {
-		err = h.LinkSetUp(lo)
-	}
-	h.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if a.pki, err = newPKI(filepath.Join(a.dir, "pki")); err != nil {
 		t.Fatal(err)
 	}
-	cert, key, err := a.pki.serving("apiserver", []string{"localhost"}, net.ParseIP("127.0.0.1"))
+	cert, key, err := a.pki.serving("apiserver", []string{"localhost"}, net.ParseIP(ip))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +126,7 @@ func startAPIServer(t *testing.T) *apiServer {
 		t.Fatal(err)
 	}
 	a.argv = []string{filepath.Join(kubeBin, "kube-apiserver"),
-		"--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+		"--etcd-servers=http://127.0.0.1:2379", "--bind-address=" + ip, "--advertise-address=" + ip, "--endpoint-reconciler-type=none",
 		fmt.Sprintf("--secure-port=%d", apiPort), "--tls-cert-file=" + cert, "--tls-private-key-file=" + key,
 		"--client-ca-file=" + a.pki.CACert, "--token-auth-file=" + a.tokens, "--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -139,7 +156,7 @@ func (a *apiServer) startAPI() {
 // rest is a client config of the user with token, dialling into the
 // API server's namespace.
 func (a *apiServer) rest(token string) *rest.Config {
-	return &rest.Config{Host: fmt.Sprintf("https://127.0.0.1:%d", apiPort), BearerToken: token,
+	return &rest.Config{Host: a.url(), BearerToken: token,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: a.pki.CACert},
 		Dial: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
 			err = lab.Do(a.ns, func() error {
@@ -240,7 +257,9 @@ func batchLines(b subnet.Batch) string {
 // annotations someone removed, and resumes its watch across an API server
 // restart, delivering nothing for a node that did not change.
 func TestKubeSource(t *testing.T) {
-	a := startAPIServer(t)
+	testenv.RequireRoot(t)
+	rootUnchanged(t)
+	a := startAPIServer(t, loopbackNS(t), "127.0.0.1")
 	a.grantManifestRole("overlay")
 	admin := a.core("admin-token")
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(4*time.Minute))

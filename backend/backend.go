@@ -157,6 +157,29 @@ type Plane interface {
 	Teardown(ctx context.Context) error
 }
 
+// Gate is a consumer of a plane's peer set that must move in step with
+// the plane's kernel writes: the VXLAN guard (backend/guard), which lets
+// encapsulated traffic in only from the peers' public addresses. The
+// plane calls it from its reconcile pass, with the public addresses of
+// every peer of its desired set:
+//
+//   - Admit before the pass writes anything, so a joining peer is admitted
+//     before this host has an entry that sends to it (and before its
+//     answers come); resync says the pass lists the kernel, and the gate
+//     should read its own state back too, repairing drift. If Admit fails
+//     the pass writes nothing and fails (retried with backoff).
+//   - Settle after a pass whose writes all succeeded, with the same
+//     addresses: every entry of the peers that left is gone by then, and
+//     the gate removes what it admitted for them. After a pass with a
+//     failed write it is not called: a leaving peer stays admitted until
+//     a pass has removed its entries.
+//
+// Both are called from the plane's reconciling goroutine, never at once.
+type Gate interface {
+	Admit(addrs []netip.Addr, resync bool) error
+	Settle(addrs []netip.Addr) error
+}
+
 // Device is a plane's device after EnsureDevice.
 type Device struct {
 	Name  string

@@ -115,6 +115,18 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		}
 		p = diff(want, rec.view)
 	}
+	// The guard admits every desired peer before any of its entries is
+	// written, and lets the leaving ones go once theirs are removed.
+	var gateAddrs []netip.Addr
+	if gate := rec.cfg.Gate; gate != nil {
+		gateAddrs = publicIPs(want)
+		if err := gate.Admit(gateAddrs, full); err != nil {
+			// Nothing is written: a peer's entries never go in while
+			// its traffic to us would be dropped.
+			rec.view = nil
+			return full, rec.finish(start, gen, want, fmt.Errorf("VXLAN guard: admit the peers' addresses: %w", err), nil, nil)
+		}
+	}
 	res := rec.apply(&p)
 
 	// Writes in a pass whose desired state had already been applied in
@@ -138,9 +150,24 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		// The next pass must retry the peers that failed, which only a
 		// diff of every peer finds.
 		werr, rec.view = res.err, nil
+	} else if gate := rec.cfg.Gate; gate != nil {
+		// Every entry of a peer that left is gone: so may its address.
+		if err := gate.Settle(gateAddrs); err != nil {
+			werr = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err)
+		}
 	}
 	rec.applied = want
 	return full, rec.finish(start, gen, want, werr, &res, conflicts)
+}
+
+// publicIPs returns the public addresses of peers, in their order (a
+// pass's want is sorted by subnet; the gate does not care about order).
+func publicIPs(peers []Peer) []netip.Addr {
+	out := make([]netip.Addr, len(peers))
+	for i, p := range peers {
+		out[i] = p.PublicIP
+	}
+	return out
 }
 
 // listKernel ensures the device and replaces the view with a listing of

@@ -13,8 +13,8 @@
 //
 // # The table
 //
-// For port 8472, on a dual-stack host (as Rules renders it, in `nft list`
-// syntax):
+// For port 8472, on a dual-stack host, `nft list table inet overlay-guard`
+// prints:
 //
 //	table inet overlay-guard {
 //		set peers4 {
@@ -27,15 +27,17 @@
 //		}
 //		chain vxlan4 {
 //			type filter hook prerouting priority raw; policy accept;
-//			meta nfproto ipv4 meta l4proto udp udp dport 8472 ip saddr != @peers4 fib daddr type != unicast counter drop comment "overlay: VXLAN only from peers"
+//			udp dport 8472 ip saddr != @peers4 fib daddr type != unicast counter packets 0 bytes 0 drop comment "overlay: VXLAN only from peers"
 //		}
 //		chain vxlan6 {
 //			type filter hook prerouting priority raw; policy accept;
-//			meta nfproto ipv6 meta l4proto udp udp dport 8472 ip6 saddr != @peers6 fib daddr type != unicast counter drop comment "overlay: VXLAN only from peers"
+//			udp dport 8472 ip6 saddr != @peers6 fib daddr type != unicast counter packets 0 bytes 0 drop comment "overlay: VXLAN only from peers"
 //		}
 //	}
 //
-// Each address family has its own set and chain, owned by that family's
+// Each rule also matches `meta nfproto ipv4` (ipv6) and `meta l4proto udp`
+// first, which nft hides as the dependencies of the address and port
+// matches. Each address family has its own set and chain, owned by that family's
 // Gate (the data plane of that family drives it), so that the two families
 // never rewrite each other's state. The table is not masq's `table inet
 // overlay`: masq repairs its table by replacing it whole, which would empty

@@ -160,19 +160,23 @@ type Plane interface {
 // Gate is a consumer of a plane's peer set that must move in step with
 // the plane's kernel writes: the VXLAN guard (backend/guard), which lets
 // encapsulated traffic in only from the peers' public addresses. The
-// plane calls it from its reconcile pass, with the public addresses of
-// every peer of its desired set:
+// plane calls it from its reconcile pass:
 //
-//   - Admit before the pass writes anything, so a joining peer is admitted
+//   - Admit before the pass writes anything, with the public addresses of
+//     the peers it may write entries for, so a joining peer is admitted
 //     before this host has an entry that sends to it (and before its
-//     answers come); resync says the pass lists the kernel, and the gate
-//     should read its own state back too, repairing drift. If Admit fails
-//     the pass writes nothing and fails (retried with backoff).
-//   - Settle after a pass whose writes all succeeded, with the same
-//     addresses: every entry of the peers that left is gone by then, and
-//     the gate removes what it admitted for them. After a pass with a
-//     failed write it is not called: a leaving peer stays admitted until
-//     a pass has removed its entries.
+//     answers come): in a full pass (resync) every desired peer's, and the
+//     gate reads its own state back too, repairing drift; in a pass woken
+//     by a change of the peers only those that came (the others were
+//     admitted by the passes that wrote them). Admit only adds. If it
+//     fails the pass writes nothing and fails (retried with backoff, as a
+//     full pass).
+//   - Settle after a full pass, or one in which peers left, whose writes
+//     all succeeded, with the public addresses of every desired peer:
+//     every entry of the peers that left is gone by then, and the gate
+//     removes whatever it holds beyond them. After a pass with a failed
+//     write it is not called: a leaving peer stays admitted until a pass
+//     has removed its entries.
 //
 // Both are called from the plane's reconciling goroutine, never at once.
 type Gate interface {

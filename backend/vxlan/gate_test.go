@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
 )
@@ -22,6 +23,7 @@ type fakeGate struct {
 	events   []string
 	failWith error
 	resyncs  int
+	moved    map[string]string // MAC -> public address, for peers not at 198.18.0.n
 }
 
 func newFakeGate() *fakeGate { return &fakeGate{admitted: map[netip.Addr]bool{}} }
@@ -90,6 +92,11 @@ func gatedHost(t *testing.T) (*vxlantest.Fake, *vxlan.Backend, *fakeGate) {
 		}
 		// key is the MAC 0e:00:00:00:00:0n of peer n at 198.18.0.n.
 		ip := "198.18.0." + macHost(key)
+		g.mu.Lock()
+		if moved, ok := g.moved[key]; ok {
+			ip = moved
+		}
+		g.mu.Unlock()
 		state := "unadmitted"
 		if g.has(ip) {
 			state = "admitted"
@@ -203,5 +210,56 @@ func TestGateIsToldToResyncOnFullPassesOnly(t *testing.T) {
 	reconcile(t, b) // Reconcile runs a full pass
 	if g.resyncs != 2 {
 		t.Errorf("second full pass: %d resyncs, want 2", g.resyncs)
+	}
+}
+
+// Through Run, where a change of the peers alone brings a pass that
+// lists nothing: the same order, with only the peers that came admitted
+// (no resync), and the gate settled when peers leave or change address.
+func TestGateOrderInIncrementalPasses(t *testing.T) {
+	_, b, g := gatedHost(t)
+	run(t, b)
+	b.SetPeers(peers(2, 3))
+	waitSynced(t, b, 2)
+	resyncs := func() int { g.mu.Lock(); defer g.mu.Unlock(); return g.resyncs }
+	if n := resyncs(); n != 1 {
+		t.Fatalf("%d resyncs after the first pass, want 1", n)
+	}
+	g.takeEvents()
+
+	for _, step := range []struct {
+		name   string
+		peers  []int
+		change func([]backend.Peer) []backend.Peer
+		want   []string // the events of the pass
+		set    []string
+	}{
+		{"join", []int{2, 3, 4}, nil, []string{"admit", "FDBSet 198.18.0.4 admitted"}, []string{"198.18.0.2", "198.18.0.3", "198.18.0.4"}},
+		{"leave", []int{2, 4}, nil, []string{"admit", "FDBDel 198.18.0.3 admitted", "settle"}, []string{"198.18.0.2", "198.18.0.4"}},
+		{"new address", []int{2, 4}, func(ps []backend.Peer) []backend.Peer {
+			g.mu.Lock()
+			g.moved = map[string]string{"0e:00:00:00:00:04": "198.18.0.44"}
+			g.mu.Unlock()
+			ps[1] = withIP(ps[1], "198.18.0.44")
+			return ps
+		}, []string{"admit", "FDBSet 198.18.0.44 admitted", "settle"}, []string{"198.18.0.2", "198.18.0.44"}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			ps := peers(step.peers...)
+			if step.change != nil {
+				ps = step.change(ps)
+			}
+			b.SetPeers(ps)
+			waitSynced(t, b, len(ps))
+			if got := g.takeEvents(); !slices.Equal(got, step.want) {
+				t.Errorf("events %q, want %q", got, step.want)
+			}
+			if got := g.set(); !slices.Equal(got, step.set) {
+				t.Errorf("admitted %q, want %q", got, step.set)
+			}
+		})
+	}
+	if n := resyncs(); n != 1 {
+		t.Errorf("%d resyncs: passes woken by SetPeers alone made the gate read the kernel", n)
 	}
 }

@@ -101,9 +101,10 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 	okBefore := rec.stats.okWrites
 
 	var p plan
+	var gone, come []Peer
 	full = !onlyPeers || rec.view == nil
 	if !full {
-		gone, come := specDelta(rec.applied, want)
+		gone, come = specDelta(rec.applied, want)
 		if full = anyIn(rec.conflicted, gone, come); !full {
 			p = diff(come, rec.view.scoped(gone, come))
 		}
@@ -115,12 +116,17 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		}
 		p = diff(want, rec.view)
 	}
-	// The guard admits every desired peer before any of its entries is
-	// written, and lets the leaving ones go once theirs are removed.
-	var gateAddrs []netip.Addr
+	// The guard admits the peers this pass may write entries for (every
+	// desired peer in a full pass; those that came since the last one
+	// otherwise) before any write, and lets the leaving ones go once
+	// theirs are removed (settle).
+	settle := full || len(gone) > 0
 	if gate := rec.cfg.Gate; gate != nil {
-		gateAddrs = publicIPs(want)
-		if err := gate.Admit(gateAddrs, full); err != nil {
+		admit := want
+		if !full {
+			admit = come
+		}
+		if err := gate.Admit(publicIPs(admit), full); err != nil {
 			// Nothing is written: a peer's entries never go in while
 			// its traffic to us would be dropped.
 			rec.view = nil
@@ -150,9 +156,9 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		// The next pass must retry the peers that failed, which only a
 		// diff of every peer finds.
 		werr, rec.view = res.err, nil
-	} else if gate := rec.cfg.Gate; gate != nil {
+	} else if gate := rec.cfg.Gate; gate != nil && settle {
 		// Every entry of a peer that left is gone: so may its address.
-		if err := gate.Settle(gateAddrs); err != nil {
+		if err := gate.Settle(publicIPs(want)); err != nil {
 			werr = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err)
 		}
 	}

@@ -1,11 +1,9 @@
-package guard_test
+package guard
 
 import (
 	"net/netip"
 	"slices"
 	"testing"
-
-	"github.com/overlaynet/overlay/backend/guard"
 )
 
 func addrs(ss ...string) []netip.Addr {
@@ -16,15 +14,17 @@ func addrs(ss ...string) []netip.Addr {
 	return out
 }
 
-func set(as []netip.Addr) map[netip.Addr]struct{} {
-	m := map[netip.Addr]struct{}{}
+func setOf(as []netip.Addr) addrSet {
+	s := addrSet{}
 	for _, a := range as {
-		m[a] = struct{}{}
+		s[a] = 0
 	}
-	return m
+	return s
 }
 
-func TestMissingAndStale(t *testing.T) {
+// Admit's and Settle's arithmetic: what is added, what is removed, and
+// that the two together leave exactly the desired addresses.
+func TestAddMissingAndStale(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
 		have, want     []netip.Addr
@@ -40,25 +40,31 @@ func TestMissingAndStale(t *testing.T) {
 		{"all leave, sorted", addrs("2001:db8::9", "2001:db8::1", "2001:db8::5"), nil, nil, addrs("2001:db8::1", "2001:db8::5", "2001:db8::9")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := guard.Missing(set(tc.have), tc.want); !slices.Equal(got, tc.missing) {
-				t.Errorf("Missing = %v, want %v", got, tc.missing)
+			s := setOf(tc.have)
+			if got := s.addMissing(tc.want); !slices.Equal(got, tc.missing) {
+				t.Errorf("addMissing = %v, want %v", got, tc.missing)
 			}
-			if got := guard.Stale(set(tc.have), tc.want); !slices.Equal(got, tc.stale) {
-				t.Errorf("Stale = %v, want %v", got, tc.stale)
+			if got := s.addMissing(tc.want); got != nil {
+				t.Errorf("addMissing again = %v, want nothing", got)
 			}
-			// Admit then Settle from have gives exactly want's addresses.
-			after := set(tc.have)
-			for _, a := range guard.Missing(after, tc.want) {
-				after[a] = struct{}{}
+			for mark := uint32(1); mark <= 2; mark++ { // a second Settle finds nothing
+				got := s.stale(tc.want, mark)
+				want := tc.stale
+				if mark == 2 {
+					want = nil
+				}
+				for _, a := range got {
+					delete(s, a)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("stale #%d = %v, want %v", mark, got, want)
+				}
 			}
-			for _, a := range guard.Stale(after, tc.want) {
-				delete(after, a)
+			if want := setOf(tc.want); len(s) != len(want) {
+				t.Errorf("after Admit and Settle: %v, want %v", s, want)
 			}
-			if len(after) != len(set(tc.want)) {
-				t.Errorf("after Admit and Settle: %v, want %v", after, set(tc.want))
-			}
-			for a := range set(tc.want) {
-				if _, ok := after[a]; !ok {
+			for _, a := range tc.want {
+				if _, ok := s[a]; !ok {
 					t.Errorf("after Admit and Settle %s is missing", a)
 				}
 			}
@@ -66,27 +72,29 @@ func TestMissingAndStale(t *testing.T) {
 	}
 }
 
-func BenchmarkConvergedPass10k(b *testing.B) {
-	want := make([]netip.Addr, 10000)
-	for i := range want {
-		want[i] = netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
-	}
-	have := set(want)
-	b.ReportAllocs()
-	for b.Loop() {
-		if guard.Missing(have, want) != nil || guard.Stale(have, want) != nil {
-			b.Fatal("not converged")
+func TestElementsEncodesEachFamily(t *testing.T) {
+	for _, as := range [][]netip.Addr{addrs("198.18.0.2", "10.0.0.1"), addrs("2001:db8::2", "fd18::1")} {
+		els := elements(as)
+		for i, e := range els {
+			if a, ok := netip.AddrFromSlice(e.Key); !ok || a != as[i] {
+				t.Errorf("element %d = %x, want %s", i, e.Key, as[i])
+			}
 		}
 	}
 }
 
-func BenchmarkMissing10k(b *testing.B) {
+func BenchmarkConvergedFullPass10k(b *testing.B) {
 	want := make([]netip.Addr, 10000)
 	for i := range want {
 		want[i] = netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
 	}
-	have := set(want)
+	s := setOf(want)
+	b.ReportAllocs()
+	mark := uint32(0)
 	for b.Loop() {
-		guard.Missing(have, want)
+		mark++
+		if s.addMissing(want) != nil || s.stale(want, mark) != nil {
+			b.Fatal("not converged")
+		}
 	}
 }

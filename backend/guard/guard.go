@@ -44,7 +44,8 @@ type Gate struct {
 	// view is what the set holds as far as the Gate knows: read at the
 	// first Admit and at every resync, then kept by each write. nil
 	// means unknown (never read, or a write failed).
-	view map[netip.Addr]struct{}
+	view addrSet
+	mark uint32 // the mark of the last Settle (addrSet.stale)
 	// The drop counter lives in the rule and restarts at zero when the
 	// rule is put back: base is what earlier rules had counted, last
 	// the current rule's count at the last read.
@@ -162,7 +163,7 @@ func (g *Gate) Admit(addrs []netip.Addr, resync bool) error {
 		return ErrClosed
 	}
 	if !resync && g.view != nil {
-		return g.write(Missing(g.view, addrs), nil, nil)
+		return g.write(g.view.addMissing(addrs), nil, nil)
 	}
 	k, err := read(g.ns, g.timeout, g.spec, g.port)
 	if err != nil {
@@ -171,7 +172,7 @@ func (g *Gate) Admit(addrs []netip.Addr, resync bool) error {
 	}
 	g.noteCounter(k)
 	g.view = k.elems
-	add := Missing(g.view, addrs)
+	add := g.view.addMissing(addrs)
 	if k.setOK && k.ruleOK {
 		return g.write(add, nil, nil)
 	}
@@ -189,10 +190,12 @@ func (g *Gate) Settle(keep []netip.Addr) error {
 	if g.view == nil {
 		return nil // never read: Admit has not run, or failed; it reads first
 	}
-	return g.write(nil, nil, Stale(g.view, keep))
+	g.mark++
+	return g.write(nil, nil, g.view.stale(keep, g.mark))
 }
 
-// write adds add and deletes del, chunk elements per transaction; with
+// write adds add (already in the view: a failure forgets the view) and
+// deletes del, chunk elements per transaction; with
 // repair (what read found), it also puts the set, chain and rule back:
 // the set first, with its elements, and the chain with its rule in the
 // last transaction, so the rule never drops while the set is being
@@ -246,9 +249,6 @@ func (g *Gate) write(add []netip.Addr, repair *kernelState, del []netip.Addr) er
 		if err := c.Flush(); err != nil {
 			g.view = nil // what went in is unknown: read again
 			return fmt.Errorf("admit %d %v peer address(es) to set %s of %s in netns %s: %w%s", len(add), g.fam, g.spec.set, desc, g.ns, err, kernelHint(err))
-		}
-		for _, a := range add[min(i*chunk, len(add)):min((i+1)*chunk, len(add))] {
-			g.view[a] = struct{}{}
 		}
 		if repair != nil && i == n-1 {
 			// The rule is new: its counter starts again.
@@ -417,14 +417,14 @@ func Remove(ns netns.NsHandle) (bool, error) {
 type kernelState struct {
 	setFound, setOK    bool
 	chainFound, ruleOK bool // ruleOK: the chain is right and holds exactly our rule
-	elems              map[netip.Addr]struct{}
+	elems              addrSet
 	dropped            uint64
 }
 
 // read reads one family's set, its elements, chain and rule (right if it
 // drops for port).
 func read(ns netns.NsHandle, timeout time.Duration, s famSpec, port uint16) (kernelState, error) {
-	k := kernelState{elems: map[netip.Addr]struct{}{}}
+	k := kernelState{elems: addrSet{}}
 	c, err := dial(ns, timeout)
 	if err != nil {
 		return k, err
@@ -456,7 +456,7 @@ func read(ns netns.NsHandle, timeout time.Duration, s famSpec, port uint16) (ker
 		}
 		for _, e := range elems {
 			if a, ok := s.addrOf(e.Key); ok {
-				k.elems[a] = struct{}{}
+				k.elems[a] = 0
 			}
 		}
 	}

@@ -160,49 +160,59 @@ func (s famSpec) addrOf(key []byte) (netip.Addr, bool) {
 	return a, ok
 }
 
-// elements encodes addrs as set elements.
+// elements encodes addrs (of one family) as set elements, their keys in
+// one backing array.
 func elements(addrs []netip.Addr) []nftables.SetElement {
 	out := make([]nftables.SetElement, len(addrs))
+	var keys []byte
+	if len(addrs) > 0 {
+		keys = make([]byte, 0, len(addrs)*addrs[0].BitLen()/8)
+	}
 	for i, a := range addrs {
-		out[i] = nftables.SetElement{Key: a.AsSlice()}
+		n := len(keys)
+		if a.Is4() {
+			b := a.As4()
+			keys = append(keys, b[:]...)
+		} else {
+			b := a.As16()
+			keys = append(keys, b[:]...)
+		}
+		out[i] = nftables.SetElement{Key: keys[n:len(keys):len(keys)]}
 	}
 	return out
 }
 
-// Missing returns the addresses of want that have is missing, in want's
-// order, each once: what Admit adds.
-func Missing(have map[netip.Addr]struct{}, want []netip.Addr) []netip.Addr {
+// addrSet is a set of addresses as the Gate sees its nftables set, each
+// with the mark of the last stale that found it kept.
+type addrSet map[netip.Addr]uint32
+
+// addMissing adds to s the addresses of want it lacks and returns them,
+// in want's order, each once: what Admit writes. (s itself dedupes: no
+// second map for a cold start's thousands.)
+func (s addrSet) addMissing(want []netip.Addr) []netip.Addr {
 	var out []netip.Addr
-	var seen map[netip.Addr]struct{}
 	for _, a := range want {
-		if _, ok := have[a]; ok {
-			continue
+		if _, ok := s[a]; !ok {
+			s[a] = 0
+			out = append(out, a)
 		}
-		if seen == nil {
-			seen = make(map[netip.Addr]struct{})
-		}
-		if _, dup := seen[a]; dup {
-			continue
-		}
-		seen[a] = struct{}{}
-		out = append(out, a)
 	}
 	return out
 }
 
-// Stale returns the addresses in have that keep does not hold, sorted:
-// what Settle removes.
-func Stale(have map[netip.Addr]struct{}, keep []netip.Addr) []netip.Addr {
-	if len(have) == 0 {
-		return nil
-	}
-	kept := make(map[netip.Addr]struct{}, len(keep))
+// stale marks the addresses of keep that s holds with mark (a value no
+// earlier call used) and returns the addresses of s left unmarked,
+// sorted: what Settle removes. It allocates nothing when nothing is
+// stale.
+func (s addrSet) stale(keep []netip.Addr, mark uint32) []netip.Addr {
 	for _, a := range keep {
-		kept[a] = struct{}{}
+		if _, ok := s[a]; ok {
+			s[a] = mark
+		}
 	}
 	var out []netip.Addr
-	for a := range have {
-		if _, ok := kept[a]; !ok {
+	for a, m := range s {
+		if m != mark {
 			out = append(out, a)
 		}
 	}

@@ -36,7 +36,9 @@ const injectPort = 7789
 // many; the same datagrams sent from a host that holds a lease reach the
 // pod, so they are well-formed. Meanwhile pods of real peers, the flanneld
 // host's included, lose no probe at 20 a second, also while a fourth host
-// joins and leaves; the leaving host's address leaves the guard's set.
+// joins and leaves; the leaving host's address leaves the guard's set, and
+// its teardown removes its guard; a host restarted with
+// --vxlan-guard=false removes its own.
 func TestVXLANGuardDropsInjectedFramesAndAdmitsPeers(t *testing.T) {
 	t.Parallel()
 	l := labtest.New(t, lab.Config{})
@@ -171,8 +173,12 @@ func TestVXLANGuardDropsInjectedFramesAndAdmitsPeers(t *testing.T) {
 	if err := h4.Stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h4.Teardown(ctxT(t, 30*time.Second)); err != nil {
+	out, err := h4.Teardown(ctxT(t, 30*time.Second))
+	if err != nil {
 		t.Fatalf("teardown h4: %v", err)
+	}
+	if s, err := guard.Read(h4.NS, backend.IPv4, 8472); err != nil || s.Present || !strings.Contains(out, "removed nftables table inet "+guard.TableName) {
+		t.Errorf("after overlayd teardown on h4: its guard %+v (%v); teardown said:\n%s", s, err, out)
 	}
 	labtest.Eventually(t, settle, "h4's address to leave h1's guard", func() error {
 		s, err := guard.Read(h1.NS, backend.IPv4, 8472)
@@ -181,6 +187,18 @@ func TestVXLANGuardDropsInjectedFramesAndAdmitsPeers(t *testing.T) {
 		}
 		return nil
 	})
+	// h3 restarted with --vxlan-guard=false removes its guard table (a
+	// table nobody keeps would drop every host that joins later), and
+	// its pod's probes go on: h1's guard still admits h3.
+	h3.ExtraArgs = []string{"--vxlan-guard=false"}
+	if err := h3.Restart(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	labtest.WaitReady(t, h3)
+	if s, err := guard.Read(h3.NS, backend.IPv4, 8472); err != nil || s.Present || len(s.Admitted) != 0 {
+		t.Errorf("h3 runs with --vxlan-guard=false, and its guard is still there: %+v (%v)", s, err)
+	}
+
 	// Keep probing across a few of the hosts' kernel resyncs (1 s), at
 	// which the guards read their sets back.
 	seenAt := streams[0].Stats().Sent

@@ -4,12 +4,22 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/overlaynet/overlay/backend"
 )
 
 func addrs(ss ...string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range ss {
 		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func peersAt(as []netip.Addr) []backend.Peer {
+	var out []backend.Peer
+	for _, a := range as {
+		out = append(out, backend.Peer{PublicIP: a})
 	}
 	return out
 }
@@ -41,14 +51,19 @@ func TestAddMissingAndStale(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := setOf(tc.have)
-			if got := s.addMissing(tc.want); !slices.Equal(got, tc.missing) {
+			// What left after a pass that was not full: the stale ones
+			// among the peers that were there before.
+			if got := setOf(tc.have).left(peersAt(tc.want), peersAt(tc.have)); !slices.Equal(got, tc.stale) {
+				t.Errorf("left = %v, want %v", got, tc.stale)
+			}
+			if got := s.addMissing(peersAt(tc.want)); !slices.Equal(got, tc.missing) {
 				t.Errorf("addMissing = %v, want %v", got, tc.missing)
 			}
-			if got := s.addMissing(tc.want); got != nil {
+			if got := s.addMissing(peersAt(tc.want)); got != nil {
 				t.Errorf("addMissing again = %v, want nothing", got)
 			}
 			for mark := uint32(1); mark <= 2; mark++ { // a second Settle finds nothing
-				got := s.stale(tc.want, mark)
+				got := s.stale(peersAt(tc.want), mark)
 				want := tc.stale
 				if mark == 2 {
 					want = nil
@@ -84,17 +99,34 @@ func TestElementsEncodesEachFamily(t *testing.T) {
 }
 
 func BenchmarkConvergedFullPass10k(b *testing.B) {
-	want := make([]netip.Addr, 10000)
+	want := make([]backend.Peer, 10000)
 	for i := range want {
-		want[i] = netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
+		want[i].PublicIP = netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
 	}
-	s := setOf(want)
+	s := addrSet{}
+	s.addMissing(want)
 	b.ReportAllocs()
 	mark := uint32(0)
 	for b.Loop() {
 		mark++
 		if s.addMissing(want) != nil || s.stale(want, mark) != nil {
 			b.Fatal("not converged")
+		}
+	}
+}
+
+func BenchmarkOneLeft10k(b *testing.B) {
+	want := make([]backend.Peer, 10001)
+	for i := range want {
+		want[i].PublicIP = netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
+	}
+	s := addrSet{}
+	s.addMissing(want)
+	keep, gone := want[:10000], want[10000:]
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(s.left(keep, gone)) != 1 {
+			b.Fatal("the peer that left is not found")
 		}
 	}
 }

@@ -152,18 +152,18 @@ func (g *Gate) Batches() uint64 {
 // ErrClosed is returned by every method called after Close.
 var ErrClosed = errors.New("VXLAN guard is closed")
 
-// Admit implements backend.Gate: it adds the addresses of addrs the set
-// lacks. With resync, or before the first read, it reads the set, chain
-// and rule back from the kernel first and puts back whatever is missing
-// or wrong, in one transaction with the elements.
-func (g *Gate) Admit(addrs []netip.Addr, resync bool) error {
+// Admit implements backend.Gate: it adds the peers' public addresses the
+// set lacks. With resync, or before the first read, it reads the set,
+// chain and rule back from the kernel first and puts back whatever is
+// missing or wrong, in one transaction with the elements.
+func (g *Gate) Admit(peers []backend.Peer, resync bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return ErrClosed
 	}
 	if !resync && g.view != nil {
-		return g.write(g.view.addMissing(addrs), nil, nil)
+		return g.write(g.view.addMissing(peers), nil, nil)
 	}
 	k, err := read(g.ns, g.timeout, g.spec, g.port)
 	if err != nil {
@@ -172,16 +172,17 @@ func (g *Gate) Admit(addrs []netip.Addr, resync bool) error {
 	}
 	g.noteCounter(k)
 	g.view = k.elems
-	add := g.view.addMissing(addrs)
+	add := g.view.addMissing(peers)
 	if k.setOK && k.ruleOK {
 		return g.write(add, nil, nil)
 	}
 	return g.write(add, &k, nil)
 }
 
-// Settle implements backend.Gate: it removes the addresses the set holds
-// that keep does not.
-func (g *Gate) Settle(keep []netip.Addr) error {
+// Settle implements backend.Gate: it removes the addresses of gone that
+// no peer of keep has, or, with gone nil, every address keep does not
+// have.
+func (g *Gate) Settle(keep, gone []backend.Peer) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -189,6 +190,9 @@ func (g *Gate) Settle(keep []netip.Addr) error {
 	}
 	if g.view == nil {
 		return nil // never read: Admit has not run, or failed; it reads first
+	}
+	if gone != nil && len(gone) <= leftScan {
+		return g.write(nil, nil, g.view.left(keep, gone))
 	}
 	g.mark++
 	return g.write(nil, nil, g.view.stale(keep, g.mark))
@@ -284,6 +288,10 @@ func kernelHint(err error) string {
 	}
 	return ""
 }
+
+// leftScan is the most peers gone in one pass that Settle looks for one
+// by one in keep; beyond it, it marks keep in the view instead.
+const leftScan = 32
 
 // desc names the table in messages.
 const desc = "table inet " + TableName

@@ -105,6 +105,16 @@ func newGate(t *testing.T, ns lab.Host, fam backend.Family) *guard.Gate {
 	return g
 }
 
+// at is peers at the public addresses as (their other fields do not
+// matter to the guard).
+func at(as ...netip.Addr) []backend.Peer {
+	out := make([]backend.Peer, len(as))
+	for i, a := range as {
+		out[i] = backend.Peer{PublicIP: a}
+	}
+	return out
+}
+
 func snapshot(t *testing.T, g *guard.Gate) guard.Snapshot {
 	t.Helper()
 	s, err := g.Snapshot()
@@ -126,7 +136,7 @@ func TestGuardAdmitsPeersAndDropsAndCountsTheRest(t *testing.T) {
 	} {
 		t.Run(tc.fam.String(), func(t *testing.T) {
 			g := newGate(t, *l.h1, tc.fam)
-			if err := g.Admit([]netip.Addr{tc.peer}, false); err != nil {
+			if err := g.Admit(at(tc.peer), false); err != nil {
 				t.Fatalf("Admit: %v", err)
 			}
 			s := snapshot(t, g)
@@ -142,7 +152,7 @@ func TestGuardAdmitsPeersAndDropsAndCountsTheRest(t *testing.T) {
 			}
 
 			// The peer leaves: its datagrams are dropped from then on.
-			if err := g.Settle(nil); err != nil {
+			if err := g.Settle(nil, nil); err != nil {
 				t.Fatalf("Settle: %v", err)
 			}
 			send(t, l.h2, tc.peer, tc.dst, 5)
@@ -158,18 +168,18 @@ func TestGuardRestartWithTheSamePeersWritesNothing(t *testing.T) {
 	l := newGuardLab(t)
 	peers := []netip.Addr{l.h2.IP, netip.MustParseAddr("198.19.0.1")}
 	first := newGate(t, *l.h1, backend.IPv4)
-	if err := first.Admit(peers, true); err != nil {
+	if err := first.Admit(at(peers...), true); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Settle(peers); err != nil {
+	if err := first.Settle(at(peers...), nil); err != nil {
 		t.Fatal(err)
 	}
 	// A new daemon: a new Gate adopts the set.
 	second := newGate(t, *l.h1, backend.IPv4)
-	if err := second.Admit(peers, true); err != nil {
+	if err := second.Admit(at(peers...), true); err != nil {
 		t.Fatal(err)
 	}
-	if err := second.Settle(peers); err != nil {
+	if err := second.Settle(at(peers...), nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := second.Batches(); n != 0 {
@@ -177,7 +187,7 @@ func TestGuardRestartWithTheSamePeersWritesNothing(t *testing.T) {
 	}
 	// The other family's Gate leaves this one's state alone.
 	v6 := newGate(t, *l.h1, backend.IPv6)
-	if err := v6.Admit([]netip.Addr{l.h2.IPv6}, true); err != nil {
+	if err := v6.Admit(at(l.h2.IPv6), true); err != nil {
 		t.Fatal(err)
 	}
 	if s := snapshot(t, second); !s.Present || len(s.Admitted) != 2 {
@@ -189,7 +199,7 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 	l := newGuardLab(t)
 	peers := []netip.Addr{l.h2.IP}
 	g := newGate(t, *l.h1, backend.IPv4)
-	if err := g.Admit(peers, true); err != nil {
+	if err := g.Admit(at(peers...), true); err != nil {
 		t.Fatal(err)
 	}
 	send(t, l.x, l.x.IP, l.h1.IP, 3)
@@ -225,7 +235,7 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 				t.Fatal(err)
 			}
 			// An incremental pass trusts its view; the resync reads and repairs.
-			if err := g.Admit(peers, true); err != nil {
+			if err := g.Admit(at(peers...), true); err != nil {
 				t.Fatal(err)
 			}
 			s := snapshot(t, g)
@@ -245,7 +255,7 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 func TestGuardRemoveAndRead(t *testing.T) {
 	l := newGuardLab(t)
 	g := newGate(t, *l.h1, backend.IPv4)
-	if err := g.Admit([]netip.Addr{l.h2.IP}, true); err != nil {
+	if err := g.Admit(at(l.h2.IP), true); err != nil {
 		t.Fatal(err)
 	}
 	s, err := guard.Read(l.h1.NS, backend.IPv4, port)

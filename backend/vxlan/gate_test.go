@@ -28,7 +28,7 @@ type fakeGate struct {
 
 func newFakeGate() *fakeGate { return &fakeGate{admitted: map[netip.Addr]bool{}} }
 
-func (g *fakeGate) Admit(addrs []netip.Addr, resync bool) error {
+func (g *fakeGate) Admit(peers []backend.Peer, resync bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.failWith != nil {
@@ -38,22 +38,28 @@ func (g *fakeGate) Admit(addrs []netip.Addr, resync bool) error {
 	if resync {
 		g.resyncs++
 	}
-	for _, a := range addrs {
-		g.admitted[a] = true
+	for _, p := range peers {
+		g.admitted[p.PublicIP] = true
 	}
 	g.events = append(g.events, "admit")
 	return nil
 }
 
-func (g *fakeGate) Settle(addrs []netip.Addr) error {
+// Settle removes what no peer of keep has: of gone, or of everything
+// admitted after a full pass (gone nil), as the guard does.
+func (g *fakeGate) Settle(keep, gone []backend.Peer) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	keep := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		keep[a] = true
+	kept := map[netip.Addr]bool{}
+	for _, p := range keep {
+		kept[p.PublicIP] = true
+	}
+	candidates := map[netip.Addr]bool{}
+	for _, p := range gone {
+		candidates[p.PublicIP] = true
 	}
 	for a := range g.admitted {
-		if !keep[a] {
+		if !kept[a] && (gone == nil || candidates[a]) {
 			delete(g.admitted, a)
 		}
 	}

@@ -126,7 +126,7 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		if !full {
 			admit = come
 		}
-		if err := gate.Admit(publicIPs(admit), full); err != nil {
+		if err := gate.Admit(admit, full); err != nil {
 			// Nothing is written: a peer's entries never go in while
 			// its traffic to us would be dropped.
 			rec.view = nil
@@ -158,22 +158,16 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		werr, rec.view = res.err, nil
 	} else if gate := rec.cfg.Gate; gate != nil && settle {
 		// Every entry of a peer that left is gone: so may its address.
-		if err := gate.Settle(publicIPs(want)); err != nil {
+		var left []Peer // nil after a full pass: anything may be stale
+		if !full {
+			left = gone
+		}
+		if err := gate.Settle(want, left); err != nil {
 			werr = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err)
 		}
 	}
 	rec.applied = want
 	return full, rec.finish(start, gen, want, werr, &res, conflicts)
-}
-
-// publicIPs returns the public addresses of peers, in their order (a
-// pass's want is sorted by subnet; the gate does not care about order).
-func publicIPs(peers []Peer) []netip.Addr {
-	out := make([]netip.Addr, len(peers))
-	for i, p := range peers {
-		out[i] = p.PublicIP
-	}
-	return out
 }
 
 // listKernel ensures the device and replaces the view with a listing of

@@ -210,11 +210,11 @@ func (k *fakeKernel) RemoveGuard() (bool, error) {
 
 type fakeGuard struct{ fam backend.Family }
 
-func (g fakeGuard) Admit([]netip.Addr, bool) error { return nil }
-func (g fakeGuard) Settle([]netip.Addr) error      { return nil }
-func (g fakeGuard) Family() backend.Family         { return g.fam }
-func (g fakeGuard) Dropped() (uint64, error)       { return 7, nil }
-func (g fakeGuard) Close() error                   { return nil }
+func (g fakeGuard) Admit([]backend.Peer, bool) error { return nil }
+func (g fakeGuard) Settle(_, _ []backend.Peer) error { return nil }
+func (g fakeGuard) Family() backend.Family           { return g.fam }
+func (g fakeGuard) Dropped() (uint64, error)         { return 7, nil }
+func (g fakeGuard) Close() error                     { return nil }
 
 type fakeMasq struct{ k *fakeKernel }
 

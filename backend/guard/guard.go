@@ -421,6 +421,36 @@ func Remove(ns netns.NsHandle) (bool, error) {
 	return true, nil
 }
 
+// RemoveFamily deletes family fam's set and chain from the guard's table
+// in namespace ns (a closed handle: the calling thread's), leaving the
+// other family's, and reports whether there was either: what a host does
+// once its network stops carrying that family, whose VXLAN device is gone.
+func RemoveFamily(ns netns.NsHandle, fam backend.Family) (bool, error) {
+	s := specOf(fam)
+	k, err := read(ns, DefaultTimeout, s, 0)
+	if err != nil {
+		return false, err
+	}
+	if !k.setFound && !k.chainFound {
+		return false, nil
+	}
+	c, err := dial(ns, DefaultTimeout)
+	if err != nil {
+		return false, err
+	}
+	table := &nftables.Table{Family: ourTable.Family, Name: ourTable.Name}
+	if k.chainFound { // first: its rule refers to the set
+		c.DelChain(s.newChain(table))
+	}
+	if k.setFound {
+		c.DelSet(s.newSet(table))
+	}
+	if err := c.Flush(); err != nil {
+		return false, fmt.Errorf("delete the %v set and chain of %s in netns %s: %w", fam, desc, ns, err)
+	}
+	return true, nil
+}
+
 // kernelState is what read found of one family's guard.
 type kernelState struct {
 	setFound, setOK    bool

@@ -275,6 +275,35 @@ func TestGuardRemoveAndRead(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the datagrams once the guard is removed", func() bool { return l.received[l.x.IP].Load() == 4 })
 }
 
+// A network that stops carrying IPv6 removes the IPv6 set and chain only:
+// the IPv4 guard keeps its set and keeps dropping.
+func TestGuardRemoveFamilyLeavesTheOther(t *testing.T) {
+	l := newGuardLab(t)
+	v4, v6 := newGate(t, *l.h1, backend.IPv4), newGate(t, *l.h1, backend.IPv6)
+	if err := v4.Admit(at(l.h2.IP), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := v6.Admit(at(l.h2.IPv6), true); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if removed, err := guard.RemoveFamily(l.h1.NS, backend.IPv6); err != nil || removed != want {
+			t.Fatalf("RemoveFamily(IPv6) #%d = %v, %v; want %v", i+1, removed, err, want)
+		}
+	}
+	if s, err := guard.Read(l.h1.NS, backend.IPv6, port); err != nil || s.Present || len(s.Admitted) != 0 {
+		t.Errorf("IPv6 after RemoveFamily: %+v, %v", s, err)
+	}
+	if s := snapshot(t, v4); !s.Present || !slices.Equal(s.Admitted, []netip.Addr{l.h2.IP}) {
+		t.Errorf("IPv4 after the IPv6 part was removed: %+v", s)
+	}
+	send(t, l.x, l.x.IPv6, l.h1.IPv6, 3)
+	send(t, l.x, l.x.IP, l.h1.IP, 3)
+	testenv.WaitFor(t, 5*time.Second, "IPv6 datagrams through, IPv4 ones dropped", func() bool {
+		return l.received[l.x.IPv6].Load() == 3 && snapshot(t, v4).Dropped == 3
+	})
+}
+
 func TestGuardNewRefusesBadValues(t *testing.T) {
 	for _, tc := range []struct {
 		fam  backend.Family

@@ -60,6 +60,9 @@ type Kernel interface {
 	// RemoveGuard deletes the VXLAN guard's table (both families), and
 	// reports whether there was one.
 	RemoveGuard() (bool, error)
+	// RemoveGuardFamily deletes the VXLAN guard's set and chain of family
+	// fam, leaving the other family's, and reports whether there were any.
+	RemoveGuardFamily(fam backend.Family) (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
 	// MarkTakenOver records on flanneld's device name that overlayd has
@@ -248,6 +251,10 @@ func (k hostKernel) Guard(fam backend.Family, port int) (Guard, error) {
 }
 
 func (k hostKernel) RemoveGuard() (bool, error) { return guard.Remove(k.ns) }
+
+func (k hostKernel) RemoveGuardFamily(fam backend.Family) (bool, error) {
+	return guard.RemoveFamily(k.ns, fam)
+}
 
 type keptMasq struct{ *masq.Masq }
 

@@ -173,6 +173,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	}
 	if nc.EnableIPv4 && !nc.EnableIPv6 {
 		d.removeOldIPv6(ctx)
+		d.removeOldIPv6Guard()
 	}
 	if !d.cfg.VXLANGuard {
 		d.removeOldGuard()
@@ -309,6 +310,20 @@ func (d *daemon) removeOldGuard() {
 		d.log.Warn("--vxlan-guard=false: cannot check for the VXLAN guard table of an earlier run; if there is one, delete it with `nft delete table inet "+guard.TableName+"`, or it drops the VXLAN traffic of new peers", "err", err)
 	case removed:
 		d.log.Info("--vxlan-guard=false: removed the VXLAN guard table of an earlier run", "table", "inet "+guard.TableName)
+	}
+}
+
+// removeOldIPv6Guard deletes the IPv6 set and chain of the VXLAN guard a
+// run in a network that carried IPv6 left: nothing keeps them any more.
+// Harmless if left (no IPv6 VXLAN device listens), so a failure only
+// warns.
+func (d *daemon) removeOldIPv6Guard() {
+	removed, err := d.cfg.Kernel.RemoveGuardFamily(backend.IPv6)
+	switch {
+	case err != nil:
+		d.log.Warn("the network no longer carries IPv6, but the IPv6 part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet "+guard.TableName+" "+guard.ChainName(backend.IPv6)+"; nft delete set inet "+guard.TableName+" "+guard.SetName(backend.IPv6)+"`", "err", err)
+	case removed:
+		d.log.Info("the network no longer carries IPv6: removed the IPv6 set and chain of the VXLAN guard", "table", "inet "+guard.TableName)
 	}
 }
 

@@ -208,6 +208,8 @@ func (k *fakeKernel) RemoveGuard() (bool, error) {
 	return false, nil
 }
 
+func (k *fakeKernel) RemoveGuardFamily(backend.Family) (bool, error) { return false, nil }
+
 type fakeGuard struct{ fam backend.Family }
 
 func (g fakeGuard) Admit([]backend.Peer, bool) error { return nil }

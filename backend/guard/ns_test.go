@@ -166,32 +166,39 @@ func TestGuardAdmitsPeersAndDropsAndCountsTheRest(t *testing.T) {
 
 func TestGuardRestartWithTheSamePeersWritesNothing(t *testing.T) {
 	l := newGuardLab(t)
-	peers := []netip.Addr{l.h2.IP, netip.MustParseAddr("198.19.0.1")}
-	first := newGate(t, *l.h1, backend.IPv4)
-	if err := first.Admit(at(peers...), true); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		fam   backend.Family
+		peers []netip.Addr
+	}{
+		{backend.IPv4, []netip.Addr{l.h2.IP, netip.MustParseAddr("198.19.0.1")}},
+		{backend.IPv6, []netip.Addr{l.h2.IPv6, netip.MustParseAddr("2001:db8::1")}},
+	} {
+		t.Run(tc.fam.String(), func(t *testing.T) {
+			first := newGate(t, *l.h1, tc.fam)
+			if err := first.Admit(at(tc.peers...), true); err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Settle(at(tc.peers...), nil); err != nil {
+				t.Fatal(err)
+			}
+			// A new daemon: a new Gate adopts the set.
+			second := newGate(t, *l.h1, tc.fam)
+			if err := second.Admit(at(tc.peers...), true); err != nil {
+				t.Fatal(err)
+			}
+			if err := second.Settle(at(tc.peers...), nil); err != nil {
+				t.Fatal(err)
+			}
+			if n := second.Batches(); n != 0 {
+				t.Errorf("a restart with the same peers sent %d nftables transactions, want 0", n)
+			}
+		})
 	}
-	if err := first.Settle(at(peers...), nil); err != nil {
-		t.Fatal(err)
-	}
-	// A new daemon: a new Gate adopts the set.
-	second := newGate(t, *l.h1, backend.IPv4)
-	if err := second.Admit(at(peers...), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := second.Settle(at(peers...), nil); err != nil {
-		t.Fatal(err)
-	}
-	if n := second.Batches(); n != 0 {
-		t.Errorf("a restart with the same peers sent %d nftables transactions, want 0", n)
-	}
-	// The other family's Gate leaves this one's state alone.
-	v6 := newGate(t, *l.h1, backend.IPv6)
-	if err := v6.Admit(at(l.h2.IPv6), true); err != nil {
-		t.Fatal(err)
-	}
-	if s := snapshot(t, second); !s.Present || len(s.Admitted) != 2 {
-		t.Errorf("IPv4 after the IPv6 gate started: %+v", s)
+	// Each family's Gate left the other's state alone.
+	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		if s, err := guard.Read(l.h1.NS, fam, port); err != nil || !s.Present || len(s.Admitted) != 2 {
+			t.Errorf("%v after both gates ran: %+v, %v", fam, s, err)
+		}
 	}
 }
 

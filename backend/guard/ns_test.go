@@ -236,10 +236,15 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 		{"the table deleted", func(c *nftables.Conn) { c.DelTable(table) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			counted := snapshot(t, g).Dropped
 			c := conn()
 			tc.tamper(c)
 			if err := c.Flush(); err != nil {
 				t.Fatal(err)
+			}
+			// The metric reads on, even with the rule gone, and never goes down.
+			if d, err := g.Dropped(); err != nil || d != counted {
+				t.Errorf("Dropped after the tampering = %d, %v; want %d", d, err, counted)
 			}
 			// An incremental pass trusts its view; the resync reads and repairs.
 			if err := g.Admit(at(peers...), true); err != nil {

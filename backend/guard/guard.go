@@ -49,7 +49,7 @@ type Gate struct {
 	// view is what the set holds as far as the Gate knows: read at the
 	// first Admit and at every resync, then kept by each write. nil
 	// means unknown (never read, or a write failed).
-	view addrSet
+	view    addrSet
 	mark    uint32 // the mark of the last Settle (addrSet.stale)
 	batches uint64 // transactions sent to the kernel
 

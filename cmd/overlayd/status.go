@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/overlaynet/overlay/internal/daemon"
@@ -101,6 +102,9 @@ func statusOutput(st daemon.Status) printer.Output {
 		[]string{"other leases", fmt.Sprintf("%d reserved, %d orphaned, %d invalid", st.LeasesReserved, st.LeasesOrphaned, st.LeasesRejected)})
 	if st.LastReconcile != nil {
 		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})
+	}
+	if len(st.GuardRefused) > 0 {
+		rows = append(rows, []string{"VXLAN guard", "refused lately: " + strings.Join(st.GuardRefused, ", ")})
 	}
 	if st.ConfigPending != "" {
 		rows = append(rows, []string{"config", "pending restart: " + st.ConfigPending})

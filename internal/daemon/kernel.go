@@ -106,6 +106,9 @@ type Guard interface {
 	backend.Gate
 	Family() backend.Family
 	Dropped() (uint64, error)
+	// Refused are the sources of the datagrams the guard dropped lately
+	// (guard.RefusedTimeout), sorted.
+	Refused() ([]netip.Addr, error)
 	Close() error
 }
 

@@ -25,8 +25,8 @@ type fakeGate struct {
 	failWith error
 	// failSettle fails the next Settle, once.
 	failSettle error
-	resyncs  int
-	moved    map[string]string // MAC -> public address, for peers not at 198.18.0.n
+	resyncs    int
+	moved      map[string]string // MAC -> public address, for peers not at 198.18.0.n
 }
 
 func newFakeGate() *fakeGate { return &fakeGate{admitted: map[netip.Addr]bool{}} }

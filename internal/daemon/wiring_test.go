@@ -53,12 +53,13 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	runningAtPlaneClose int
 	deviceAtMasq        bool
-	locked              bool         // LockHost
-	masqErr             error        // what Masquerade fails with, if set
-	teardownErr         error        // what TeardownUnderlay fails with, if set
-	guards              []string     // Guard calls, in order: "IPv4 port 8472"
-	guardRemovals       int          // RemoveGuard calls
-	guardRefused        []netip.Addr // what each guard reports as refused
+	locked              bool             // LockHost
+	masqErr             error            // what Masquerade fails with, if set
+	teardownErr         error            // what TeardownUnderlay fails with, if set
+	guards              []string         // Guard calls, in order: "IPv4 port 8472"
+	guardRemovals       int              // RemoveGuard calls
+	guardRefused        []netip.Addr     // what each guard reports as refused
+	guardFamilyRemovals []backend.Family // RemoveGuardFamily calls
 }
 
 func newFakeKernel() *fakeKernel {
@@ -215,7 +216,12 @@ func (k *fakeKernel) RemoveGuard() (bool, error) {
 	return false, nil
 }
 
-func (k *fakeKernel) RemoveGuardFamily(backend.Family) (bool, error) { return false, nil }
+func (k *fakeKernel) RemoveGuardFamily(fam backend.Family) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.guardFamilyRemovals = append(k.guardFamilyRemovals, fam)
+	return false, nil
+}
 
 type fakeGuard struct {
 	fam     backend.Family
@@ -973,6 +979,31 @@ func TestWiringVXLANGuardPerFamily(t *testing.T) {
 			}
 			if !strings.Contains(refusedMsg, "--public-ip") || !strings.Contains(refusedMsg, "--vxlan-guard=false") {
 				t.Errorf("the warning names neither fix: %q", refusedMsg)
+			}
+		})
+	}
+}
+
+// A host starts in a network that carries one family only: the guard's
+// sets and chain of the other family, which an earlier run in a
+// dual-stack network left, are removed.
+func TestWiringVXLANGuardRemovesTheFamilyTheNetworkDropped(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		want   backend.Family
+	}{
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`, backend.IPv6},
+		{`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`, backend.IPv4},
+	} {
+		t.Run("removes "+tc.want.String(), func(t *testing.T) {
+			srv, _, _ := storeWithConfig(t, tc.config)
+			w := startWiring(t, srv, func(c *Config) { c.VXLANGuard = true; c.Kernel.(*fakeKernel).setIPv6("fd18::1") })
+			testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+			w.k.mu.Lock()
+			got := slices.Clone(w.k.guardFamilyRemovals)
+			w.k.mu.Unlock()
+			if !slices.Equal(got, []backend.Family{tc.want}) {
+				t.Errorf("RemoveGuardFamily calls %v, want [%v]", got, tc.want)
 			}
 		})
 	}

@@ -3,9 +3,12 @@ package guard
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -52,6 +55,10 @@ type Gate struct {
 	view    addrSet
 	mark    uint32 // the mark of the last Settle (addrSet.stale)
 	batches uint64 // transactions sent to the kernel
+	log     *slog.Logger
+	// repairs counts what resyncs put back that something outside the
+	// Gate had changed (read with Repairs).
+	repairs atomic.Uint64
 
 	// cmu guards the drop count apart from mu, so that a metrics scrape
 	// never waits for a long Admit.
@@ -71,6 +78,15 @@ type options struct {
 	ns      netns.NsHandle
 	nsSet   bool
 	timeout time.Duration
+	log     *slog.Logger
+}
+
+// WithLogger logs each repair of drift (Warn) to log.
+func WithLogger(log *slog.Logger) Option {
+	return func(o *options) error {
+		o.log = log
+		return nil
+	}
 }
 
 // WithNetNS programs the network namespace ns instead of the one the
@@ -116,7 +132,10 @@ func New(fam backend.Family, port int, opts ...Option) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Gate{fam: fam, spec: specOf(fam), port: uint16(port), ns: ns, timeout: o.timeout}, nil
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	return &Gate{fam: fam, spec: specOf(fam), port: uint16(port), ns: ns, timeout: o.timeout, log: o.log}, nil
 }
 
 // ownHandle returns a namespace handle of our own: a duplicate of ns if
@@ -186,12 +205,59 @@ func (g *Gate) Admit(peers []backend.Peer, resync bool) error {
 		g.view = nil
 		return err
 	}
+	old := g.view
 	g.view = k.elems
 	add := g.view.addMissing(peers)
-	if k.setOK && k.refusedOK && k.ruleOK {
-		return g.write(add, nil, nil)
+	var drift []string
+	var repaired uint64
+	if old != nil {
+		// The Gate had the guard in place: whatever is missing now,
+		// something else took away.
+		drift, repaired = k.drift(g.spec, old, add)
 	}
-	return g.write(add, &k, nil)
+	var err2 error
+	if k.setOK && k.refusedOK && k.ruleOK {
+		err2 = g.write(add, nil, nil)
+	} else {
+		err2 = g.write(add, &k, nil)
+	}
+	if err2 == nil && len(drift) > 0 {
+		g.repairs.Add(repaired)
+		g.log.Warn("VXLAN guard: put back what something other than overlayd changed in its nftables table", "family", g.fam,
+			"table", "inet "+TableName, "restored", strings.Join(drift, ", "))
+	}
+	return err2
+}
+
+// Repairs counts the objects (set, chain with its rules) and admitted
+// addresses that resyncs put back after something other than the Gate
+// changed them.
+func (g *Gate) Repairs() uint64 { return g.repairs.Load() }
+
+// drift names what a resync puts back, and counts it: the objects that
+// are missing or wrong, and the admitted addresses of old (the view
+// before) it re-adds (in add), each one.
+func (k kernelState) drift(s famSpec, old addrSet, add []netip.Addr) (out []string, n uint64) {
+	if !k.setOK {
+		out = append(out, "set "+s.set)
+	}
+	if !k.refusedOK {
+		out = append(out, "set "+s.refused)
+	}
+	if !k.ruleOK {
+		out = append(out, "chain "+s.chain+" with its rules")
+	}
+	n = uint64(len(out))
+	var addrs uint64
+	for _, a := range add {
+		if _, had := old[a]; had {
+			addrs++
+		}
+	}
+	if addrs > 0 {
+		out = append(out, fmt.Sprintf("%d admitted address(es) in set %s", addrs, s.set))
+	}
+	return out, n + addrs
 }
 
 // Settle implements backend.Gate: it removes the addresses of gone that

@@ -334,8 +334,12 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 				t.Errorf("Dropped after the tampering = %d, %v; want %d", d, err, counted)
 			}
 			// An incremental pass trusts its view; the resync reads and repairs.
+			repairs := g.Repairs()
 			if err := g.Admit(at(peers...), true); err != nil {
 				t.Fatal(err)
+			}
+			if g.Repairs() <= repairs {
+				t.Errorf("Repairs = %d after the resync put things back, was %d: the repair went uncounted", g.Repairs(), repairs)
 			}
 			s := snapshot(t, g)
 			if !s.Present || !slices.Equal(s.Admitted, peers) {

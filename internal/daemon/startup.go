@@ -339,7 +339,7 @@ func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed f
 	nc := d.netCfg
 	var gate backend.Gate
 	if d.cfg.VXLANGuard {
-		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port)
+		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port, d.log)
 		if err != nil {
 			return err
 		}

@@ -196,7 +196,7 @@ func (k *fakeKernel) RemoveMasquerade() (bool, error) {
 }
 
 // Guard is a fake VXLAN guard: the fake planes do not drive it.
-func (k *fakeKernel) Guard(fam backend.Family, port int) (Guard, error) {
+func (k *fakeKernel) Guard(fam backend.Family, port int, _ *slog.Logger) (Guard, error) {
 	k.mu.Lock()
 	k.guards = append(k.guards, fmt.Sprintf("%v port %d", fam, port))
 	k.mu.Unlock()
@@ -232,6 +232,7 @@ func (g fakeGuard) Admit([]backend.Peer, bool) error { return nil }
 func (g fakeGuard) Settle(_, _ []backend.Peer) error { return nil }
 func (g fakeGuard) Family() backend.Family           { return g.fam }
 func (g fakeGuard) Dropped() (uint64, error)         { return 7, nil }
+func (g fakeGuard) Repairs() uint64                  { return 2 }
 func (g fakeGuard) Refused() ([]netip.Addr, error)   { return g.refused, nil }
 func (g fakeGuard) Close() error                     { return nil }
 
@@ -955,7 +956,7 @@ func TestWiringVXLANGuardPerFamily(t *testing.T) {
 			if removals != 0 {
 				t.Errorf("the guard table was removed %d times while the guard is on", removals)
 			}
-			for _, series := range []string{`overlay_vxlan_guard_dropped_packets_total{family="ipv4"} 7`, `overlay_vxlan_guard_dropped_packets_total{family="ipv6"} 7`} {
+			for _, series := range []string{`overlay_vxlan_guard_dropped_packets_total{family="ipv4"} 7`, `overlay_vxlan_guard_dropped_packets_total{family="ipv6"} 7`, `overlay_vxlan_guard_repairs_total{family="ipv4"} 2`} {
 				if !strings.Contains(body, series) {
 					t.Errorf("/metrics lacks %s", series)
 				}

@@ -1,0 +1,193 @@
+package peerhealth
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+
+	"github.com/overlaynet/overlay/backend"
+)
+
+// Socket kinds, as Open reports which one it got.
+const (
+	// KindDatagram is the unprivileged ICMP socket (SOCK_DGRAM,
+	// IPPROTO_ICMP/ICMPV6): the kernel numbers the echo requests with
+	// the socket's own identifier and hands it only the replies to them,
+	// so the prober never sees (nor parses) the host's other ICMP
+	// traffic. It needs the process's group in net.ipv4.ping_group_range
+	// (which also rules ICMPv6 sockets).
+	KindDatagram = "datagram"
+	// KindRaw is the raw ICMP socket: it needs CAP_NET_RAW and receives a
+	// copy of every ICMP message of the family (filtered in the kernel to
+	// echo replies, and by identifier here).
+	KindRaw = "raw"
+)
+
+// icmpPinger is a Pinger on one ICMP socket bound to an address and a
+// device.
+type icmpPinger struct {
+	fam   backend.Family
+	kind  string
+	conn  net.PacketConn
+	id    int // the identifier of a raw socket's requests; the kernel's on a datagram one
+	proto int // 1 (ICMP) or 58 (ICMPv6), for icmp.ParseMessage
+	once  sync.Once
+	buf   []byte
+}
+
+// Open opens fam's pinger: an unprivileged ICMP socket if this process
+// may open one, else a raw one, bound to src (this host's VTEP address)
+// and to the overlay device dev, so that probes leave by the overlay
+// whatever the routes say. It opens the socket in the calling thread's
+// network namespace. Neither being allowed is ErrNoSocket, naming what to
+// change.
+func Open(fam backend.Family, src netip.Addr, dev string) (Pinger, string, error) {
+	pg, err := open(fam, src, dev, KindDatagram)
+	if err == nil {
+		return pg, KindDatagram, nil
+	}
+	if !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EPROTONOSUPPORT) {
+		return nil, "", err
+	}
+	pg, rerr := open(fam, src, dev, KindRaw)
+	if rerr == nil {
+		return pg, KindRaw, nil
+	}
+	if errors.Is(rerr, unix.EACCES) || errors.Is(rerr, unix.EPERM) {
+		return nil, "", noSocketError(fam, err, rerr)
+	}
+	return nil, "", rerr
+}
+
+func open(fam backend.Family, src netip.Addr, dev, kind string) (_ *icmpPinger, err error) {
+	af, proto := unix.AF_INET, unix.IPPROTO_ICMP
+	if fam == backend.IPv6 {
+		af, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
+	}
+	typ := unix.SOCK_DGRAM
+	if kind == KindRaw {
+		typ = unix.SOCK_RAW
+	}
+	fd, err := unix.Socket(af, typ|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, proto)
+	if err != nil {
+		return nil, fmt.Errorf("open a %s %s ICMP socket: %w", kind, fam, err)
+	}
+	defer func() {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}()
+	if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); err != nil {
+		return nil, fmt.Errorf("bind the %s ICMP socket to %s: %w", fam, dev, err)
+	}
+	if kind == KindRaw {
+		// Only echo replies reach the socket.
+		if fam == backend.IPv6 {
+			var f unix.ICMPv6Filter
+			for i := range f.Data {
+				f.Data[i] = 0xffffffff // block all
+			}
+			t := uint8(ipv6.ICMPTypeEchoReply)
+			f.Data[t>>5] &^= 1 << (t & 31)
+			err = unix.SetsockoptICMPv6Filter(fd, unix.SOL_ICMPV6, unix.ICMPV6_FILTER, &f)
+		} else {
+			err = unix.SetsockoptInt(fd, unix.SOL_RAW, unix.ICMP_FILTER, ^(1 << uint(ipv4.ICMPTypeEchoReply)))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("filter the raw %s ICMP socket: %w", fam, err)
+		}
+	}
+	var sa unix.Sockaddr
+	if fam == backend.IPv6 {
+		sa = &unix.SockaddrInet6{Addr: src.As16()}
+	} else {
+		sa = &unix.SockaddrInet4{Addr: src.As4()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return nil, fmt.Errorf("bind the %s ICMP socket to %s (this host's VTEP address on %s): %w", fam, src, dev, err)
+	}
+	f := os.NewFile(uintptr(fd), "icmp-"+kind)
+	fd = -1 // f owns it
+	conn, err := net.FilePacketConn(f)
+	_ = f.Close() // conn has its own copy
+	if err != nil {
+		return nil, fmt.Errorf("%s ICMP socket: %w", fam, err)
+	}
+	pg := &icmpPinger{fam: fam, kind: kind, conn: conn, proto: proto, buf: make([]byte, 1500)}
+	if kind == KindRaw {
+		pg.id = int(rand.N(uint16(0xffff))) + 1
+	}
+	return pg, nil
+}
+
+// probePayload marks overlayd's probes in a capture.
+var probePayload = []byte("overlayd peer probe")
+
+func (p *icmpPinger) Send(dst netip.Addr, seq uint16) error {
+	var typ icmp.Type = ipv4.ICMPTypeEcho
+	if p.fam == backend.IPv6 {
+		typ = ipv6.ICMPTypeEchoRequest
+	}
+	// IPv6: the kernel fills in the checksum (it covers a pseudo-header).
+	b, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: p.id, Seq: int(seq), Data: probePayload}}).Marshal(nil)
+	if err != nil {
+		return err
+	}
+	var to net.Addr = &net.UDPAddr{IP: dst.AsSlice()}
+	if p.kind == KindRaw {
+		to = &net.IPAddr{IP: dst.AsSlice()}
+	}
+	_, err = p.conn.WriteTo(b, to)
+	return err
+}
+
+func (p *icmpPinger) Receive() (netip.Addr, uint16, error) {
+	for {
+		n, from, err := p.conn.ReadFrom(p.buf)
+		if err != nil {
+			return netip.Addr{}, 0, err
+		}
+		b := p.buf[:n]
+		if p.kind == KindRaw && p.fam == backend.IPv4 {
+			// A raw IPv4 socket reads the IP header too.
+			if len(b) < 20 || int(b[0]&0x0f)*4 > len(b) {
+				continue
+			}
+			b = b[int(b[0]&0x0f)*4:]
+		}
+		m, err := icmp.ParseMessage(p.proto, b)
+		if err != nil {
+			continue
+		}
+		echo, ok := m.Body.(*icmp.Echo)
+		if !ok || (m.Type != ipv4.ICMPTypeEchoReply && m.Type != ipv6.ICMPTypeEchoReply) {
+			continue
+		}
+		if p.kind == KindRaw && echo.ID != p.id {
+			continue // another program's
+		}
+		var addr netip.Addr
+		switch a := from.(type) {
+		case *net.UDPAddr:
+			addr, _ = netip.AddrFromSlice(a.IP)
+		case *net.IPAddr:
+			addr, _ = netip.AddrFromSlice(a.IP)
+		}
+		return addr.Unmap(), uint16(echo.Seq), nil
+	}
+}
+
+func (p *icmpPinger) Close() error {
+	var err error
+	p.once.Do(func() { err = p.conn.Close() })
+	return err
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/fakeplane"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -219,6 +220,12 @@ func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.marked[name]
+}
+
+// Pinger finds no ICMP socket on the fake host: the prober reports it
+// and the daemon runs on (peerhealth's tests probe through a fake).
+func (k *fakeKernel) Pinger(fam backend.Family, _ netip.Addr, _ string) (peerhealth.Pinger, string, error) {
+	return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
 }
 
 // CheckDataPath finds the fake host able to serve any data path.

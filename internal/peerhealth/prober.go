@@ -55,10 +55,14 @@ type Prober struct {
 	log  *slog.Logger
 	kick chan struct{}
 
-	mu      sync.Mutex
-	s       *schedule
-	pending map[Key]netip.Addr // the latest peer set, until Run takes it
-	fresh   bool               // pending is newer than what s has
+	mu sync.Mutex
+	s  *schedule
+	// pending is the latest peer set of each family (famIndex), until
+	// Run takes it: a copy, made at each SetPeers (cheap: a cold start
+	// hands over thousands of peers in one call, a watch batch one call
+	// each), turned into the schedule's set once per wake.
+	pending [2][]backend.Peer
+	fresh   bool // pending is newer than what s has
 	// problem is why a family is not probed (its socket could not be
 	// opened), by famIndex; "" while it is.
 	problem [2]string
@@ -77,7 +81,7 @@ func New(cfg Config) *Prober {
 	}
 	s := newSchedule(cfg.Settings, rnd)
 	cfg.Settings = s.set
-	return &Prober{cfg: cfg, log: log, kick: make(chan struct{}, 1), s: s, pending: map[Key]netip.Addr{}}
+	return &Prober{cfg: cfg, log: log, kick: make(chan struct{}, 1), s: s}
 }
 
 // Settings are the prober's, with the defaults filled in.
@@ -87,14 +91,8 @@ func (p *Prober) Settings() Settings { return p.cfg.Settings }
 // data plane's SetPeers does; it never blocks.
 func (p *Prober) SetPeers(fam backend.Family, peers []backend.Peer) {
 	p.mu.Lock()
-	for k := range p.pending {
-		if k.Family == fam {
-			delete(p.pending, k)
-		}
-	}
-	for _, pe := range peers {
-		p.pending[Key{Family: fam, Subnet: pe.Subnet.Masked()}] = pe.PublicIP
-	}
+	i := famIndex(fam)
+	p.pending[i] = append(p.pending[i][:0], peers...)
 	p.fresh = true
 	p.mu.Unlock()
 	select {
@@ -163,10 +161,13 @@ func (p *Prober) Run(ctx context.Context) error {
 		now := time.Now()
 		p.mu.Lock()
 		if p.fresh {
-			probed := make(map[Key]netip.Addr, len(p.pending))
-			for k, pub := range p.pending {
-				if pingers[k.Family] != nil {
-					probed[k] = pub
+			probed := make(map[Key]netip.Addr, len(p.pending[0])+len(p.pending[1]))
+			for i, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+				if pingers[fam] == nil {
+					continue
+				}
+				for _, pe := range p.pending[i] {
+					probed[Key{Family: fam, Subnet: pe.Subnet.Masked()}] = pe.PublicIP
 				}
 			}
 			p.s.setPeers(now, probed)
@@ -338,14 +339,18 @@ func (e *entry) report() PeerHealth {
 // Peers returns every peer's health, by family then subnet.
 func (p *Prober) Peers() []PeerHealth {
 	p.mu.Lock()
-	out := make([]PeerHealth, 0, len(p.s.peers))
+	es := make([]*entry, 0, len(p.s.peers))
 	for _, e := range p.s.peers {
-		out = append(out, e.report())
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int {
+		return cmp.Or(cmp.Compare(a.key.Family, b.key.Family), a.key.Subnet.Addr().Compare(b.key.Subnet.Addr()))
+	})
+	out := make([]PeerHealth, len(es))
+	for i, e := range es {
+		out[i] = e.report()
 	}
 	p.mu.Unlock()
-	slices.SortFunc(out, func(a, b PeerHealth) int {
-		return cmp.Or(cmp.Compare(a.Family, b.Family), netip.MustParsePrefix(a.Peer).Addr().Compare(netip.MustParsePrefix(b.Peer).Addr()))
-	})
 	return out
 }
 

@@ -159,8 +159,12 @@ func (p *Prober) Run(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		now := time.Now()
+		// Asked before the lock: Hold reads the planes' status.
+		held := p.cfg.Hold != nil && p.cfg.Hold()
 		p.mu.Lock()
-		if p.fresh {
+		// While held (a cold start's kernel writes), the peers wait in
+		// pending: the schedule of thousands is built after the burst.
+		if p.fresh && !held {
 			probed := make(map[Key]netip.Addr, len(p.pending[0])+len(p.pending[1]))
 			for i, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
 				if pingers[fam] == nil {
@@ -185,7 +189,6 @@ func (p *Prober) Run(ctx context.Context) error {
 			}
 		}
 		var wake time.Time
-		held := p.cfg.Hold != nil && p.cfg.Hold()
 		sentOne := false
 		if !held {
 			if e, at := p.s.next(); e != nil {

@@ -136,7 +136,6 @@ func (p *Prober) Run(ctx context.Context) error {
 			continue
 		}
 		pingers[fam] = pg
-		defer pg.Close()
 		wg.Go(func() { receive(ctx, fam, pg, replies) })
 	}
 	p.mu.Lock()
@@ -150,6 +149,26 @@ func (p *Prober) Run(ctx context.Context) error {
 	if len(pingers) == 0 {
 		<-ctx.Done()
 		return nil
+	}
+
+	// A send that fails reopens the family's socket, at most once a
+	// second: a socket bound to a device the reconciler recreated (a
+	// mismatch, a deletion by hand) sends nothing until it is.
+	var reopened [2]time.Time
+	reopen := func(fam backend.Family, now time.Time) {
+		i := famIndex(fam)
+		if now.Sub(reopened[i]) < time.Second {
+			return
+		}
+		reopened[i] = now
+		pg, err := p.cfg.Open(fam)
+		if err != nil {
+			p.log.Warn("cannot reopen the probe socket; retrying", "family", fam.String(), "err", err)
+			return
+		}
+		_ = pingers[fam].Close()
+		pingers[fam] = pg
+		wg.Go(func() { receive(ctx, fam, pg, replies) })
 	}
 
 	var seq [2]uint16
@@ -190,6 +209,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		}
 		var wake time.Time
 		sentOne := false
+		var failed backend.Family // a family whose send failed, 0 if none
 		if !held {
 			if e, at := p.s.next(); e != nil {
 				if !at.After(now) {
@@ -201,6 +221,7 @@ func (p *Prober) Run(ctx context.Context) error {
 					if err := pingers[fam].Send(e.key.Target(), seq[i]); err != nil {
 						p.log.Debug("probe not sent", "peer", e.key.Subnet.String(), "err", err)
 						p.lost(e.key, now)
+						failed = fam
 					} else {
 						inflight[sk] = flight{key: e.key, deadline: now.Add(p.cfg.Timeout)}
 						queue = append(queue, sk)
@@ -212,6 +233,9 @@ func (p *Prober) Run(ctx context.Context) error {
 			}
 		}
 		p.mu.Unlock()
+		if failed != 0 {
+			reopen(failed, now)
+		}
 		if sentOne {
 			continue // the next may be due at once (the rate permitting)
 		}

@@ -174,3 +174,45 @@ func TestProberWithoutSocketKeepsRunning(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// deadPinger is a socket bound to a device that is gone: every send fails.
+type deadPinger struct{ closed chan struct{} }
+
+func (d *deadPinger) Send(netip.Addr, uint16) error { return errors.New("no such device") }
+func (d *deadPinger) Receive() (netip.Addr, uint16, error) {
+	<-d.closed
+	return netip.Addr{}, 0, errors.New("closed")
+}
+func (d *deadPinger) Close() error {
+	select {
+	case <-d.closed:
+	default:
+		close(d.closed)
+	}
+	return nil
+}
+
+func TestProberReopensASocketThatCannotSend(t *testing.T) {
+	good := newFakePinger()
+	var opened atomic.Int64
+	p := New(Config{Settings: Settings{Sweep: 300 * time.Millisecond, Rate: 100, Timeout: 50 * time.Millisecond},
+		Families: []backend.Family{backend.IPv4},
+		Open: func(backend.Family) (Pinger, error) {
+			if opened.Add(1) == 1 {
+				return &deadPinger{closed: make(chan struct{})}, nil
+			}
+			return good, nil
+		}})
+	p.SetPeers(backend.IPv4, []backend.Peer{{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1")}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the peer reachable through the reopened socket", 5*time.Second, func() bool { return stateOf(p, "10.244.1.0/24") == Reachable })
+	if n := opened.Load(); n != 2 {
+		t.Fatalf("socket opened %d times, want 2", n)
+	}
+	if r := p.Peers()[0]; r.Lost == 0 {
+		t.Fatalf("the failed send was not counted lost: %+v", r)
+	}
+}

@@ -171,6 +171,59 @@ func TestPeerHealth(t *testing.T) {
 	})
 }
 
+// In a dual-stack network each family's path is probed on its own: with
+// the underlay dropping one host's IPv6 VXLAN traffic only, its peer
+// finds it unreachable over IPv6 and reachable over IPv4.
+func TestPeerHealthDualStack(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{RunArgs: []string{"--peer-probe-sweep=" + healthSweep.String()},
+		NetworkConfig: `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`})
+	nodes := labtest.Hosts(t, l, 2)
+	h1, h2 := nodes[0], nodes[1]
+	states := func(n *lab.Node) (map[string]peerhealth.State, error) {
+		ph, err := peerHealth(n)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]peerhealth.State{}
+		for _, p := range ph.Peers {
+			out[p.Family+" "+p.VTEP] = p.State
+		}
+		return out, nil
+	}
+	v4, v6 := lease(t, h2).Addr().String(), lease6(t, h2).Addr().String()
+	expect := func(want4, want6 peerhealth.State) func() error {
+		return func() error {
+			got, err := states(h1)
+			if err != nil {
+				return err
+			}
+			want := map[string]peerhealth.State{"IPv4 " + v4: want4, "IPv6 " + v6: want6}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("h1 reports %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	labtest.Eventually(t, 2*healthDetect, "h1 finding h2 reachable in both families", expect(peerhealth.Reachable, peerhealth.Reachable))
+	rules := blockVXLANOf(t, l.Underlay.NS, "v-"+h2.Name, unix.ETH_P_IPV6)
+	labtest.Eventually(t, healthDetect+time.Second, "h1 finding h2 unreachable over IPv6 only", expect(peerhealth.Reachable, peerhealth.Unreachable))
+	if rules.dropped(t) == 0 {
+		t.Fatal("the underlay rule dropped nothing")
+	}
+	metrics, err := h1.Metrics(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`overlay_peers_reachable{family="IPv4"} 1`, `overlay_peers_unreachable{family="IPv6"} 1`, `overlay_peers_unreachable{family="IPv4"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("h1's metrics lack %s:\n%s", want, grepLines(metrics, "overlay_peers_"))
+		}
+	}
+	rules.remove(t)
+	labtest.Eventually(t, healthDetect+time.Second, "h1 finding h2 reachable again over IPv6", expect(peerhealth.Reachable, peerhealth.Reachable))
+}
+
 // peerHealth runs `overlayd status --peers -w json` on n.
 func peerHealth(n *lab.Node) (daemon.PeerHealth, error) {
 	var ph daemon.PeerHealth
@@ -244,6 +297,13 @@ type vxlanBlock struct {
 
 func blockVXLAN(t *testing.T, ns netns.NsHandle, port string) *vxlanBlock {
 	t.Helper()
+	return blockVXLANOf(t, ns, port, unix.ETH_P_IP)
+}
+
+// blockVXLANOf is blockVXLAN for the underlay's packets of ethernet type
+// etherType only (unix.ETH_P_IP, unix.ETH_P_IPV6).
+func blockVXLANOf(t *testing.T, ns netns.NsHandle, port string, etherType uint16) *vxlanBlock {
+	t.Helper()
 	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +320,7 @@ func blockVXLAN(t *testing.T, ns netns.NsHandle, port string) *vxlanBlock {
 			&expr.Meta{Key: key, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
 			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(etherType)},
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},

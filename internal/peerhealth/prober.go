@@ -239,9 +239,14 @@ func (p *Prober) Run(ctx context.Context) error {
 		if sentOne {
 			continue // the next may be due at once (the rate permitting)
 		}
-		if len(queue) > 0 {
-			if d := inflight[queue[0]].deadline; wake.IsZero() || d.Before(wake) {
-				wake = d
+		// The first probe still in flight ends the wait (answered ones
+		// ahead of it in the queue are dropped at the top of the loop).
+		for _, sk := range queue {
+			if f, ok := inflight[sk]; ok {
+				if wake.IsZero() || f.deadline.Before(wake) {
+					wake = f.deadline
+				}
+				break
 			}
 		}
 		wait := time.Hour

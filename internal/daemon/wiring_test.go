@@ -57,6 +57,10 @@ type fakeKernel struct {
 	locked              bool  // LockHost
 	masqErr             error // what Masquerade fails with, if set
 	teardownErr         error // what TeardownUnderlay fails with, if set
+	// pinger is what Pinger opens, if set (else no socket is allowed);
+	// pingedFrom records each Pinger call's family, source and device.
+	pinger     peerhealth.Pinger
+	pingedFrom []string
 }
 
 func newFakeKernel() *fakeKernel {
@@ -222,10 +226,16 @@ func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
 	return k.marked[name]
 }
 
-// Pinger finds no ICMP socket on the fake host: the prober reports it
-// and the daemon runs on (peerhealth's tests probe through a fake).
-func (k *fakeKernel) Pinger(fam backend.Family, _ netip.Addr, _ string) (peerhealth.Pinger, string, error) {
-	return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
+// Pinger opens the fake host's pinger, if it has one; else no ICMP
+// socket is allowed there: the prober reports it and the daemon runs on.
+func (k *fakeKernel) Pinger(fam backend.Family, src netip.Addr, dev string) (peerhealth.Pinger, string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pingedFrom = append(k.pingedFrom, fam.String()+" "+src.String()+" "+dev)
+	if k.pinger == nil {
+		return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
+	}
+	return k.pinger, "fake", nil
 }
 
 // CheckDataPath finds the fake host able to serve any data path.

@@ -218,10 +218,9 @@ func peerHealthCollectors(p *probe) []prometheus.Collector {
 				if health == nil {
 					return 0
 				}
-				sum := health.Summary()
-				c := sum.IPv4
+				c, c6 := health.Counts()
 				if fam == backend.IPv6 {
-					c = sum.IPv6
+					c = c6
 				}
 				return float64(f(c))
 			}

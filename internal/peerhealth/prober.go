@@ -429,11 +429,43 @@ func (p *Prober) Summary() Summary {
 		}
 	}
 	sum.Probing = p.started && len(sum.Problems) < len(p.cfg.Families)
-	var worst []*entry
+	sum.IPv4, sum.IPv6 = p.counts()
+	// The few worst, kept sorted as the peers go by: no sort of
+	// thousands at every look.
+	worst := make([]*entry, 0, WorstPeers+1)
 	for _, e := range p.s.peers {
-		c := &sum.IPv4
+		if e.h.state != Unreachable && e.h.losses == 0 && e.h.srtt == 0 {
+			continue // nothing known against it
+		}
+		if len(worst) == WorstPeers && worse(e, worst[len(worst)-1]) >= 0 {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(worst, e, worse)
+		worst = slices.Insert(worst, i, e)
+		if len(worst) > WorstPeers {
+			worst = worst[:WorstPeers]
+		}
+	}
+	for _, e := range worst {
+		sum.Worst = append(sum.Worst, e.report())
+	}
+	return sum
+}
+
+// Counts are the peers of each family in each state, and the probes'
+// totals (what the metrics show).
+func (p *Prober) Counts() (v4, v6 FamilyCounts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counts()
+}
+
+// counts is Counts with p.mu held.
+func (p *Prober) counts() (v4, v6 FamilyCounts) {
+	for _, e := range p.s.peers {
+		c := &v4
 		if e.key.Family == backend.IPv6 {
-			c = &sum.IPv6
+			c = &v6
 		}
 		switch e.h.state {
 		case Reachable:
@@ -446,15 +478,8 @@ func (p *Prober) Summary() Summary {
 		c.Sent += e.h.sent
 		c.Received += e.h.received
 		c.Lost += e.h.lost
-		if e.h.state == Unreachable || e.h.losses > 0 || e.h.srtt > 0 {
-			worst = append(worst, e)
-		}
 	}
-	slices.SortFunc(worst, worse)
-	for _, e := range worst[:min(len(worst), WorstPeers)] {
-		sum.Worst = append(sum.Worst, e.report())
-	}
-	return sum
+	return v4, v6
 }
 
 // worse orders a before b if a is in the worse state.

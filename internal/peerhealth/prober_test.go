@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,5 +215,45 @@ func TestProberReopensASocketThatCannotSend(t *testing.T) {
 	}
 	if r := p.Peers()[0]; r.Lost == 0 {
 		t.Fatalf("the failed send was not counted lost: %+v", r)
+	}
+}
+
+// The worst peers are the unreachable ones, longest first, then those
+// with most losses in a row, then the slowest; at most WorstPeers.
+func TestSummaryWorst(t *testing.T) {
+	p := New(Config{Families: []backend.Family{backend.IPv4}})
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	peers := peersOf(9)
+	p.s.setPeers(t0, peers)
+	var keys []Key
+	for k := range peers {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b Key) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
+	set := func(i int, st State, since time.Time, losses int, srtt time.Duration) {
+		h := &p.s.peers[keys[i]].h
+		h.state, h.since, h.losses, h.srtt = st, since, losses, srtt
+	}
+	set(0, Reachable, at(0), 0, time.Millisecond)
+	set(1, Unreachable, at(50), 7, 0)
+	set(2, Reachable, at(0), 2, time.Millisecond)
+	set(3, Unreachable, at(10), 9, 0)
+	set(4, Reachable, at(0), 0, 5*time.Millisecond)
+	set(5, Reachable, at(0), 0, 3*time.Millisecond)
+	set(6, Reachable, at(0), 0, 2*time.Millisecond)
+	// 7 and 8: nothing known against them (unknown, never answered).
+	var got []string
+	for _, w := range p.Summary().Worst {
+		got = append(got, w.Peer)
+	}
+	var want []string
+	for _, i := range []int{3, 1, 2, 4, 5} {
+		want = append(want, keys[i].Subnet.String())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("worst %q, want %q", got, want)
+	}
+	if v4, _ := p.Counts(); v4.Reachable != 5 || v4.Unreachable != 2 || v4.Unknown != 2 {
+		t.Fatalf("counts %+v", v4)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -17,13 +18,16 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/peerhealth"
+	"github.com/overlaynet/overlay/internal/testing/flannelhost"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
 
 // The sweep and the probe timeout the test runs with: a peer that goes
@@ -405,4 +409,69 @@ func fdbDst(t *testing.T, ns netns.NsHandle, mac net.HardwareAddr) net.IP {
 	}
 	t.Fatalf("no FDB entry of %s on overlay.1", mac)
 	return nil
+}
+
+// A peer as flanneld leaves it (flannel.1 holding its subnet's network
+// address, no overlayd) answers the probes: overlayd hosts find it
+// reachable, and unreachable once the underlay drops its VXLAN traffic.
+func TestPeerHealthOfAFlanneldPeer(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{RunArgs: []string{"--peer-probe-sweep=" + healthSweep.String()}})
+	ctx := ctxT(t, 2*time.Minute)
+	cli, err := l.Etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	h2, err := l.AddNode("h2", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
+		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
+		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
+	// Its lease first, so h1 leases around it; the data path once h1's
+	// lease and MAC are known.
+	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	h1 := labtest.StartHost(t, l, "h1", 1)
+	labtest.WaitReady(t, h1)
+	st1, err := h1.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac1, err := net.ParseMAC(st1.VtepMAC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl.Peers = []flannelhost.Peer{{Subnet: lease(t, h1), PublicIP: h1.IP, VtepMAC: mac1}}
+	if _, err := cli.Revoke(ctx, grant.ID); err != nil { // Build writes the lease again, with its own etcd lease
+		t.Fatal(err)
+	}
+	if _, err := fl.Build(ctx, h2.NS, cli, etcdv3.DefaultPrefix); err != nil {
+		t.Fatal(err)
+	}
+	state := func(want peerhealth.State) func() error {
+		return func() error {
+			ph, err := peerHealth(h1)
+			if err != nil {
+				return err
+			}
+			if len(ph.Peers) != 1 || ph.Peers[0].Peer != fl.Subnet.String() || ph.Peers[0].State != want {
+				return fmt.Errorf("h1 reports %+v, want %s %s", ph.Peers, fl.Subnet, want)
+			}
+			return nil
+		}
+	}
+	labtest.Eventually(t, 2*healthDetect, "h1 finding the flanneld peer reachable", state(peerhealth.Reachable))
+	rules := blockVXLAN(t, l.Underlay.NS, "v-"+h2.Name)
+	labtest.Eventually(t, healthDetect+time.Second, "h1 finding the flanneld peer unreachable", state(peerhealth.Unreachable))
+	if rules.dropped(t) == 0 {
+		t.Fatal("the underlay rule dropped nothing")
+	}
 }

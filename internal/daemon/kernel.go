@@ -71,10 +71,10 @@ type Kernel interface {
 	// data path p can be built here: ErrNoNetAdmin, ErrPortInUse (naming
 	// the holder), or nil.
 	CheckDataPath(p DataPath) error
-	// Pinger opens the ICMP socket that probes the peers of fam through
-	// the overlay device dev from this host's VTEP address src
-	// (peerhealth.Open), and says which kind of socket it is.
-	Pinger(fam backend.Family, src netip.Addr, dev string) (peerhealth.Pinger, string, error)
+	// Pinger opens the ICMP socket that probes the peers of fam from
+	// this host's VTEP address src (peerhealth.Open), and says which
+	// kind of socket it is.
+	Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error)
 }
 
 // TakenOverAlias is the alias (IFLA_IFALIAS, `ip link show` prints it)
@@ -122,9 +122,9 @@ func (k hostKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 	return be, func() { _ = nl.Close() }, nil
 }
 
-func (k hostKernel) Pinger(fam backend.Family, src netip.Addr, dev string) (pg peerhealth.Pinger, kind string, err error) {
+func (k hostKernel) Pinger(fam backend.Family, src netip.Addr) (pg peerhealth.Pinger, kind string, err error) {
 	err = inNetns(k.ns, func() error {
-		pg, kind, err = peerhealth.Open(fam, src, dev)
+		pg, kind, err = peerhealth.Open(fam, src)
 		return err
 	})
 	return pg, kind, err

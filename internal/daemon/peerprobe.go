@@ -8,7 +8,7 @@ import (
 // newProber makes the prober of the peers' health (unless
 // Config.NoPeerProbe): it is handed the peer set with the planes
 // (publishPeers) and runs beside them. It probes from this host's VTEP
-// address of each family through that family's device, and holds its
+// address of each family, along the routes the planes program, and holds its
 // probes until every plane's first pass is over: at a cold start the
 // kernel writes of thousands of peers come first, and a peer probed
 // before its route exists would count as lost.
@@ -26,7 +26,7 @@ func (d *daemon) newProber() {
 		Open: func(fam backend.Family) (peerhealth.Pinger, error) {
 			fp := d.plane(fam)
 			src := ownSubnet(d.lease, fam).Masked().Addr()
-			pg, kind, err := d.cfg.Kernel.Pinger(fam, src, fp.dev.Name)
+			pg, kind, err := d.cfg.Kernel.Pinger(fam, src)
 			if err == nil {
 				set := d.prober.Settings()
 				d.log.Info("probing peers", "family", fam.String(), "socket", kind, "from", src.String(), "device", fp.dev.Name, "sweep", set.Sweep.String(), "rate", set.Rate)

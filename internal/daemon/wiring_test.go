@@ -58,7 +58,7 @@ type fakeKernel struct {
 	masqErr             error // what Masquerade fails with, if set
 	teardownErr         error // what TeardownUnderlay fails with, if set
 	// pinger is what Pinger opens, if set (else no socket is allowed);
-	// pingedFrom records each Pinger call's family, source and device.
+	// pingedFrom records each Pinger call's family and source.
 	pinger     peerhealth.Pinger
 	pingedFrom []string
 }
@@ -228,10 +228,10 @@ func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
 
 // Pinger opens the fake host's pinger, if it has one; else no ICMP
 // socket is allowed there: the prober reports it and the daemon runs on.
-func (k *fakeKernel) Pinger(fam backend.Family, src netip.Addr, dev string) (peerhealth.Pinger, string, error) {
+func (k *fakeKernel) Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.pingedFrom = append(k.pingedFrom, fam.String()+" "+src.String()+" "+dev)
+	k.pingedFrom = append(k.pingedFrom, fam.String()+" "+src.String())
 	if k.pinger == nil {
 		return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
 	}

@@ -45,20 +45,23 @@ type icmpPinger struct {
 }
 
 // Open opens fam's pinger: an unprivileged ICMP socket if this process
-// may open one, else a raw one, bound to src (this host's VTEP address)
-// and to the overlay device dev, so that probes leave by the overlay
-// whatever the routes say. It opens the socket in the calling thread's
-// network namespace. Neither being allowed is ErrNoSocket, naming what to
-// change.
-func Open(fam backend.Family, src netip.Addr, dev string) (Pinger, string, error) {
-	pg, err := open(fam, src, dev, KindDatagram)
+// may open one, else a raw one, bound to src (this host's VTEP address).
+// It is not bound to the overlay device: a probe takes the route pod
+// traffic to the peer takes, out of the overlay device (the route via the
+// peer's VTEP address, onlink) or, for a DirectRouting peer on the
+// underlay's subnet, over the underlay, where the device holds no
+// neighbour or FDB entry for it. It opens the socket in the calling
+// thread's network namespace. Neither being allowed is ErrNoSocket,
+// naming what to change.
+func Open(fam backend.Family, src netip.Addr) (Pinger, string, error) {
+	pg, err := open(fam, src, KindDatagram)
 	if err == nil {
 		return pg, KindDatagram, nil
 	}
 	if !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 		return nil, "", err
 	}
-	pg, rerr := open(fam, src, dev, KindRaw)
+	pg, rerr := open(fam, src, KindRaw)
 	if rerr == nil {
 		return pg, KindRaw, nil
 	}
@@ -68,7 +71,7 @@ func Open(fam backend.Family, src netip.Addr, dev string) (Pinger, string, error
 	return nil, "", rerr
 }
 
-func open(fam backend.Family, src netip.Addr, dev, kind string) (_ *icmpPinger, err error) {
+func open(fam backend.Family, src netip.Addr, kind string) (_ *icmpPinger, err error) {
 	af, proto := unix.AF_INET, unix.IPPROTO_ICMP
 	if fam == backend.IPv6 {
 		af, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
@@ -86,9 +89,6 @@ func open(fam backend.Family, src netip.Addr, dev, kind string) (_ *icmpPinger, 
 			_ = unix.Close(fd)
 		}
 	}()
-	if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); err != nil {
-		return nil, fmt.Errorf("bind the %s ICMP socket to %s: %w", fam, dev, err)
-	}
 	if kind == KindRaw {
 		// Only echo replies reach the socket.
 		if fam == backend.IPv6 {
@@ -113,7 +113,7 @@ func open(fam backend.Family, src netip.Addr, dev, kind string) (_ *icmpPinger, 
 		sa = &unix.SockaddrInet4{Addr: src.As4()}
 	}
 	if err := unix.Bind(fd, sa); err != nil {
-		return nil, fmt.Errorf("bind the %s ICMP socket to %s (this host's VTEP address on %s): %w", fam, src, dev, err)
+		return nil, fmt.Errorf("bind the %s ICMP socket to %s (this host's VTEP address): %w", fam, src, err)
 	}
 	f := os.NewFile(uintptr(fd), "icmp-"+kind)
 	fd = -1 // f owns it

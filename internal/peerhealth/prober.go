@@ -152,8 +152,9 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 
 	// A send that fails reopens the family's socket, at most once a
-	// second: a socket bound to a device the reconciler recreated (a
-	// mismatch, a deletion by hand) sends nothing until it is.
+	// second: whatever broke it (the VTEP address gone with its device
+	// while the reconciler recreates it), a fresh socket is the one
+	// thing that can only help.
 	var reopened [2]time.Time
 	reopen := func(fam backend.Family, now time.Time) {
 		i := famIndex(fam)

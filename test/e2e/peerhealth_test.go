@@ -494,3 +494,27 @@ func TestPeerHealthOfAFlanneldPeer(t *testing.T) {
 		t.Fatal("the underlay rule dropped nothing")
 	}
 }
+
+// With DirectRouting a peer on the underlay's subnet is routed over the
+// underlay, with no neighbour or FDB entry on the VXLAN device: its probes
+// take that route, as its pods' traffic does, and it is reachable.
+func TestPeerHealthDirectRouting(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{RunArgs: []string{"--peer-probe-sweep=" + healthSweep.String()},
+		NetworkConfig: `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`})
+	nodes := labtest.Hosts(t, l, 2)
+	h1, h2 := nodes[0], nodes[1]
+	if r, ok, err := h1.RouteTo(lease(t, h2)); err != nil || !ok || r.Dev == "overlay.1" {
+		t.Fatalf("h1's route to h2 %+v (present %v, %v): want one over the underlay", r, ok, err)
+	}
+	labtest.Eventually(t, 2*healthDetect, "h1 finding its direct peer reachable", func() error {
+		ph, err := peerHealth(h1)
+		if err != nil {
+			return err
+		}
+		if len(ph.Peers) != 1 || ph.Peers[0].State != peerhealth.Reachable {
+			return fmt.Errorf("h1 reports %+v", ph.Peers)
+		}
+		return nil
+	})
+}

@@ -2,8 +2,8 @@
 // overlay, as seen from this host.
 //
 // Every table of the data plane can be right while a peer is still cut
-// off: an underlay firewall dropping UDP 8472, a peer
-// holding a stale MAC, the VXLAN checksum-offload bug. So the prober sends
+// off: an underlay firewall dropping UDP 8472, a peer holding a stale
+// MAC, the VXLAN checksum-offload bug. So the prober sends
 // an ICMP echo through the overlay to each peer's VTEP address (the
 // network address of its subnet, e.g. 10.244.7.0, which overlayd and
 // flanneld alike put on their VXLAN device, so both answer) from this

@@ -504,6 +504,7 @@ func TestPeerHealthDirectRouting(t *testing.T) {
 		NetworkConfig: `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}`})
 	nodes := labtest.Hosts(t, l, 2)
 	h1, h2 := nodes[0], nodes[1]
+	waitRoutes(t, nodes, settle) // ready is not yet routed to every peer
 	if r, ok, err := h1.RouteTo(lease(t, h2)); err != nil || !ok || r.Dev == "overlay.1" {
 		t.Fatalf("h1's route to h2 %+v (present %v, %v): want one over the underlay", r, ok, err)
 	}

@@ -35,13 +35,12 @@ const (
 // icmpPinger is a Pinger on one ICMP socket bound to an address and a
 // device.
 type icmpPinger struct {
-	fam   backend.Family
-	kind  string
-	conn  net.PacketConn
-	id    int // the identifier of a raw socket's requests; the kernel's on a datagram one
-	proto int // 1 (ICMP) or 58 (ICMPv6), for icmp.ParseMessage
-	once  sync.Once
-	buf   []byte
+	fam  backend.Family
+	kind string
+	conn net.PacketConn
+	id   int // the identifier of a raw socket's requests; the kernel's on a datagram one
+	once sync.Once
+	buf  []byte
 }
 
 // Open opens fam's pinger: an unprivileged ICMP socket if this process
@@ -122,7 +121,7 @@ func open(fam backend.Family, src netip.Addr, kind string) (_ *icmpPinger, err e
 	if err != nil {
 		return nil, fmt.Errorf("%s ICMP socket: %w", fam, err)
 	}
-	pg := &icmpPinger{fam: fam, kind: kind, conn: conn, proto: proto, buf: make([]byte, 1500)}
+	pg := &icmpPinger{fam: fam, kind: kind, conn: conn, buf: make([]byte, 1500)}
 	if kind == KindRaw {
 		pg.id = int(rand.N(uint16(0xffff))) + 1
 	}
@@ -156,24 +155,9 @@ func (p *icmpPinger) Receive() (netip.Addr, uint16, error) {
 		if err != nil {
 			return netip.Addr{}, 0, err
 		}
-		b := p.buf[:n]
-		if p.kind == KindRaw && p.fam == backend.IPv4 {
-			// A raw IPv4 socket reads the IP header too.
-			if len(b) < 20 || int(b[0]&0x0f)*4 > len(b) {
-				continue
-			}
-			b = b[int(b[0]&0x0f)*4:]
-		}
-		m, err := icmp.ParseMessage(p.proto, b)
-		if err != nil {
+		seq, ok := parseReply(p.buf[:n], p.fam, p.kind == KindRaw, p.id)
+		if !ok {
 			continue
-		}
-		echo, ok := m.Body.(*icmp.Echo)
-		if !ok || (m.Type != ipv4.ICMPTypeEchoReply && m.Type != ipv6.ICMPTypeEchoReply) {
-			continue
-		}
-		if p.kind == KindRaw && echo.ID != p.id {
-			continue // another program's
 		}
 		var addr netip.Addr
 		switch a := from.(type) {
@@ -182,8 +166,33 @@ func (p *icmpPinger) Receive() (netip.Addr, uint16, error) {
 		case *net.IPAddr:
 			addr, _ = netip.AddrFromSlice(a.IP)
 		}
-		return addr.Unmap(), uint16(echo.Seq), nil
+		return addr.Unmap(), seq, nil
 	}
+}
+
+// parseReply reads the ICMP message a socket of fam received (raw: a raw
+// socket, which sees every program's replies; id is then the identifier
+// of this prober's requests; the IPv4 header a raw socket reads is gone
+// already: net.IPConn strips it) and returns the number of the echo reply
+// it holds. Anything else, malformed or another program's, is not ok.
+// What arrives is untrusted: any bytes at all.
+func parseReply(b []byte, fam backend.Family, raw bool, id int) (seq uint16, ok bool) {
+	proto := 1 // ICMP
+	if fam == backend.IPv6 {
+		proto = 58 // ICMPv6
+	}
+	m, err := icmp.ParseMessage(proto, b)
+	if err != nil {
+		return 0, false
+	}
+	echo, isEcho := m.Body.(*icmp.Echo)
+	if !isEcho || (m.Type != ipv4.ICMPTypeEchoReply && m.Type != ipv6.ICMPTypeEchoReply) {
+		return 0, false
+	}
+	if raw && echo.ID != id {
+		return 0, false // another program's
+	}
+	return uint16(echo.Seq), true
 }
 
 func (p *icmpPinger) Close() error {

@@ -66,6 +66,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "kernel-resync", "0", "want 1s or more"},
 	{[]string{"run"}, "lease-resync", "-5m", "want 1s or more"},
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
+	{[]string{"run"}, "vxlan-guard", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
 	{[]string{"run"}, "peer-probe", "often", "want true or false"},
 	{[]string{"run"}, "peer-probe-sweep", "10ms", "want 100ms or more"},

@@ -65,7 +65,7 @@ func newMetrics(p *probe) *metrics {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}, []string{"family"}),
 		pending: map[netip.Prefix]time.Time{},
 	}
-	for _, fam := range []string{"IPv4", "IPv6"} {
+	for _, fam := range []string{"ipv4", "ipv6"} {
 		// Present from the start, so a rate() over them has a base.
 		m.probes.WithLabelValues(fam, "answered")
 		m.probes.WithLabelValues(fam, "lost")
@@ -95,6 +95,9 @@ func newMetrics(p *probe) *metrics {
 	m.reg.MustRegister(dataPlaneCollectors(p)...)
 	m.reg.MustRegister(m.probes, m.probeRTT)
 	m.reg.MustRegister(peerHealthCollectors(p)...)
+	m.reg.MustRegister(guardCollector{p: p, dropped: prometheus.NewDesc("overlay_vxlan_guard_dropped_packets_total",
+		"UDP datagrams to the VXLAN port dropped by the VXLAN guard because their source holds no valid lease (read from the guard's nftables counter).",
+		[]string{"family"}, nil)})
 	return m
 }
 
@@ -143,6 +146,34 @@ func dataPlaneCollectors(p *probe) []prometheus.Collector {
 			func(s backend.Status) float64 { return float64(s.DriftRepairs) }),
 		counter("overlay_device_recreations_total", "Times the VXLAN device was deleted and created again.",
 			func(s backend.Status) float64 { return float64(s.DeviceRecreations) }),
+	}
+}
+
+// guardCollector reports the VXLAN guards' drop counters, read from the
+// kernel at each scrape, one series per family ("ipv4", "ipv6"); none
+// with --vxlan-guard=false. A guard whose counter cannot be read is left
+// out of that scrape (a gap, not a false zero).
+type guardCollector struct {
+	p       *probe
+	dropped *prometheus.Desc
+}
+
+func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.dropped }
+
+func (c guardCollector) Collect(ch chan<- prometheus.Metric) {
+	c.p.mu.Lock()
+	guards := c.p.guards
+	c.p.mu.Unlock()
+	for _, g := range guards {
+		n, err := g.Dropped()
+		if err != nil {
+			continue
+		}
+		fam := "ipv4"
+		if g.Family() == backend.IPv6 {
+			fam = "ipv6"
+		}
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n), fam)
 	}
 }
 
@@ -225,7 +256,7 @@ func peerHealthCollectors(p *probe) []prometheus.Collector {
 				return float64(f(c))
 			}
 		}
-		labels := prometheus.Labels{"family": fam.String()}
+		labels := prometheus.Labels{"family": familyLabel(fam)}
 		out = append(out,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_peers_reachable", ConstLabels: labels,
 				Help: "Peers whose last probe through the overlay was answered."}, count(func(c peerhealth.FamilyCounts) int { return c.Reachable })),
@@ -238,9 +269,18 @@ func peerHealthCollectors(p *probe) []prometheus.Collector {
 // probed counts one probe's outcome (peerhealth.Config.OnResult).
 func (m *metrics) probed(fam backend.Family, answered bool, rtt time.Duration) {
 	if !answered {
-		m.probes.WithLabelValues(fam.String(), "lost").Inc()
+		m.probes.WithLabelValues(familyLabel(fam), "lost").Inc()
 		return
 	}
-	m.probes.WithLabelValues(fam.String(), "answered").Inc()
-	m.probeRTT.WithLabelValues(fam.String()).Observe(rtt.Seconds())
+	m.probes.WithLabelValues(familyLabel(fam), "answered").Inc()
+	m.probeRTT.WithLabelValues(familyLabel(fam)).Observe(rtt.Seconds())
+}
+
+// familyLabel is fam as the metrics' family label says it ("ipv4",
+// "ipv6"), as the guard's drop counter does.
+func familyLabel(fam backend.Family) string {
+	if fam == backend.IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
 }

@@ -121,7 +121,7 @@ func TestPeerHealth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(metrics, `overlay_peers_unreachable{family="IPv4"} 1`) || !strings.Contains(metrics, `overlay_peers_reachable{family="IPv4"} 1`) {
+		if !strings.Contains(metrics, `overlay_peers_unreachable{family="ipv4"} 1`) || !strings.Contains(metrics, `overlay_peers_reachable{family="ipv4"} 1`) {
 			t.Fatalf("%s metrics do not count 1 reachable and 1 unreachable peer:\n%s", n.Name, grepLines(metrics, "overlay_peers_"))
 		}
 	}
@@ -238,7 +238,7 @@ func TestPeerHealthDualStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`overlay_peers_reachable{family="IPv4"} 1`, `overlay_peers_unreachable{family="IPv6"} 1`, `overlay_peers_unreachable{family="IPv4"} 0`} {
+	for _, want := range []string{`overlay_peers_reachable{family="ipv4"} 1`, `overlay_peers_unreachable{family="ipv6"} 1`, `overlay_peers_unreachable{family="ipv4"} 0`} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("h1's metrics lack %s:\n%s", want, grepLines(metrics, "overlay_peers_"))
 		}

@@ -71,7 +71,8 @@ runtime-e2e: build plugins runtime-deps
 # the API server's etcd, from the release pinned in test/kube/components
 # (a module of its own: the product's go.mod has no Kubernetes dependency),
 # cached by version (KUBE_CACHE) and linked into bin/kube. A cold build
-# takes ~20-30 minutes on 2 cores; a second run builds nothing.
+# (one go build for all seven) takes 30-45 minutes on 2 busy cores; a
+# second run builds nothing.
 kube:
 	@test/kube/build.sh
 

@@ -378,8 +378,7 @@ func (c *cluster) startControlPlane() {
 		"--kubeconfig="+c.kubeconfig("system:kube-controller-manager"), "--leader-elect=false",
 		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CACert,
 		"--cluster-signing-cert-file="+c.pki.CACert, "--cluster-signing-key-file="+c.pki.CAKey,
-		"--allocate-node-cidrs=false", "--bind-address=127.0.0.1", "--profiling=false",
-		"--node-monitor-grace-period=20s")
+		"--allocate-node-cidrs=false", "--bind-address=127.0.0.1", "--profiling=false")
 	start("kube-scheduler", bin("kube-scheduler"),
 		"--kubeconfig="+c.kubeconfig("system:kube-scheduler"), "--leader-elect=false",
 		"--bind-address=127.0.0.1", "--profiling=false")

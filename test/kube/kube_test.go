@@ -31,50 +31,77 @@ type pass struct {
 	// forward: "" leaves the nodes' forwarding alone (a new namespace
 	// forwards everything); "drop+accept" gives each node iptables'
 	// FORWARD policy drop (as Docker leaves it) and the accept rules for
-	// the cluster network that Documentation/operations.md prescribes.
+	// the cluster network that Documentation/operations.md prescribes
+	// (on a dual-stack cluster ip6tables' too, with the IPv6 network's).
 	forward string
 	rolling bool // also roll the DaemonSet to a new image under traffic
-	// ipv6: a dual-stack cluster (the overlay, the service ranges,
-	// kubelet and kube-proxy in both families) whose matrix runs with
-	// IPv6 Services, pod and node addresses (the IPv4 passes cover IPv4).
-	ipv6 bool
+	// dualStack: a dual-stack cluster (the overlay, the service ranges,
+	// kubelet and kube-proxy in both families) whose matrix runs twice on
+	// the same pods: with IPv4 and with IPv6 Services, pod and node
+	// addresses.
+	dualStack bool
+	// services: on a dual-stack cluster, "SingleStack" (a Service of
+	// each family) or "RequireDualStack" (each Service of both families,
+	// reached by the rows of each).
+	services string
 }
 
-// family is the address family of the pass's matrix.
-func (p pass) family() string {
-	if p.ipv6 {
-		return "IPv6"
+// networks are the overlay's networks of the pass's cluster.
+func (p pass) networks() []string {
+	if p.dualStack {
+		return []string{podNetwork, podNetwork6}
 	}
-	return "IPv4"
+	return []string{podNetwork}
 }
 
 var passes = []pass{
 	{name: "iptables", proxyMode: "iptables", rolling: true},
 	{name: "nftables", proxyMode: "nftables"},
 	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
-	{name: "iptables-dual-stack-ipv6", proxyMode: "iptables", ipv6: true},
-	{name: "nftables-dual-stack-ipv6", proxyMode: "nftables", ipv6: true},
+	{name: "iptables-dual-stack", proxyMode: "iptables", dualStack: true, services: "SingleStack"},
+	{name: "nftables-dual-stack", proxyMode: "nftables", dualStack: true, services: "RequireDualStack"},
+	{name: "iptables-dual-stack-forward-drop", proxyMode: "iptables", forward: "drop+accept", dualStack: true, services: "RequireDualStack"},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
 // manifest and runs the network matrix, once per pass, each on a cluster
 // of its own: kube-proxy in iptables mode (with a rolling update of the
 // DaemonSet under traffic), in nftables mode, in iptables mode on nodes
-// whose FORWARD policy is drop, and on a dual-stack cluster with IPv6
-// Services (kube-proxy in iptables mode). Every pass's matrix is logged as
-// a table and written as JSON to $KUBE_MATRIX.
+// whose FORWARD policy is drop, and on dual-stack clusters in both
+// families (single-stack Services of each family with kube-proxy in
+// iptables mode, RequireDualStack Services in nftables mode, and
+// RequireDualStack Services on nodes whose FORWARD policy is drop in both
+// families). Every matrix is logged as a table and written as JSON to
+// $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
 	var out []map[string]any
 	for _, p := range passes {
 		t.Run(p.name, func(t *testing.T) {
 			c := deploy(t, p)
-			m := newMatrix(c, p.name, p.ipv6)
+			m := newMatrix(c, p.name, p.services)
 			m.setup()
 			if p.rolling {
 				m.rollingUpdate(t)
 			}
-			m.run(t)
-			out = append(out, map[string]any{"pass": p.name, "family": p.family(), "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+			for _, v6 := range m.families() {
+				m.run(t, v6)
+				out = append(out, map[string]any{"pass": p.name, "family": familyName(v6), "services": p.services,
+					"proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+			}
+			if p.forward == "drop+accept" {
+				for _, network := range p.networks() {
+					k1 := c.node("k1")
+					n, err := forwardAccepted(k1.NS, netip.MustParsePrefix(network))
+					switch {
+					case err != nil:
+						t.Errorf("k1: %v", err)
+					case n == 0:
+						t.Errorf("k1: the FORWARD accept rules for %s counted no packet: the matrix did not cross the policy drop", network)
+					default:
+						t.Logf("k1: the FORWARD accept rules for %s let %d packets through the policy drop", network, n)
+					}
+				}
+			}
 		})
 	}
 	if path := os.Getenv("KUBE_MATRIX"); path != "" {
@@ -93,19 +120,21 @@ func TestKubernetes(t *testing.T) {
 // every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
-	c := newCluster(t, 3, p.ipv6)
+	c := newCluster(t, 3, p.dualStack)
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
 		c.importImages(n, archive)
 		if p.forward == "drop+accept" {
-			if err := forwardDrop(n.NS, netip.MustParsePrefix(podNetwork), true); err != nil {
-				t.Fatalf("%s: %v", n.Name, err)
+			for _, network := range p.networks() {
+				if err := forwardDrop(n.NS, netip.MustParsePrefix(network), true); err != nil {
+					t.Fatalf("%s: %v", n.Name, err)
+				}
 			}
 		}
 	}
 	netFile := filepath.Join(c.dir, "net.json")
-	if err := os.WriteFile(netFile, []byte(networkConfig(p.ipv6)), 0o644); err != nil {
+	if err := os.WriteFile(netFile, []byte(networkConfig(p.dualStack)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {

@@ -16,10 +16,14 @@ import (
 
 // networkConfig is the overlay network the lab stores in the overlay's
 // etcd before applying the manifest (its step 2); dual-stack with
-// EnableIPv6 and an IPv6Network (Documentation/configuration.md).
-func networkConfig(dualStack bool) string {
-	if dualStack {
+// EnableIPv6 and an IPv6Network, IPv6-only with EnableIPv4 false too
+// (Documentation/configuration.md).
+func networkConfig(families stack) string {
+	switch families {
+	case stackDual:
 		return `{"Network":"` + podNetwork + `","EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
+	case stackIPv6:
+		return `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
 	}
 	return `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
 }
@@ -44,12 +48,29 @@ type pass struct {
 	// each family) or "RequireDualStack" (each Service of both families,
 	// reached by the rows of each).
 	services string
+	// ipv6Only: Kubernetes and the overlay in IPv6 alone (the matrix runs
+	// its IPv6 rows).
+	ipv6Only bool
+}
+
+// stack is the families of the pass's cluster.
+func (p pass) stack() stack {
+	switch {
+	case p.dualStack:
+		return stackDual
+	case p.ipv6Only:
+		return stackIPv6
+	}
+	return stackIPv4
 }
 
 // networks are the overlay's networks of the pass's cluster.
 func (p pass) networks() []string {
-	if p.dualStack {
+	switch {
+	case p.dualStack:
 		return []string{podNetwork, podNetwork6}
+	case p.ipv6Only:
+		return []string{podNetwork6}
 	}
 	return []string{podNetwork}
 }
@@ -61,6 +82,7 @@ var passes = []pass{
 	{name: "iptables-dual-stack", proxyMode: "iptables", dualStack: true, services: "SingleStack"},
 	{name: "nftables-dual-stack", proxyMode: "nftables", dualStack: true, services: "RequireDualStack"},
 	{name: "iptables-dual-stack-forward-drop", proxyMode: "iptables", forward: "drop+accept", dualStack: true, services: "RequireDualStack"},
+	{name: "iptables-ipv6-only", proxyMode: "iptables", ipv6Only: true},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
@@ -71,8 +93,8 @@ var passes = []pass{
 // families (single-stack Services of each family with kube-proxy in
 // iptables mode, RequireDualStack Services in nftables mode, and
 // RequireDualStack Services on nodes whose FORWARD policy is drop in both
-// families). Every matrix is logged as a table and written as JSON to
-// $KUBE_MATRIX.
+// families), and on an IPv6-only cluster. Every matrix is logged as a
+// table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
 	var out []map[string]any
 	for _, p := range passes {
@@ -120,7 +142,7 @@ func TestKubernetes(t *testing.T) {
 // every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
-	c := newCluster(t, 3, p.dualStack)
+	c := newCluster(t, 3, p.stack())
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
@@ -134,7 +156,7 @@ func deploy(t *testing.T, p pass) *cluster {
 		}
 	}
 	netFile := filepath.Join(c.dir, "net.json")
-	if err := os.WriteFile(netFile, []byte(networkConfig(p.dualStack)), 0o644); err != nil {
+	if err := os.WriteFile(netFile, []byte(networkConfig(p.stack())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {

@@ -83,8 +83,11 @@ func newMatrix(c *cluster, proxyMode, services string) *matrix {
 // families are the address families the matrix runs in (false: IPv4,
 // true: IPv6): both on a dual-stack cluster.
 func (m *matrix) families() []bool {
-	if m.c.dualStack {
+	switch {
+	case m.c.dualStack:
 		return []bool{false, true}
+	case m.c.ipv6Only:
+		return []bool{true}
 	}
 	return []bool{false}
 }
@@ -93,8 +96,11 @@ func (m *matrix) families() []bool {
 // of its own (false alone: one object, of the cluster's family or, with
 // RequireDualStack, of both).
 func (m *matrix) svcFamilies() []bool {
-	if m.services == "SingleStack" {
+	switch {
+	case m.services == "SingleStack":
 		return []bool{false, true}
+	case m.c.ipv6Only:
+		return []bool{true}
 	}
 	return []bool{false}
 }
@@ -244,7 +250,7 @@ func (m *matrix) setup() {
 		for _, n := range c.nodes {
 			for _, name := range []string{"a-" + n.Name, "b-" + n.Name} {
 				p, ok := pods[name]
-				if !ok || !p.Ready || !p.IP.IsValid() || (c.dualStack && !p.IPv6.IsValid()) {
+				if !ok || !p.Ready || !p.IP.IsValid() || (c.hasIPv6() && !p.IPv6.IsValid()) {
 					return fmt.Errorf("pod %s: %+v", name, p)
 				}
 			}
@@ -438,7 +444,7 @@ func (m *matrix) outside() {
 	if err := ih.RouteAdd(&netlink.Route{Gw: net.ParseIP("203.0.113.1")}); err != nil {
 		t.Fatal(err)
 	}
-	if c.dualStack {
+	if c.hasIPv6() {
 		bits := netip.MustParsePrefix(internetNet6).Bits()
 		mustAddr(rh, "inet", fmt.Sprintf("%s/%d", internetRouter6, bits))
 		mustAddr(rh, "lo", metadataIP6+"/128")

@@ -80,8 +80,8 @@ kube:
 # The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
 # plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
 # overlay deployed with deploy/kubernetes/overlay.yaml, then the network
-# matrix (IPv4, and IPv6 Services on a dual-stack cluster), printed as a
-# table and written to KUBE_MATRIX (JSON).
+# matrix (IPv4; both families on dual-stack clusters; IPv6-only), printed
+# as tables and written to KUBE_MATRIX (JSON). .ci/run runs it after test.
 KUBE_MATRIX ?= $(BIN)/kube-matrix.json
 
 kube-deps:

@@ -75,6 +75,10 @@ type cluster struct {
 	// still carries both families: the control plane is reached by its
 	// IPv4 address, as any address of the node's would do).
 	ipv6Only bool
+	// ipv6First: a dual-stack cluster whose first family is IPv6 (the
+	// service ranges, kubelet's node IPs, kube-proxy's cluster CIDRs all
+	// list IPv6 first, so a node's status.hostIP is its IPv6 address).
+	ipv6First bool
 
 	mu      sync.Mutex
 	cleanup []func() error // run in reverse order by close
@@ -106,6 +110,7 @@ type stack int
 const (
 	stackIPv4 stack = iota
 	stackDual
+	stackDualIPv6First
 	stackIPv6
 )
 
@@ -117,7 +122,8 @@ func newCluster(t testing.TB, nodes int, families stack) *cluster {
 	testenv.RequireRoot(t)
 	root := testenv.RepoRoot(t)
 	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{},
-		dualStack: families == stackDual, ipv6Only: families == stackIPv6}
+		dualStack: families == stackDual || families == stackDualIPv6First, ipv6First: families == stackDualIPv6First,
+		ipv6Only: families == stackIPv6}
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(c.kubeBin, b)); err != nil {
 			testenv.Unavailable(t, "%s is missing: run `make kube` (a cold build takes ~30 minutes): %v", filepath.Join(c.kubeBin, b), err)
@@ -365,6 +371,8 @@ func (c *cluster) startControlPlane() {
 	// components reach it by its IPv4 address in every kind of cluster.
 	serviceRanges, advertise, bind := serviceNetwork, cpIP, cpIP
 	switch {
+	case c.ipv6First:
+		serviceRanges, advertise, bind = serviceNetwork6+","+serviceNetwork, c.cp.IPv6.String(), "::"
 	case c.dualStack:
 		serviceRanges += "," + serviceNetwork6
 	case c.ipv6Only:

@@ -20,7 +20,7 @@ import (
 // (Documentation/configuration.md).
 func networkConfig(families stack) string {
 	switch families {
-	case stackDual:
+	case stackDual, stackDualIPv6First:
 		return `{"Network":"` + podNetwork + `","EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
 	case stackIPv6:
 		return `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
@@ -51,11 +51,17 @@ type pass struct {
 	// ipv6Only: Kubernetes and the overlay in IPv6 alone (the matrix runs
 	// its IPv6 rows).
 	ipv6Only bool
+	// ipv6First: a dual-stack cluster whose Kubernetes lists IPv6 first
+	// (a node's status.hostIP, which the DaemonSet passes to overlayd as
+	// its public address, is then its IPv6 address).
+	ipv6First bool
 }
 
 // stack is the families of the pass's cluster.
 func (p pass) stack() stack {
 	switch {
+	case p.dualStack && p.ipv6First:
+		return stackDualIPv6First
 	case p.dualStack:
 		return stackDual
 	case p.ipv6Only:
@@ -82,6 +88,7 @@ var passes = []pass{
 	{name: "iptables-dual-stack", proxyMode: "iptables", dualStack: true, services: "SingleStack"},
 	{name: "nftables-dual-stack", proxyMode: "nftables", dualStack: true, services: "RequireDualStack"},
 	{name: "iptables-dual-stack-forward-drop", proxyMode: "iptables", forward: "drop+accept", dualStack: true, services: "RequireDualStack"},
+	{name: "iptables-dual-stack-ipv6-first", proxyMode: "iptables", dualStack: true, ipv6First: true, services: "RequireDualStack"},
 	{name: "iptables-ipv6-only", proxyMode: "iptables", ipv6Only: true},
 }
 
@@ -331,8 +338,8 @@ func (c *cluster) waitDaemonSet(image string) {
 type podInfo struct {
 	Name   string
 	Node   string
-	IP     netip.Addr
-	IPv6   netip.Addr // its IPv6 address, on a dual-stack cluster
+	IP     netip.Addr // its IPv4 address (none on an IPv6-only cluster)
+	IPv6   netip.Addr // its IPv6 address, on a cluster that carries IPv6
 	HostIP netip.Addr
 	Phase  string
 	Ready  bool
@@ -358,9 +365,15 @@ type podJSON struct {
 
 func (p podJSON) info() podInfo {
 	i := podInfo{Name: p.Metadata.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase}
-	i.IP, _ = netip.ParseAddr(p.Status.PodIP)
+	// Each family's first address: podIP is the first family's, which is
+	// IPv6 on an IPv6-first cluster.
 	for _, a := range p.Status.PodIPs {
-		if ip, err := netip.ParseAddr(a.IP); err == nil && ip.Is6() && !i.IPv6.IsValid() {
+		ip, err := netip.ParseAddr(a.IP)
+		switch {
+		case err != nil:
+		case ip.Is4() && !i.IP.IsValid():
+			i.IP = ip
+		case ip.Is6() && !i.IPv6.IsValid():
 			i.IPv6 = ip
 		}
 	}

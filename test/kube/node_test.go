@@ -183,6 +183,8 @@ func (c *cluster) startKube(n *kubeNode, proxyMode string) {
 	// kube-proxy (which then programs both families).
 	nodeIPs, clusterCIDRs := n.IP.String(), podNetwork
 	switch {
+	case c.ipv6First:
+		nodeIPs, clusterCIDRs = n.IPv6.String()+","+nodeIPs, podNetwork6+","+clusterCIDRs
 	case c.dualStack:
 		nodeIPs += "," + n.IPv6.String()
 		clusterCIDRs += "," + podNetwork6

@@ -250,7 +250,7 @@ func (m *matrix) setup() {
 		for _, n := range c.nodes {
 			for _, name := range []string{"a-" + n.Name, "b-" + n.Name} {
 				p, ok := pods[name]
-				if !ok || !p.Ready || !p.IP.IsValid() || (c.hasIPv6() && !p.IPv6.IsValid()) {
+				if !ok || !p.Ready || (!c.ipv6Only && !p.IP.IsValid()) || (c.hasIPv6() && !p.IPv6.IsValid()) {
 					return fmt.Errorf("pod %s: %+v", name, p)
 				}
 			}
@@ -259,11 +259,13 @@ func (m *matrix) setup() {
 		return nil
 	})
 	for _, p := range m.pods {
-		if p.IPv6.IsValid() {
-			t.Logf("pod %s on %s: %s %s", p.Name, p.Node, p.IP, p.IPv6)
-		} else {
-			t.Logf("pod %s on %s: %s", p.Name, p.Node, p.IP)
+		var addrs []string
+		for _, a := range []netip.Addr{p.IP, p.IPv6} {
+			if a.IsValid() {
+				addrs = append(addrs, a.String())
+			}
 		}
+		t.Logf("pod %s on %s: %s", p.Name, p.Node, strings.Join(addrs, " "))
 	}
 	// Hand-written EndpointSlices (one per family: a slice has one
 	// address type), and the load balancers' addresses.

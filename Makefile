@@ -73,15 +73,16 @@ runtime-e2e: build plugins runtime-deps
 # the API server's etcd, from the release pinned in test/kube/components
 # (a module of its own: the product's go.mod has no Kubernetes dependency),
 # cached by version (KUBE_CACHE) and linked into bin/kube. A cold build
-# takes ~20-30 minutes on 2 cores; a second run builds nothing.
+# (one go build for all seven) takes 30-45 minutes on 2 busy cores; a
+# second run builds nothing.
 kube:
 	@test/kube/build.sh
 
 # The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
 # plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
 # overlay deployed with deploy/kubernetes/overlay.yaml, then the network
-# matrix (IPv4, and IPv6 Services on a dual-stack cluster), printed as a
-# table and written to KUBE_MATRIX (JSON).
+# matrix (IPv4; both families on dual-stack clusters; IPv6-only), printed
+# as tables and written to KUBE_MATRIX (JSON). .ci/run runs it after test.
 KUBE_MATRIX ?= $(BIN)/kube-matrix.json
 
 kube-deps:

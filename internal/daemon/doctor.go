@@ -231,7 +231,9 @@ func txChecksum(name string) (bool, error) {
 
 // sysctlPath is the /proc/sys file of a sysctl given as its path parts
 // (an interface name may hold a dot, so names are not split).
-func sysctlPath(parts ...string) string { return filepath.Join(append([]string{"/proc/sys"}, parts...)...) }
+func sysctlPath(parts ...string) string {
+	return filepath.Join(append([]string{"/proc/sys"}, parts...)...)
+}
 
 // gatherSysctls reads the sysctls the checks need, in this thread's
 // namespace (the /proc/sys/net files are the namespace's of the thread

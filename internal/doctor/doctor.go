@@ -208,9 +208,9 @@ type Drift struct {
 
 // SubnetEnv is subnet.env as read.
 type SubnetEnv struct {
-	Path    string
-	Err     string // why it could not be read ("" if it was)
-	Missing bool
+	Path                    string
+	Err                     string // why it could not be read ("" if it was)
+	Missing                 bool
 	Network, Subnet         netip.Prefix // OVERLAY_NETWORK, and the lease OVERLAY_SUBNET names
 	IPv6Network, IPv6Subnet netip.Prefix
 	MTU                     int

@@ -76,7 +76,6 @@ nothing, on the host or in etcd.`,
 	h.register(c)
 	c.Flags().StringVar(&confDir, "cni-conf-dir", defaultCNIConfDir, "the container runtime's CNI config directory, whose first config must be overlay's")
 	checkFlag(c.Flags(), "cni-conf-dir", absDir)
-	fromEnv(c.Flags(), "cni-conf-dir")
 	return usesEtcd(c)
 }
 

@@ -425,9 +425,10 @@ func verdictName(k expr.VerdictKind) string {
 	return ""
 }
 
-// gatherPort finds the other users of the VXLAN port: VXLAN devices of
-// another VNI, or not overlay's, on it, and sockets of processes bound to
-// it (a VXLAN device's own socket is the kernel's: it has no inode).
+// gatherPort finds the other users of the VXLAN port: VXLAN devices on
+// it that are not overlay's, and sockets of processes bound to it. A
+// socket no process holds is a VXLAN device's (the kernel's) when a
+// device of its family is up on the port: it is not reported.
 func gatherPort(f *doctor.Facts) {
 	ours := map[string]bool{}
 	for _, d := range f.Devices {
@@ -438,8 +439,17 @@ func gatherPort(f *doctor.Facts) {
 		f.Missing["vxlan-port"] = "list links: " + err.Error()
 		return
 	}
+	kernel := map[uint8]bool{} // a VXLAN device of the family is up on the port
 	for _, l := range links {
-		if vx, ok := l.(*netlink.Vxlan); ok && vx.Port == f.Port && !ours[vx.Name] {
+		vx, ok := l.(*netlink.Vxlan)
+		if !ok || vx.Port != f.Port {
+			continue
+		}
+		if vx.Attrs().Flags&net.FlagUp != 0 {
+			kernel[unix.AF_INET] = kernel[unix.AF_INET] || vx.SrcAddr == nil || vx.SrcAddr.To4() != nil
+			kernel[unix.AF_INET6] = kernel[unix.AF_INET6] || vx.SrcAddr == nil || vx.SrcAddr.To4() == nil
+		}
+		if !ours[vx.Name] {
 			f.PortUsers = append(f.PortUsers, fmt.Sprintf("VXLAN device %s (VNI %d)", vx.Name, vx.VxlanId))
 		}
 	}
@@ -450,16 +460,21 @@ func gatherPort(f *doctor.Facts) {
 			return
 		}
 		for _, s := range socks {
-			if int(s.ID.SourcePort) == f.Port && s.INode != 0 {
-				f.PortUsers = append(f.PortUsers, fmt.Sprintf("a socket on %s:%d of %s", s.ID.Source, f.Port, socketOwner(s.INode)))
+			if int(s.ID.SourcePort) != f.Port {
+				continue
 			}
+			owner, found := socketOwner(s.INode)
+			if !found && kernel[fam] {
+				continue
+			}
+			f.PortUsers = append(f.PortUsers, fmt.Sprintf("a socket on %s of %s", net.JoinHostPort(s.ID.Source.String(), strconv.Itoa(f.Port)), owner))
 		}
 	}
 }
 
 // socketOwner names the process holding the socket with inode ino: "nc
-// (pid 4242)", or "no process found".
-func socketOwner(ino uint32) string {
+// (pid 4242)", or "no process found" (and false).
+func socketOwner(ino uint32) (string, bool) {
 	target := "socket:[" + strconv.FormatUint(uint64(ino), 10) + "]"
 	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
 	for _, fd := range fds {
@@ -468,9 +483,9 @@ func socketOwner(ino uint32) string {
 		}
 		dir := filepath.Dir(filepath.Dir(fd))
 		comm, _ := os.ReadFile(filepath.Join(dir, "comm"))
-		return fmt.Sprintf("%s (pid %s)", cmp.Or(strings.TrimSpace(string(comm)), "?"), filepath.Base(dir))
+		return fmt.Sprintf("%s (pid %s)", cmp.Or(strings.TrimSpace(string(comm)), "?"), filepath.Base(dir)), true
 	}
-	return "no process found"
+	return "no process found", false
 }
 
 func readSubnetEnv(path string) doctor.SubnetEnv {

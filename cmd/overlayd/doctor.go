@@ -102,7 +102,7 @@ func doctorOutput(fs []doctor.Finding) printer.Output {
 	for _, f := range fs {
 		msg := f.Message
 		if f.Fix != "" {
-			msg += ": " + f.Fix
+			msg += "; fix: " + f.Fix
 		}
 		out.Rows = append(out.Rows, []string{string(f.Status), f.Check, msg})
 	}

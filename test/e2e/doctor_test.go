@@ -344,3 +344,39 @@ func setMTU(t *testing.T, n *lab.Node, l netlink.Link, mtu int) {
 		t.Fatal(err)
 	}
 }
+
+// On dual-stack and IPv6-only networks with pods, a working host is clean
+// too (both devices, IPv6 forwarding, the IPv6 subnet in subnet.env), and
+// a deleted IPv6 route is found on the IPv6 device.
+func TestDoctorOnIPv6Networks(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, config, dev string }{
+		{"dual stack", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`, "overlay-v6.1"},
+		{"IPv6 only", `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","VNI":6}}`, "overlay-v6.6"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := labtest.New(t, lab.Config{NetworkConfig: tc.config})
+			hosts := labtest.Hosts(t, l, 2)
+			h1, h2 := hosts[0], hosts[1]
+			labtest.Pods(t, hosts, 1)
+			confDir := t.TempDir()
+			conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"overlay","plugins":[{"type":"overlay-cni","subnetFile":%q}]}`, h1.SubnetFile)
+			if err := os.WriteFile(filepath.Join(confDir, "10-overlay.conflist"), []byte(conflist), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			wantClean(t, h1, confDir)
+
+			if err := h1.Stop(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			own2, err := h2.IPv6Lease()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h1.DeleteRoute(own2); err != nil {
+				t.Fatal(err)
+			}
+			wantProblem(t, h1, confDir, "kernel-entries", tc.dev+": route "+own2.String(), "for the peer "+own2.String())
+		})
+	}
+}

@@ -151,15 +151,15 @@ func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, no
 		if nl == nil || peers == nil {
 			continue
 		}
-		if !spec.OwnSubnet.IsValid() {
-			// No lease names this host: the device's own address cannot
-			// be judged, its peers' entries still can.
-			spec.OwnSubnet = netip.PrefixFrom(network(nc, fam).Addr(), network(nc, fam).Addr().BitLen())
-		}
 		res, err := vxlan.Audit(spec.vxlanConfig(), nl, peers.peers(fam))
 		if err != nil {
 			f.Missing["kernel-entries"] = fmt.Sprintf("%s: %v", name, err)
 			continue
+		}
+		if !f.HasLease {
+			// The device's address is its lease's: without one, only the
+			// peers' entries can be judged (the missing lease is reported).
+			res.DeviceProblem = ""
 		}
 		f.Entries = append(f.Entries, auditOf(res))
 	}

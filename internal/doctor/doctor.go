@@ -18,6 +18,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // Status is a finding's verdict.
@@ -675,7 +677,7 @@ func judgeCNIConfig(f *Facts) []Finding {
 	want := f.Env.Path
 	have := first.SubnetFile
 	if have == "" {
-		have = DefaultSubnetFile
+		have = subnet.DefaultEnvFile // overlay-cni's default
 	}
 	if want != "" && have != want {
 		return []Finding{{Status: Problem, Subject: first.Path,
@@ -684,11 +686,6 @@ func judgeCNIConfig(f *Facts) []Finding {
 	}
 	return nil
 }
-
-// DefaultSubnetFile is overlay-cni's subnetFile when a conflist names
-// none (subnet.DefaultEnvFile; repeated here so the judgements stay free
-// of the subnet package).
-var DefaultSubnetFile = "/run/overlay/subnet.env"
 
 // judgeGuard: the VXLAN guard's set must hold exactly the valid leases'
 // public addresses (of overlay and flanneld hosts alike), or a peer's

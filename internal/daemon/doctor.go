@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -339,11 +340,12 @@ func nftFamily(f nftables.TableFamily) string {
 	return "other"
 }
 
-// ruleOf reduces an nftables rule to its address matches and verdict:
-// a payload load of the IPv4 or IPv6 source or destination address,
-// optionally masked, compared for equality, is a prefix match; every
-// other comparison, lookup or match (interfaces, conntrack, sets,
-// iptables-nft's xt matches) is "other" — but the inet family's
+// ruleOf reduces an nftables rule to its address and interface matches
+// and its verdict: a payload load of the IPv4 or IPv6 source or
+// destination address, optionally masked, compared for equality, is a
+// prefix match; iifname and oifname compared for equality are interface
+// matches; every other comparison, lookup or match (conntrack, marks,
+// sets, iptables-nft's xt matches) is "other" — but the inet family's
 // protocol match, which only says the family.
 func ruleOf(r *nftables.Rule) doctor.Rule {
 	var out doctor.Rule
@@ -365,13 +367,25 @@ func ruleOf(r *nftables.Rule) doctor.Rule {
 		case *expr.Meta:
 			field, mask = "", nil
 			protoMeta = e.Key == expr.MetaKeyNFPROTO
+			switch e.Key {
+			case expr.MetaKeyIIFNAME:
+				field = "iif"
+			case expr.MetaKeyOIFNAME:
+				field = "oif"
+			}
 		case *expr.Bitwise:
 			mask = e.Mask
 		case *expr.Cmp:
 			p, ok := prefixOfMatch(e, mask)
 			switch {
 			case protoMeta:
-			case field != "" && ok && e.Op == expr.CmpOpEq:
+			case (field == "iif" || field == "oif") && e.Op == expr.CmpOpEq && mask == nil:
+				if field == "iif" {
+					out.IIf = ifaceOfMatch(e.Data)
+				} else {
+					out.OIf = ifaceOfMatch(e.Data)
+				}
+			case (field == "src" || field == "dst") && ok && e.Op == expr.CmpOpEq:
 				if field == "src" {
 					out.Src = p
 				} else {
@@ -389,6 +403,16 @@ func ruleOf(r *nftables.Rule) doctor.Rule {
 		}
 	}
 	return out
+}
+
+// ifaceOfMatch is an interface name comparison as doctor.Rule holds it:
+// the name (the data is NUL-padded), or "prefix+" for a comparison of a
+// prefix only (iptables' "cni+").
+func ifaceOfMatch(data []byte) string {
+	if i := bytes.IndexByte(data, 0); i >= 0 {
+		return string(data[:i])
+	}
+	return string(data) + "+"
 }
 
 // prefixOfMatch is the prefix an address comparison matches: the

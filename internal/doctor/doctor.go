@@ -185,7 +185,8 @@ func (c Chain) ID() string { return c.Family + " " + c.Table + " " + c.Name }
 // verdict.
 type Rule struct {
 	Src, Dst netip.Prefix // zero: the rule does not match on it
-	Other    bool         // the rule matches on something else too (interface, conntrack ...)
+	IIf, OIf string       // input and output interface ("" any; "name+" a prefix)
+	Other    bool         // the rule matches on something else too (conntrack, marks, sets ...)
 	Verdict  string       // "accept", "drop", "jump", "goto", "return" or "" (none)
 	Target   string       // the chain of a jump or goto
 }
@@ -366,35 +367,45 @@ func judgeBridgeNetfilter(f *Facts) []Finding {
 
 // judgeForwardPolicy: in nftables every base chain on the forward hook
 // sees the packet and a drop in any wins, so each chain with policy drop
-// must itself accept the pod network, both ways.
+// must itself accept pod-to-pod traffic between hosts, both ways: a local
+// pod's packet to another host's pod (in on the bridge, out on the
+// overlay device) and the answer (in on the overlay device, out on the
+// bridge), source and destination both in the pod network.
 func judgeForwardPolicy(f *Facts) []Finding {
 	var out []Finding
+	bridge := cmpOr(f.Bridge.Name, "cni0")
 	for _, ch := range f.ForwardChains {
 		if ch.Policy != "drop" {
 			continue
 		}
 		for _, n := range []struct {
-			on  bool
-			fam string
-			net netip.Prefix
-		}{{f.IPv4, "ip", f.Network}, {f.IPv6, "ip6", f.IPv6Network}} {
+			on         bool
+			fam, which string
+			net        netip.Prefix
+		}{{f.IPv4, "ip", "IPv4", f.Network}, {f.IPv6, "ip6", "IPv6", f.IPv6Network}} {
 			if !n.on || !n.net.IsValid() || ch.Family != "inet" && ch.Family != n.fam {
 				continue
 			}
-			from := accepts(f.Chains, ch, n.net, true, 0)
-			to := accepts(f.Chains, ch, n.net, false, 0)
-			if from && to {
+			dev := ""
+			for _, d := range f.Devices {
+				if d.Family == n.which {
+					dev = d.Name
+				}
+			}
+			out1 := packet{net: n.net, in: bridge, out: dev}
+			back := packet{net: n.net, in: dev, out: bridge}
+			var missing []string
+			if !accepts(f.Chains, ch, out1, 0) {
+				missing = append(missing, fmt.Sprintf("from this host's pods to other hosts' (in %s, out %s)", bridge, dev))
+			}
+			if !accepts(f.Chains, ch, back, 0) {
+				missing = append(missing, fmt.Sprintf("from other hosts' pods to this host's (in %s, out %s)", dev, bridge))
+			}
+			if len(missing) == 0 {
 				continue
 			}
-			var missing []string
-			if !from {
-				missing = append(missing, "from")
-			}
-			if !to {
-				missing = append(missing, "to")
-			}
 			out = append(out, Finding{Status: Problem, Subject: ch.ID(),
-				Message: fmt.Sprintf("chain %s has policy drop and accepts no traffic %s the pod network %s: pods on different hosts cannot reach each other", ch.ID(), strings.Join(missing, " or "), n.net),
+				Message: fmt.Sprintf("chain %s has policy drop and accepts no traffic of the pod network %s %s: pods on different hosts cannot reach each other", ch.ID(), n.net, strings.Join(missing, ", nor ")),
 				Fix:     acceptFix(ch, n.fam, n.net)})
 		}
 	}
@@ -404,6 +415,13 @@ func judgeForwardPolicy(f *Facts) []Finding {
 			Fix:     "check `iptables-legacy -S FORWARD` (and ip6tables-legacy) for a DROP policy without ACCEPT rules for the pod network"})
 	}
 	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 func acceptFix(ch Chain, fam string, n netip.Prefix) string {
@@ -416,49 +434,72 @@ func acceptFix(ch Chain, fam string, n netip.Prefix) string {
 	return fmt.Sprintf("accept it in that chain, e.g. `nft insert rule %[1]s %[2]s saddr %[3]s accept; nft insert rule %[1]s %[2]s daddr %[3]s accept`", ch.ID(), fam, n)
 }
 
-// accepts reports whether chain ch accepts new traffic from (src) or to
-// the network n: a rule that accepts with an address match covering n on
-// that side (whatever else it matches: ct state alone does not count), or
-// an unconditional accept, before any drop that would catch it; jumps
-// and gotos are followed.
-func accepts(chains map[string]Chain, ch Chain, n netip.Prefix, src bool, depth int) bool {
+// packet is a forwarded pod-to-pod packet between hosts: source and
+// destination in net, in and out by these interfaces.
+type packet struct {
+	net     netip.Prefix
+	in, out string
+}
+
+// matches says whether every condition of r that the doctor reads holds
+// for p (known), and whether r also has conditions it cannot judge
+// (conntrack, marks, sets ...).
+func (r Rule) matches(p packet) (known, unknown bool) {
+	known = (!r.Src.IsValid() || covers(r.Src, p.net)) && (!r.Dst.IsValid() || covers(r.Dst, p.net)) &&
+		ifaceIs(r.IIf, p.in) && ifaceIs(r.OIf, p.out)
+	return known, r.Other
+}
+
+// ifaceIs says whether a rule's interface match (name, "prefix+" as
+// iptables writes a wildcard, "" none) holds for name.
+func ifaceIs(match, name string) bool {
+	if match == "" {
+		return true
+	}
+	if pre, ok := strings.CutSuffix(match, "+"); ok {
+		return strings.HasPrefix(name, pre)
+	}
+	return match == name
+}
+
+// accepts reports whether chain ch, a base chain with policy drop,
+// accepts packet p.
+func accepts(chains map[string]Chain, ch Chain, p packet, depth int) bool {
+	return verdictFor(chains, ch, p, depth) == "accept"
+}
+
+// verdictFor is what chain ch does with packet p: "accept" or "drop" from
+// the first rule whose conditions all hold for p, or "" when p falls off
+// its end or returns (the caller goes on; a base chain applies its
+// policy). Jumps and gotos under such conditions are followed. A rule
+// with a condition the doctor cannot judge (ct state, a mark) decides
+// nothing here: "ct state established accept" lets no new connection
+// through, and a drop under such a condition is not assumed to apply.
+func verdictFor(chains map[string]Chain, ch Chain, p packet, depth int) string {
 	if depth > 16 {
-		return false
+		return ""
 	}
 	for _, r := range ch.Rules {
-		addr := r.Dst
-		other := r.Src
-		if src {
-			addr, other = r.Src, r.Dst
-		}
-		// A match on the other side's address must let the network's
-		// traffic through too (pod to pod: both ends are in it).
-		if other.IsValid() && !covers(other, n) {
+		known, unknown := r.matches(p)
+		if !known || unknown {
 			continue
 		}
-		if addr.IsValid() && !covers(addr, n) {
-			continue
-		}
-		matchesAll := !addr.IsValid() && !other.IsValid() && !r.Other
 		switch r.Verdict {
-		case "accept":
-			if addr.IsValid() || matchesAll {
-				return true
-			}
-		case "drop":
-			if addr.IsValid() || matchesAll {
-				return false
-			}
+		case "accept", "drop":
+			return r.Verdict
+		case "return":
+			return ""
 		case "jump", "goto":
-			if r.Other && !addr.IsValid() {
+			sub, ok := chains[ch.Family+" "+ch.Table+" "+r.Target]
+			if !ok {
 				continue
 			}
-			if sub, ok := chains[ch.Family+" "+ch.Table+" "+r.Target]; ok && accepts(chains, sub, n, src, depth+1) {
-				return true
+			if v := verdictFor(chains, sub, p, depth+1); v != "" || r.Verdict == "goto" {
+				return v
 			}
 		}
 	}
-	return false
+	return ""
 }
 
 // covers reports whether p holds all of n.

@@ -77,10 +77,14 @@ func TestEachCheckFindsItsProblem(t *testing.T) {
 		{"Docker's FORWARD drop", "forward-policy", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{Verdict: "jump", Target: "DOCKER-USER"}}}}
 			f.Chains = map[string]Chain{"ip filter DOCKER-USER": {Family: "ip", Table: "filter", Name: "DOCKER-USER", Rules: []Rule{{Verdict: "return"}}}}
-		}, []string{"ip filter FORWARD", "from or to the pod network 10.244.0.0/16", "DOCKER-USER"}},
-		{"drop chain accepting only return traffic", "forward-policy", func(f *Facts) {
-			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Other: true, Verdict: "accept"}, {Dst: network, Verdict: "accept"}}}}
-		}, []string{"inet fw fwd", "traffic from the pod network", "nft insert rule inet fw fwd ip saddr 10.244.0.0/16 accept"}},
+		}, []string{"ip filter FORWARD", "pod network 10.244.0.0/16 from this host's pods to other hosts' (in cni0, out overlay.1), nor from other hosts' pods to this host's (in overlay.1, out cni0)", "DOCKER-USER"}},
+		{"drop chain accepting pods' traffic out only, and established answers", "forward-policy", func(f *Facts) {
+			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Other: true, Verdict: "accept"}, {IIf: "cni0", Verdict: "accept"}}}}
+		}, []string{"inet fw fwd", "from other hosts' pods to this host's (in overlay.1, out cni0)", "nft insert rule inet fw fwd ip saddr 10.244.0.0/16 accept"}},
+		{"a drop in a jumped-to chain is final", "forward-policy", func(f *Facts) {
+			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{Verdict: "jump", Target: "ISOLATION"}, {Src: network, Verdict: "accept"}}}}
+			f.Chains = map[string]Chain{"ip filter ISOLATION": {Family: "ip", Table: "filter", Name: "ISOLATION", Rules: []Rule{{OIf: "overlay.1", Verdict: "drop"}}}}
+		}, []string{"from this host's pods to other hosts'"}},
 		{"device MTU off", "mtu", func(f *Facts) { f.Devices[0].MTU = 1400 }, []string{"overlay.1 has MTU 1400, want 1450"}},
 		{"subnet.env MTU off", "mtu", func(f *Facts) { f.Env.MTU = 1500 }, []string{"gives pods MTU 1500"}},
 		{"veth larger than the overlay", "mtu", func(f *Facts) { f.Ports[0].MTU = 1500 }, []string{"veth1", "1500", "above the overlay's 1450"}},
@@ -163,6 +167,12 @@ func TestWhatIsFineIsNotReported(t *testing.T) {
 			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{Verdict: "jump", Target: "DOCKER-USER"}}}}
 			f.Chains = map[string]Chain{"ip filter DOCKER-USER": {Family: "ip", Table: "filter", Name: "DOCKER-USER", Rules: []Rule{
 				{Src: netip.MustParsePrefix("10.0.0.0/8"), Verdict: "accept"}, {Dst: network, Other: true, Verdict: "accept"}, {Verdict: "return"}}}}
+		}},
+		{"drop chain accepting the bridge's traffic both ways (wildcard too)", func(f *Facts) {
+			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{IIf: "cni+", Verdict: "accept"}, {OIf: "cni0", Verdict: "accept"}}}}
+		}},
+		{"drop chain accepting the destination network", func(f *Facts) {
+			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Other: true, Verdict: "drop"}, {Dst: network, Verdict: "accept"}}}}
 		}},
 		{"drop chain with an unconditional accept", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Verdict: "accept"}}}}

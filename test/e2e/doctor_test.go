@@ -182,16 +182,28 @@ func TestDoctorFindsEachBrokenPartOfTheHost(t *testing.T) {
 		if err := reach(pods[0], pods[1]); err == nil {
 			t.Errorf("pods reach each other through the drop: the doctor's problem is not one")
 		}
-		// The fix it gives, in DOCKER-USER: accepted both ways.
-		network := netip.MustParsePrefix("10.244.0.0/16")
-		for _, off := range []uint32{12, 16} {
-			c.AddRule(&nftables.Rule{Table: filter, Chain: user, Exprs: []expr.Any{
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(16, 32), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: network.Addr().AsSlice()},
-				&expr.Verdict{Kind: expr.VerdictAccept},
-			}})
+		// What leaves the bridge accepted (iifname "cni0" accept): the
+		// answers from other hosts are still dropped.
+		ifname := make([]byte, 16)
+		copy(ifname, "cni0")
+		c.AddRule(&nftables.Rule{Table: filter, Chain: user, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}})
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
 		}
+		wantProblem(t, h1, confDir, "forward-policy", "from other hosts' pods to this host's (in overlay.1, out cni0)")
+		// And what goes to the pod network (ip daddr 10.244.0.0/16
+		// accept): both ways accepted.
+		network := netip.MustParsePrefix("10.244.0.0/16")
+		c.AddRule(&nftables.Rule{Table: filter, Chain: user, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(16, 32), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: network.Addr().AsSlice()},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}})
 		if err := c.Flush(); err != nil {
 			t.Fatal(err)
 		}

@@ -12,15 +12,16 @@ LDFLAGS   := -s -w -X github.com/overlaynet/overlay/internal/version.Version=$(V
 # unused methods: without it overlayd is 4 MB smaller, and a running
 # daemon maps 3.3 MB less of it (Documentation/benchmarks.md, issue 33).
 GOTAGS    := grpcnotrace
-# make fuzz gives each target a number of executions, about 8 s of fuzzing
-# on a 2-core machine, not a duration: with a duration, Go 1.26's fuzz
+# make fuzz gives each target a number of executions, about 4 s of fuzzing
+# on a 2-core machine (a smoke run that keeps make test within its budget;
+# FUZZTIME=5m for a real search), not a duration: with a duration, Go 1.26's fuzz
 # coordinator can fail a target with its own deadline ("context deadline
 # exceeded", no failing input; golang/go#75804, fixed in Go 1.27). A new
 # target needs its count here. FUZZTIME (e.g. 5m, or 10000x) overrides them.
-FUZZ_EXECS := FuzzPluginMain=3000 FuzzParseConf=80000 FuzzVerbs=6000 FuzzCorruptCache=1500 \
-              FuzzParseConfig=200000 FuzzLeaseKeyAndValue=150000 FuzzDecodeAttrsReadsAsMemberByMember=100000 \
-              FuzzReplay=200000 FuzzFastDecodingAgreesWithEncodingJSON=30000 \
-              FuzzLeaseDataFastAgreesWithEncodingJSON=30000 FuzzLeaseDataReadsAsMemberByMember=100000
+FUZZ_EXECS := FuzzPluginMain=1500 FuzzParseConf=40000 FuzzVerbs=3000 FuzzCorruptCache=750 \
+              FuzzParseConfig=100000 FuzzLeaseKeyAndValue=75000 FuzzDecodeAttrsReadsAsMemberByMember=50000 \
+              FuzzReplay=100000 FuzzFastDecodingAgreesWithEncodingJSON=15000 \
+              FuzzLeaseDataFastAgreesWithEncodingJSON=15000 FuzzLeaseDataReadsAsMemberByMember=50000
 FUZZTIME  ?=
 
 .PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps

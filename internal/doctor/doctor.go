@@ -560,14 +560,17 @@ func judgePort(f *Facts) []Finding {
 	return out
 }
 
-// ChecksumFixedIn is the first kernel release that does not corrupt the
-// checksum of VXLAN packets sent with a zero UDP checksum when their
-// outer header is NATed (kube-proxy's MASQUERADE --random-fully): Linux
-// 5.7, commit ea64d8d6c675 "netfilter: nat: never update the UDP checksum
-// when it's 0". Before it, with transmit checksum offload on the VXLAN
-// device, the receiver drops the packets (TCP to Services stalls 63 s:
-// flannel issue 1279; flannel disabled the offload on its device, PR
-// 1282; Calico felix does so on kernels before 5.7, PR 2811).
+// ChecksumFixedIn is the first kernel release whose NAT does not corrupt
+// the UDP checksum of VXLAN packets (sent with a zero checksum, or with
+// transmit checksum offload) when their outer header is NATed a second
+// time — kube-proxy's MASQUERADE --random-fully on packets still carrying
+// its mark after encapsulation. The receiver drops them and TCP through
+// Services stalls for 63 s (flannel issue 1279, Calico issue 3145).
+// flannel turned the offload off on its device (flannel PR 1282) and
+// later documented `ethtool -K flannel.1 tx-checksum-ip-generic off`;
+// Calico felix turns it off on kernels before 5.7 (felix PR 2811), the
+// boundary used here; Kubernetes 1.16.13, 1.17.9 and 1.18.6 stopped the
+// double NAT on kube-proxy's side.
 var ChecksumFixedIn = [2]int{5, 7}
 
 func judgeChecksum(f *Facts) []Finding {

@@ -302,6 +302,28 @@ func TestDoctorFindsEachBrokenPartOfTheHost(t *testing.T) {
 			t.Errorf("doctor with h2's subnet in h1's subnet.env: exit %d, %+v", code, rep.problems("subnet-env"))
 		}
 
+		// The port held by a process: with the device down (its kernel
+		// socket closed), the test binds UDP 8472 itself.
+		hl := handle(t, h1)
+		vx, err := hl.LinkByName("overlay.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := hl.LinkSetDown(vx); err != nil {
+			t.Fatal(err)
+		}
+		var conn net.PacketConn
+		inNS(t, h1, func() (err error) {
+			conn, err = net.ListenPacket("udp4", "0.0.0.0:8472")
+			return err
+		})
+		rep, code = runDoctor(t, h1, confDir)
+		got := rep.problems("vxlan-port")
+		if code != 1 || len(got) != 1 || !strings.Contains(got[0].Message, fmt.Sprintf("a socket on 0.0.0.0:8472 of %s (pid %d)", filepath.Base(os.Args[0])[:min(15, len(filepath.Base(os.Args[0])))], os.Getpid())) {
+			t.Errorf("doctor with the port bound by this test: exit %d, %+v", code, got)
+		}
+		conn.Close()
+
 		if err := h1.Start(); err != nil {
 			t.Fatal(err)
 		}

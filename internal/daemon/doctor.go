@@ -38,6 +38,23 @@ type DiagnoseOptions struct {
 	// KernelRelease, if set, replaces uname's (tests of the checksum
 	// check on a kernel that has the fix).
 	KernelRelease string
+	// Guard and Health read the VXLAN guard's set and the daemon's
+	// per-peer health (issue 32); nil while overlayd has neither: their
+	// checks then say so in a note.
+	Guard  GuardReader
+	Health HealthReader
+}
+
+// GuardReader reads the VXLAN guard's admitted addresses, read only.
+type GuardReader interface {
+	// Admitted returns the addresses the guard admits to the VXLAN port
+	// for family "ip" or "ip6", and whether the guard is on at all.
+	Admitted(family string) (addrs []netip.Addr, enabled bool, err error)
+}
+
+// HealthReader reads the local daemon's per-peer health summary.
+type HealthReader interface {
+	PeerHealth() (*doctor.Health, error)
 }
 
 // Diagnose gathers, read only, the facts `overlayd doctor` judges
@@ -80,8 +97,13 @@ func Diagnose(cfg Config, nc *subnet.Config, snap subnet.Snapshot, opts Diagnose
 	f.Env = readSubnetEnv(cfg.SubnetFile)
 	f.CNI = readCNIConfDir(opts.CNIConfDir)
 
+	if opts.Health != nil {
+		if f.Health, err = opts.Health.PeerHealth(); err != nil {
+			f.Missing["peer-health"] = err.Error()
+		}
+	}
 	err = inNetns(cfg.NetNS, func() error {
-		gatherLinks(&f, cfg, nc, ul, nodeID, own, snap)
+		gatherLinks(&f, cfg, nc, ul, nodeID, own, snap, opts.Guard)
 		gatherSysctls(&f, ul.Iface)
 		gatherFirewall(&f, nc)
 		gatherPort(&f)
@@ -92,7 +114,7 @@ func Diagnose(cfg Config, nc *subnet.Config, snap subnet.Snapshot, opts Diagnose
 
 // gatherLinks reads the underlay, the overlay devices (with the audit of
 // their entries against the leases), the CNI bridge and its ports.
-func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, nodeID string, own subnet.Lease, snap subnet.Snapshot) {
+func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, nodeID string, own subnet.Lease, snap subnet.Snapshot, guard GuardReader) {
 	h, err := netlink.NewHandle()
 	if err != nil {
 		for _, c := range []string{"mtu", "kernel-entries", "checksum-offload", "rp-filter"} {
@@ -152,6 +174,9 @@ func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, no
 		if nl == nil || peers == nil {
 			continue
 		}
+		if guard != nil {
+			gatherGuard(f, guard, fam, peers.peers(fam))
+		}
 		res, err := vxlan.Audit(spec.vxlanConfig(), nl, peers.peers(fam))
 		if err != nil {
 			f.Missing["kernel-entries"] = fmt.Sprintf("%s: %v", name, err)
@@ -187,6 +212,28 @@ func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, no
 		if l.Attrs().MasterIndex == br.Attrs().Index && l.Type() == "veth" {
 			f.Ports = append(f.Ports, doctor.Link{Name: l.Attrs().Name, MTU: l.Attrs().MTU})
 		}
+	}
+}
+
+// gatherGuard records the guard's set of family fam and what the leases
+// want in it: every valid peer's public address.
+func gatherGuard(f *doctor.Facts, g GuardReader, fam backend.Family, peers []backend.Peer) {
+	name := "ip"
+	if fam == backend.IPv6 {
+		name = "ip6"
+	}
+	admitted, enabled, err := g.Admitted(name)
+	if err != nil {
+		f.Missing["vxlan-guard"] = err.Error()
+		return
+	}
+	if f.Guard == nil {
+		f.Guard = &doctor.Guard{Enabled: enabled, Admitted: map[string][]netip.Addr{}, Want: map[string][]netip.Addr{}}
+	}
+	f.Guard.Enabled = f.Guard.Enabled && enabled
+	f.Guard.Admitted[name] = admitted
+	for _, p := range peers {
+		f.Guard.Want[name] = append(f.Guard.Want[name], p.PublicIP)
 	}
 }
 

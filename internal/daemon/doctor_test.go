@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"net/netip"
 	"runtime"
 	"slices"
 	"strings"
@@ -139,5 +140,57 @@ func TestDiagnoseChangesNothing(t *testing.T) {
 	}
 	if h1.routes(t)[own2] {
 		t.Error("Diagnose put the route back")
+	}
+}
+
+// guardSet is a GuardReader holding fixed sets.
+type guardSet struct {
+	on  bool
+	set map[string][]netip.Addr
+}
+
+func (g guardSet) Admitted(fam string) ([]netip.Addr, bool, error) { return g.set[fam], g.on, nil }
+
+// healthOf is a HealthReader with a fixed summary.
+type healthOf struct{ h *doctor.Health }
+
+func (h healthOf) PeerHealth() (*doctor.Health, error) { return h.h, nil }
+
+// The guard's and the prober's checks, through the readers their parts
+// of overlayd provide: the guard's set is judged against the peers' public
+// addresses as the leases in etcd give them (a peer missing, a stranger
+// admitted), the health summary's unreachable peers are problems; without
+// readers both are notes.
+func TestDiagnoseGuardAndHealthThroughTheirReaders(t *testing.T) {
+	c := newCluster(t)
+	h1, h2 := c.addHost("h1", 1), c.addHost("h2", 2)
+	h1.start(t)
+	h2.start(t)
+	own2 := h2.env(t).Lease()
+	waitFor(t, testenv.Slack, "h1's route to h2", func() bool { return h1.routes(t)[own2] })
+	peer, stranger := h2.host.IP, netip.MustParseAddr("198.18.0.99")
+
+	for _, tc := range []struct {
+		name  string
+		opts  DiagnoseOptions
+		check string
+		want  string // in the problem; "" for none
+	}{
+		{"no guard", DiagnoseOptions{}, "vxlan-guard", ""},
+		{"guard admits the peer", DiagnoseOptions{Guard: guardSet{true, map[string][]netip.Addr{"ip": {peer}}}}, "vxlan-guard", ""},
+		{"guard misses the peer", DiagnoseOptions{Guard: guardSet{true, nil}}, "vxlan-guard", "does not admit " + peer.String()},
+		{"guard admits a stranger", DiagnoseOptions{Guard: guardSet{true, map[string][]netip.Addr{"ip": {peer, stranger}}}}, "vxlan-guard", "admits " + stranger.String()},
+		{"every peer reachable", DiagnoseOptions{Health: healthOf{&doctor.Health{Reachable: 1}}}, "peer-health", ""},
+		{"a peer unreachable", DiagnoseOptions{Health: healthOf{&doctor.Health{Unreachable: []doctor.PeerHealth{{Peer: own2.String() + " " + peer.String(), Since: "10:00", Loss: 4}}}}}, "peer-health", "peer " + own2.String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := checkProblems(diagnose(t, c, h1, tc.opts), tc.check)
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("problems: %+v", got)
+			case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0].Message, tc.want)):
+				t.Errorf("problems %+v, want one saying %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -74,6 +74,7 @@ nothing, on the host or in etcd.`,
 		},
 	}
 	h.register(c)
+	c.Flags().Lookup("subnet-file").Usage = "the subnet.env overlayd run writes here (its --subnet-file), to check against the lease"
 	c.Flags().StringVar(&confDir, "cni-conf-dir", defaultCNIConfDir, "the container runtime's CNI config directory, whose first config must be overlay's")
 	checkFlag(c.Flags(), "cni-conf-dir", absDir)
 	return usesEtcd(c)

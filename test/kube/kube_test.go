@@ -74,6 +74,7 @@ func TestKubernetes(t *testing.T) {
 				m.rollingUpdate(t)
 			}
 			m.run(t)
+			c.doctor(t)
 			out = append(out, map[string]any{"pass": p.name, "family": p.family(), "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
 		})
 	}

@@ -395,6 +395,10 @@ func judgeForwardPolicy(f *Facts) []Finding {
 			out1 := packet{net: n.net, in: bridge, out: dev}
 			back := packet{net: n.net, in: dev, out: bridge}
 			var missing []string
+			if v, _ := f.sysctl("net.bridge.bridge-nf-call-" + map[string]string{"ip": "iptables", "ip6": "ip6tables"}[n.fam]); v == "1" &&
+				!accepts(f.Chains, ch, packet{net: n.net, in: bridge, out: bridge}, 0) {
+				missing = append(missing, fmt.Sprintf("between this host's own pods (in %s, out %[1]s: bridge netfilter passes them through the forward hook)", bridge))
+			}
 			if !accepts(f.Chains, ch, out1, 0) {
 				missing = append(missing, fmt.Sprintf("from this host's pods to other hosts' (in %s, out %s)", bridge, dev))
 			}
@@ -405,7 +409,7 @@ func judgeForwardPolicy(f *Facts) []Finding {
 				continue
 			}
 			out = append(out, Finding{Status: Problem, Subject: ch.ID(),
-				Message: fmt.Sprintf("chain %s has policy drop and accepts no traffic of the pod network %s %s: pods on different hosts cannot reach each other", ch.ID(), n.net, strings.Join(missing, ", nor ")),
+				Message: fmt.Sprintf("chain %s has policy drop and accepts no traffic of the pod network %s %s: such packets are dropped", ch.ID(), n.net, strings.Join(missing, ", nor ")),
 				Fix:     acceptFix(ch, n.fam, n.net)})
 		}
 	}

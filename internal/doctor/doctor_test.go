@@ -77,10 +77,13 @@ func TestEachCheckFindsItsProblem(t *testing.T) {
 		{"Docker's FORWARD drop", "forward-policy", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{Verdict: "jump", Target: "DOCKER-USER"}}}}
 			f.Chains = map[string]Chain{"ip filter DOCKER-USER": {Family: "ip", Table: "filter", Name: "DOCKER-USER", Rules: []Rule{{Verdict: "return"}}}}
-		}, []string{"ip filter FORWARD", "pod network 10.244.0.0/16 from this host's pods to other hosts' (in cni0, out overlay.1), nor from other hosts' pods to this host's (in overlay.1, out cni0)", "DOCKER-USER"}},
+		}, []string{"ip filter FORWARD", "pod network 10.244.0.0/16 between this host's own pods", "from this host's pods to other hosts' (in cni0, out overlay.1), nor from other hosts' pods to this host's (in overlay.1, out cni0): such packets are dropped", "DOCKER-USER"}},
 		{"drop chain accepting pods' traffic out only, and established answers", "forward-policy", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Other: true, Verdict: "accept"}, {IIf: "cni0", Verdict: "accept"}}}}
 		}, []string{"inet fw fwd", "from other hosts' pods to this host's (in overlay.1, out cni0)", "nft insert rule inet fw fwd ip saddr 10.244.0.0/16 accept"}},
+		{"bridged pod-to-pod traffic through the forward hook", "forward-policy", func(f *Facts) {
+			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{IIf: "cni0", OIf: "overlay.1", Verdict: "accept"}, {IIf: "overlay.1", OIf: "cni0", Verdict: "accept"}}}}
+		}, []string{"between this host's own pods (in cni0, out cni0"}},
 		{"a drop in a jumped-to chain is final", "forward-policy", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{Verdict: "jump", Target: "ISOLATION"}, {Src: network, Verdict: "accept"}}}}
 			f.Chains = map[string]Chain{"ip filter ISOLATION": {Family: "ip", Table: "filter", Name: "ISOLATION", Rules: []Rule{{OIf: "overlay.1", Verdict: "drop"}}}}
@@ -170,6 +173,10 @@ func TestWhatIsFineIsNotReported(t *testing.T) {
 		}},
 		{"drop chain accepting the bridge's traffic both ways (wildcard too)", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{IIf: "cni+", Verdict: "accept"}, {OIf: "cni0", Verdict: "accept"}}}}
+		}},
+		{"drop chain accepting cross-host traffic only, without bridge netfilter", func(f *Facts) {
+			delete(f.Sysctls, "net.bridge.bridge-nf-call-iptables")
+			f.ForwardChains = []Chain{{Family: "ip", Table: "filter", Name: "FORWARD", Policy: "drop", Rules: []Rule{{IIf: "cni0", OIf: "overlay.1", Verdict: "accept"}, {IIf: "overlay.1", OIf: "cni0", Verdict: "accept"}}}}
 		}},
 		{"drop chain accepting the destination network", func(f *Facts) {
 			f.ForwardChains = []Chain{{Family: "inet", Table: "fw", Name: "fwd", Policy: "drop", Rules: []Rule{{Other: true, Verdict: "drop"}, {Dst: network, Verdict: "accept"}}}}

@@ -51,6 +51,7 @@ func (c *cluster) doctor(t *testing.T) {
 				t.Errorf("%s: doctor: %s: %s; fix: %s", n.Name, f.Check, f.Message, f.Fix)
 			}
 		}
+		t.Logf("%s: overlayd doctor: %d findings, clean=%v", n.Name, len(rep.Findings), rep.Clean)
 		if !kubeProxy {
 			t.Errorf("%s: the doctor did not find kube-proxy, or judged bridge netfilter off: %+v", n.Name, rep.Findings)
 		}

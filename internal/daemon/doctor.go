@@ -96,6 +96,13 @@ func Diagnose(cfg Config, nc *subnet.Config, snap subnet.Snapshot, opts Diagnose
 
 	f.Env = readSubnetEnv(cfg.SubnetFile)
 	f.CNI = readCNIConfDir(opts.CNIConfDir)
+	if env, err := os.Stat(cfg.SubnetFile); err == nil {
+		for i, file := range f.CNI.Files {
+			if conf, err := os.Stat(cmp.Or(file.SubnetFile, subnet.DefaultEnvFile)); err == nil && file.HasOverlay {
+				f.CNI.Files[i].SameSubnetFile = os.SameFile(env, conf)
+			}
+		}
+	}
 
 	if opts.Health != nil {
 		if f.Health, err = opts.Health.PeerHealth(); err != nil {

@@ -234,6 +234,9 @@ type CNIFile struct {
 	SubnetFile string   // overlay-cni's subnetFile ("" if it has none)
 	HasOverlay bool     // a plugin is overlay-cni
 	Bridge     string   // overlay-cni's delegate's bridge ("" for the bridge plugin's default, cni0)
+	// SameSubnetFile says that SubnetFile (or overlay-cni's default) names
+	// the very file subnet.env is, by another path (/var/run is /run).
+	SameSubnetFile bool
 	Err        string
 }
 
@@ -727,7 +730,7 @@ func judgeCNIConfig(f *Facts) []Finding {
 	if have == "" {
 		have = subnet.DefaultEnvFile // overlay-cni's default
 	}
-	if want != "" && have != want {
+	if want != "" && have != want && !first.SameSubnetFile {
 		return []Finding{{Status: Problem, Subject: first.Path,
 			Message: fmt.Sprintf("%s has overlay-cni read %s, but overlayd writes %s", first.Path, have, want),
 			Fix:     fmt.Sprintf("set \"subnetFile\": %q in it, or run overlayd with --subnet-file=%s", want, have)}}

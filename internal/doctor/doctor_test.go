@@ -195,6 +195,9 @@ func TestWhatIsFineIsNotReported(t *testing.T) {
 		{"kernel 5.7 with offload", func(f *Facts) { f.KernelRelease = "5.7.0" }},
 		{"old kernel, offload off", func(f *Facts) { f.KernelRelease = "4.19.0-25-amd64"; f.Devices[0].TxCsum = false }},
 		{"conflist names this subnet.env", func(f *Facts) { f.CNI.Files[0].SubnetFile = "/run/overlay/subnet.env" }},
+		{"conflist names this subnet.env by another path", func(f *Facts) {
+			f.CNI.Files[0].SubnetFile, f.CNI.Files[0].SameSubnetFile = "/var/run/overlay/subnet.env", true
+		}},
 		{"guard admits exactly the leases", func(f *Facts) {
 			a := []netip.Addr{netip.MustParseAddr("198.18.0.2")}
 			f.Guard = &Guard{Enabled: true, Admitted: map[string][]netip.Addr{"ip": a}, Want: map[string][]netip.Addr{"ip": a}}

@@ -270,6 +270,27 @@ func TestDoctorFindsEachBrokenPartOfTheHost(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantClean(t, h1, confDir)
+
+		// The conflist naming subnet.env by another path (a symlink, as
+		// /var/run is /run) is fine; naming another file is not.
+		own := filepath.Join(confDir, "10-overlay.conflist")
+		writeConf := func(subnetFile string) {
+			t.Helper()
+			conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"overlay","plugins":[{"type":"overlay-cni","subnetFile":%q}]}`, subnetFile)
+			if err := os.WriteFile(own, []byte(conf), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		link := filepath.Join(t.TempDir(), "subnet.env")
+		if err := os.Symlink(h1.SubnetFile, link); err != nil {
+			t.Fatal(err)
+		}
+		writeConf(link)
+		wantClean(t, h1, confDir)
+		writeConf(h2.SubnetFile)
+		wantProblem(t, h1, confDir, "cni-config", "has overlay-cni read "+h2.SubnetFile+", but overlayd writes "+h1.SubnetFile)
+		writeConf(h1.SubnetFile)
+		wantClean(t, h1, confDir)
 	})
 
 	// With overlayd stopped (the data path stays in place), nothing

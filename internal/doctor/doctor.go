@@ -237,7 +237,7 @@ type CNIFile struct {
 	// SameSubnetFile says that SubnetFile (or overlay-cni's default) names
 	// the very file subnet.env is, by another path (/var/run is /run).
 	SameSubnetFile bool
-	Err        string
+	Err            string
 }
 
 // Guard is the VXLAN guard's admitted addresses and what the leases want.

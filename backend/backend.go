@@ -157,6 +157,36 @@ type Plane interface {
 	Teardown(ctx context.Context) error
 }
 
+// Gate is a consumer of a plane's peer set that must move in step with
+// the plane's kernel writes: the VXLAN guard (backend/guard), which lets
+// encapsulated traffic in only from the peers' public addresses. The
+// plane calls it from its reconcile pass, with peers whose public
+// addresses (PublicIP) are what the gate admits:
+//
+//   - Admit before the pass writes anything, with the peers it may write
+//     entries for, so a joining peer is admitted
+//     before this host has an entry that sends to it (and before its
+//     answers come): in a full pass (resync) every desired peer's, and the
+//     gate reads its own state back too, repairing drift; in a pass woken
+//     by a change of the peers only those that came (the others were
+//     admitted by the passes that wrote them). Admit only adds. If it
+//     fails the pass writes nothing and fails (retried with backoff, as a
+//     full pass).
+//   - Settle after a full pass, or one in which peers left or changed,
+//     whose writes all succeeded, with every desired peer (keep) and, in
+//     a pass that was not full, the peers that left or changed since the
+//     last one (gone; nil after a full pass): every entry of those is gone
+//     by then, and the gate removes what it admitted for them that no
+//     desired peer still needs (after a full pass, whatever it holds
+//     beyond keep). After a pass with a failed write it is not called: a
+//     leaving peer stays admitted until a pass has removed its entries.
+//
+// Both are called from the plane's reconciling goroutine, never at once.
+type Gate interface {
+	Admit(peers []Peer, resync bool) error
+	Settle(keep, gone []Peer) error
+}
+
 // Device is a plane's device after EnsureDevice.
 type Device struct {
 	Name  string

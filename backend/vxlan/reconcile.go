@@ -101,9 +101,10 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 	okBefore := rec.stats.okWrites
 
 	var p plan
+	var gone, come []Peer
 	full = !onlyPeers || rec.view == nil
 	if !full {
-		gone, come := specDelta(rec.applied, want)
+		gone, come = specDelta(rec.applied, want)
 		if full = anyIn(rec.conflicted, gone, come); !full {
 			p = diff(come, rec.view.scoped(gone, come))
 		}
@@ -114,6 +115,23 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 			return true, rec.finish(start, gen, want, err, nil, nil)
 		}
 		p = diff(want, rec.view)
+	}
+	// The guard admits the peers this pass may write entries for (every
+	// desired peer in a full pass; those that came since the last one
+	// otherwise) before any write, and lets the leaving ones go once
+	// theirs are removed (settle).
+	settle := full || len(gone) > 0
+	if gate := rec.cfg.Gate; gate != nil {
+		admit := want
+		if !full {
+			admit = come
+		}
+		if err := gate.Admit(admit, full); err != nil {
+			// Nothing is written: a peer's entries never go in while
+			// its traffic to us would be dropped.
+			rec.view = nil
+			return full, rec.finish(start, gen, want, fmt.Errorf("VXLAN guard: admit the peers' addresses: %w", err), nil, nil)
+		}
 	}
 	res := rec.apply(&p)
 
@@ -138,6 +156,15 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		// The next pass must retry the peers that failed, which only a
 		// diff of every peer finds.
 		werr, rec.view = res.err, nil
+	} else if gate := rec.cfg.Gate; gate != nil && settle {
+		// Every entry of a peer that left is gone: so may its address.
+		var left []Peer // nil after a full pass: anything may be stale
+		if !full {
+			left = gone
+		}
+		if err := gate.Settle(want, left); err != nil {
+			werr = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err)
+		}
 	}
 	rec.applied = want
 	return full, rec.finish(start, gen, want, werr, &res, conflicts)

@@ -66,6 +66,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "kernel-resync", "0", "want 1s or more"},
 	{[]string{"run"}, "lease-resync", "-5m", "want 1s or more"},
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
+	{[]string{"run"}, "vxlan-guard", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
 	{[]string{"run"}, "subnet-file-format", "FLANNEL_", "want one of overlay, flannel"},
 	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},

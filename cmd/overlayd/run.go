@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
@@ -88,6 +89,7 @@ func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
 		ipMasq, adoptFlannel      bool
+		vxlanGuard                bool
 		healthAddr                string
 	)
 	c := &cobra.Command{
@@ -111,6 +113,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
+			cfg.VXLANGuard = vxlanGuard
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -127,6 +130,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().DurationVar(&kernelResync, "kernel-resync", 30*time.Second, "how often to re-read the kernel and repair drift")
 	c.Flags().DurationVar(&leaseResync, "lease-resync", etcdv3.DefaultResyncInterval, "how often to re-list all leases from etcd in case a watch stalled")
 	c.Flags().BoolVar(&ipMasq, "ip-masq", true, "masquerade pod traffic leaving the cluster network (nftables table \"overlay\"); pod-to-pod traffic is never NATed")
+	c.Flags().BoolVar(&vxlanGuard, "vxlan-guard", true, "accept UDP to the VXLAN port only from the public addresses of hosts holding a valid lease; drop and count the rest (nftables table \"overlay-guard\")")
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
 	checkFlag(c.Flags(), "adopt-flannel", boolean)
@@ -137,8 +141,9 @@ drops no packets; 'overlayd teardown' removes it.`,
 	checkFlag(c.Flags(), "kernel-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "lease-resync", durationAtLeast(time.Second))
 	checkFlag(c.Flags(), "ip-masq", boolean)
+	checkFlag(c.Flags(), "vxlan-guard", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
-	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "health-addr", "adopt-flannel")
+	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "vxlan-guard", "health-addr", "adopt-flannel")
 	registerFlanneldFlags(c)
 	return usesEtcd(c)
 }
@@ -258,6 +263,9 @@ func teardownOutput(res daemon.TeardownResult) printer.Output {
 	if res.MasqRemoved {
 		rep.Removed = append(rep.Removed, "nftables table inet "+masq.TableName)
 	}
+	if res.GuardRemoved {
+		rep.Removed = append(rep.Removed, "nftables table inet "+guard.TableName)
+	}
 	if res.SubnetFile != "" {
 		rep.Removed = append(rep.Removed, res.SubnetFile)
 	}
@@ -288,6 +296,9 @@ func printTeardown(out io.Writer, res daemon.TeardownResult) {
 	}
 	if res.MasqRemoved {
 		lines = append(lines, "removed nftables table inet "+masq.TableName)
+	}
+	if res.GuardRemoved {
+		lines = append(lines, "removed nftables table inet "+guard.TableName+" (the VXLAN guard)")
 	}
 	if res.LeaseRemoved != "" {
 		lines = append(lines, "released lease "+res.LeaseRemoved)

@@ -66,6 +66,11 @@ type Config struct {
 	// IPMasq: overlayd masquerades pod traffic leaving the cluster network
 	// (so subnet.env tells the bridge plugin not to).
 	IPMasq bool
+	// VXLANGuard lets UDP to the VXLAN port in only from the public
+	// addresses of the peers (--vxlan-guard, default on; backend/guard):
+	// the planes drive it. Off, a guard table of an earlier run is
+	// removed.
+	VXLANGuard bool
 	// AdoptFlannel takes over what flanneld left on this host, in place
 	// (--adopt-flannel): its devices flannel.<VNI> and flannel-v6.<VNI>
 	// with their MACs, the routes on them, and its masquerade chain once

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -74,7 +75,8 @@ func TestStartupReasonsAreDocumented(t *testing.T) {
 // table, with its type, and every overlay_* name any document mentions is
 // a registered metric.
 func TestMetricsAreDocumented(t *testing.T) {
-	fams, err := newMetrics(&probe{}).reg.Gather()
+	// A guard, so that the guard's series exist to be gathered.
+	fams, err := newMetrics(&probe{guards: []Guard{fakeGuard{backend.IPv4}}}).reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/subnet"
@@ -52,6 +53,16 @@ type Kernel interface {
 	// RemoveMasquerade deletes overlayd's masquerade table (and the
 	// table of older versions), and reports whether there was one.
 	RemoveMasquerade() (bool, error)
+	// Guard builds the VXLAN guard of family fam for the VXLAN UDP port
+	// port, which the plane of that family drives (PlaneSpec.Gate). It
+	// touches nothing until the plane's first pass.
+	Guard(fam backend.Family, port int) (Guard, error)
+	// RemoveGuard deletes the VXLAN guard's table (both families), and
+	// reports whether there was one.
+	RemoveGuard() (bool, error)
+	// RemoveGuardFamily deletes the VXLAN guard's set and chain of family
+	// fam, leaving the other family's, and reports whether there were any.
+	RemoveGuardFamily(fam backend.Family) (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
 	// MarkTakenOver records on flanneld's device name that overlayd has
@@ -86,6 +97,16 @@ type Masquerader interface {
 	Run(ctx context.Context) error
 	Close() error
 	RemoveFlannel() ([]string, error)
+}
+
+// Guard is one family's VXLAN guard as the daemon holds it: the plane
+// drives it as its backend.Gate; the metrics read its drop count; Close
+// releases it and leaves its table in place (a restart adopts it).
+type Guard interface {
+	backend.Gate
+	Family() backend.Family
+	Dropped() (uint64, error)
+	Close() error
 }
 
 // hostKernel is the real Kernel, in namespace ns (closed: the process's).
@@ -216,6 +237,24 @@ func (k hostKernel) Masquerade(networks []masq.Network, log *slog.Logger) (Masqu
 }
 
 func (k hostKernel) RemoveMasquerade() (bool, error) { return removeMasq(k.ns) }
+
+func (k hostKernel) Guard(fam backend.Family, port int) (Guard, error) {
+	var opts []guard.Option
+	if k.ns.IsOpen() {
+		opts = append(opts, guard.WithNetNS(k.ns))
+	}
+	g, err := guard.New(fam, port, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("--vxlan-guard: %w", err)
+	}
+	return g, nil
+}
+
+func (k hostKernel) RemoveGuard() (bool, error) { return guard.Remove(k.ns) }
+
+func (k hostKernel) RemoveGuardFamily(fam backend.Family) (bool, error) {
+	return guard.RemoveFamily(k.ns, fam)
+}
 
 type keptMasq struct{ *masq.Masq }
 

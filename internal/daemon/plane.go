@@ -42,6 +42,9 @@ type PlaneSpec struct {
 	// OnPeerProgrammed, if set, is called when a peer's current lease is
 	// fully in the kernel for the first time (see vxlan.Config).
 	OnPeerProgrammed func(backend.Peer, time.Time)
+	// Gate, if set, is the VXLAN guard of Family, which the plane drives
+	// in its passes (see backend.Gate).
+	Gate backend.Gate
 }
 
 // vxlanConfig is spec as the VXLAN backend takes it.
@@ -56,7 +59,7 @@ func (spec PlaneSpec) vxlanConfig() vxlan.Config {
 	return vxlan.Config{VNI: b.VNI, Port: b.Port, DirectRouting: b.DirectRouting, MTU: b.MTU,
 		Underlay: spec.Underlay, LocalIP: spec.LocalIP, OwnSubnet: own, NodeID: spec.NodeID,
 		DeviceName: spec.Device, VtepMAC: spec.MAC, ResyncInterval: spec.Resync, Logger: spec.Logger,
-		OnPeerProgrammed: spec.OnPeerProgrammed}
+		OnPeerProgrammed: spec.OnPeerProgrammed, Gate: spec.Gate}
 }
 
 // ownRouteProtocol is the route protocol number of the routes the planes
@@ -87,6 +90,7 @@ type familyPlane struct {
 	family  backend.Family
 	flannel flannelDevice // flanneld's device being taken over; zero if none
 	plane   backend.Plane // nil until startDataPlane built it
+	guard   Guard         // its VXLAN guard; nil with --vxlan-guard=false
 	dev     backend.Device
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/codecs"
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/lib/backoff"
 	"github.com/overlaynet/overlay/subnet"
@@ -172,6 +173,10 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	}
 	if nc.EnableIPv4 && !nc.EnableIPv6 {
 		d.removeOldIPv6(ctx)
+		d.removeOldIPv6Guard()
+	}
+	if !d.cfg.VXLANGuard {
+		d.removeOldGuard()
 	}
 
 	// The peers are programmed from here on, while the masquerade table and
@@ -294,16 +299,54 @@ func (d *daemon) removeOldMasq() {
 	}
 }
 
+// removeOldGuard deletes the VXLAN guard table a run with --vxlan-guard
+// left (Shutdown keeps it, so that a restart opens no gap): nothing would
+// admit new peers to it, and their VXLAN traffic would be dropped. It
+// cannot stop the start: a kernel without nftables has no table.
+func (d *daemon) removeOldGuard() {
+	removed, err := d.cfg.Kernel.RemoveGuard()
+	switch {
+	case err != nil:
+		d.log.Warn("--vxlan-guard=false: cannot check for the VXLAN guard table of an earlier run; if there is one, delete it with `nft delete table inet "+guard.TableName+"`, or it drops the VXLAN traffic of new peers", "err", err)
+	case removed:
+		d.log.Info("--vxlan-guard=false: removed the VXLAN guard table of an earlier run", "table", "inet "+guard.TableName)
+	}
+}
+
+// removeOldIPv6Guard deletes the IPv6 set and chain of the VXLAN guard a
+// run in a network that carried IPv6 left: nothing keeps them any more.
+// Harmless if left (no IPv6 VXLAN device listens), so a failure only
+// warns.
+func (d *daemon) removeOldIPv6Guard() {
+	removed, err := d.cfg.Kernel.RemoveGuardFamily(backend.IPv6)
+	switch {
+	case err != nil:
+		d.log.Warn("the network no longer carries IPv6, but the IPv6 part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet "+guard.TableName+" "+guard.ChainName(backend.IPv6)+"; nft delete set inet "+guard.TableName+" "+guard.SetName(backend.IPv6)+"`", "err", err)
+	case removed:
+		d.log.Info("the network no longer carries IPv6: removed the IPv6 set and chain of the VXLAN guard", "table", "inet "+guard.TableName)
+	}
+}
+
 // buildPlane builds one family's data plane through the Kernel's factory
 // for the lease's subnet of that family, and sets up its device:
 // flanneld's device, if one is being taken over, with the routes flanneld
 // left on it.
 func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed func(backend.Peer, time.Time)) error {
 	nc := d.netCfg
+	var gate backend.Gate
+	if d.cfg.VXLANGuard {
+		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port)
+		if err != nil {
+			return err
+		}
+		d.closers = append(d.closers, func() { _ = g.Close() })
+		fp.guard, gate = g, g
+		d.st.set(func(p *probe) { p.guards = append(p.guards, g) })
+	}
 	be, closePlane, err := d.cfg.Kernel.Plane(PlaneSpec{
 		Backend: nc.Backend, Family: fp.family, Underlay: d.ul.Iface, LocalIP: d.ul.localIP(fp.family),
 		OwnSubnet: ownSubnet(d.lease, fp.family), NodeID: d.nodeID, Device: fp.flannel.name, MAC: fp.flannel.mac,
-		Resync: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed,
+		Resync: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed, Gate: gate,
 	})
 	if err != nil {
 		return err

@@ -75,6 +75,8 @@ type probe struct {
 	store string            // the lease source's name (subnet.Source.Name), with held
 	// planes are the data planes, the IPv4 one first.
 	planes []backend.Plane
+	// guards are the planes' VXLAN guards (none with --vxlan-guard=false).
+	guards []Guard
 	env    *envKeeper
 	config string // why the stored network config no longer fits, if it does not
 	// own says why every host skips this host's lease key, if one does.

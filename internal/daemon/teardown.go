@@ -35,6 +35,7 @@ type TeardownResult struct {
 	// overlayd had taken over (--adopt-flannel).
 	Removed      []RemovedDevice
 	MasqRemoved  bool   // overlayd's nftables table existed and was removed
+	GuardRemoved bool   // the VXLAN guard's nftables table existed and was removed
 	LeaseRemoved string // the subnet whose lease key was deleted, if any
 	LeaseKept    string // why no lease was deleted, if none was
 	SubnetFile   string // subnet.env, if it existed and was removed
@@ -124,6 +125,9 @@ func Teardown(ctx context.Context, cfg Config, opts TeardownOptions) (TeardownRe
 	// teardown removes what it can and reports every failure.
 	var errs []error
 	if res.MasqRemoved, err = cfg.Kernel.RemoveMasquerade(); err != nil {
+		errs = append(errs, err)
+	}
+	if res.GuardRemoved, err = cfg.Kernel.RemoveGuard(); err != nil {
 		errs = append(errs, err)
 	}
 	switch err := os.Remove(cfg.SubnetFile); {

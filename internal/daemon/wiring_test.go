@@ -53,9 +53,11 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	runningAtPlaneClose int
 	deviceAtMasq        bool
-	locked              bool  // LockHost
-	masqErr             error // what Masquerade fails with, if set
-	teardownErr         error // what TeardownUnderlay fails with, if set
+	locked              bool     // LockHost
+	masqErr             error    // what Masquerade fails with, if set
+	teardownErr         error    // what TeardownUnderlay fails with, if set
+	guards              []string // Guard calls, in order: "IPv4 port 8472"
+	guardRemovals       int      // RemoveGuard calls
 }
 
 func newFakeKernel() *fakeKernel {
@@ -190,6 +192,31 @@ func (k *fakeKernel) RemoveMasquerade() (bool, error) {
 	k.note("masq removed")
 	return false, nil
 }
+
+// Guard is a fake VXLAN guard: the fake planes do not drive it.
+func (k *fakeKernel) Guard(fam backend.Family, port int) (Guard, error) {
+	k.mu.Lock()
+	k.guards = append(k.guards, fmt.Sprintf("%v port %d", fam, port))
+	k.mu.Unlock()
+	return fakeGuard{fam}, nil
+}
+
+func (k *fakeKernel) RemoveGuard() (bool, error) {
+	k.mu.Lock()
+	k.guardRemovals++
+	k.mu.Unlock()
+	return false, nil
+}
+
+func (k *fakeKernel) RemoveGuardFamily(backend.Family) (bool, error) { return false, nil }
+
+type fakeGuard struct{ fam backend.Family }
+
+func (g fakeGuard) Admit([]backend.Peer, bool) error { return nil }
+func (g fakeGuard) Settle(_, _ []backend.Peer) error { return nil }
+func (g fakeGuard) Family() backend.Family           { return g.fam }
+func (g fakeGuard) Dropped() (uint64, error)         { return 7, nil }
+func (g fakeGuard) Close() error                     { return nil }
 
 type fakeMasq struct{ k *fakeKernel }
 
@@ -864,4 +891,55 @@ func storeWithConfig(t *testing.T, cfg string) (*etcdtest.Server, *etcdv3.Regist
 		t.Fatal(err)
 	}
 	return srv, reg, ctx
+}
+
+// With --vxlan-guard (the default) each family's plane is built with its
+// own guard, for the network's VXLAN port, and the metric has a series per
+// family; with --vxlan-guard=false no guard is built and the table of an
+// earlier run is removed.
+func TestWiringVXLANGuardPerFamily(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("vxlan-guard=%v", on), func(t *testing.T) {
+			srv, _, _ := storeWithConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","Port":4789}}`)
+			w := startWiring(t, srv, func(c *Config) {
+				c.VXLANGuard = on
+				c.Kernel.(*fakeKernel).setIPv6("fd18::1")
+			})
+			testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+			body, err := getBody(w.health + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.k.mu.Lock()
+			guards, removals, specs := slices.Clone(w.k.guards), w.k.guardRemovals, slices.Clone(w.k.specs)
+			w.k.mu.Unlock()
+			var gates []string
+			for _, s := range specs {
+				if s.Gate != nil {
+					gates = append(gates, fmt.Sprintf("%v plane: %v gate", s.Family, s.Gate.(fakeGuard).fam))
+				}
+			}
+			if !on {
+				if len(guards) != 0 || len(gates) != 0 || removals != 1 || strings.Contains(body, "overlay_vxlan_guard_dropped_packets_total{") {
+					t.Errorf("guards %q, gates %q, %d removals, metric present %v; want none, none, 1, false",
+						guards, gates, removals, strings.Contains(body, "overlay_vxlan_guard_dropped_packets_total{"))
+				}
+				return
+			}
+			if want := []string{"IPv4 port 4789", "IPv6 port 4789"}; !slices.Equal(guards, want) {
+				t.Errorf("guards built %q, want %q", guards, want)
+			}
+			if want := []string{"IPv4 plane: IPv4 gate", "IPv6 plane: IPv6 gate"}; !slices.Equal(gates, want) {
+				t.Errorf("planes given %q, want %q", gates, want)
+			}
+			if removals != 0 {
+				t.Errorf("the guard table was removed %d times while the guard is on", removals)
+			}
+			for _, series := range []string{`overlay_vxlan_guard_dropped_packets_total{family="ipv4"} 7`, `overlay_vxlan_guard_dropped_packets_total{family="ipv6"} 7`} {
+				if !strings.Contains(body, series) {
+					t.Errorf("/metrics lacks %s", series)
+				}
+			}
+		})
+	}
 }

@@ -1,0 +1,271 @@
+package vxlan_test
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/backend/vxlan/vxlantest"
+)
+
+// fakeGate is a backend.Gate in memory: the set it admits, the calls in
+// order (interleaved with the kernel writes by a Fake's OnWrite hook) and
+// an error to fail Admit with.
+type fakeGate struct {
+	mu       sync.Mutex
+	admitted map[netip.Addr]bool
+	events   []string
+	failWith error
+	resyncs  int
+	moved    map[string]string // MAC -> public address, for peers not at 198.18.0.n
+}
+
+func newFakeGate() *fakeGate { return &fakeGate{admitted: map[netip.Addr]bool{}} }
+
+func (g *fakeGate) Admit(peers []backend.Peer, resync bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.failWith != nil {
+		g.events = append(g.events, "admit failed")
+		return g.failWith
+	}
+	if resync {
+		g.resyncs++
+	}
+	for _, p := range peers {
+		g.admitted[p.PublicIP] = true
+	}
+	g.events = append(g.events, "admit")
+	return nil
+}
+
+// Settle removes what no peer of keep has: of gone, or of everything
+// admitted after a full pass (gone nil), as the guard does.
+func (g *fakeGate) Settle(keep, gone []backend.Peer) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	kept := map[netip.Addr]bool{}
+	for _, p := range keep {
+		kept[p.PublicIP] = true
+	}
+	candidates := map[netip.Addr]bool{}
+	for _, p := range gone {
+		candidates[p.PublicIP] = true
+	}
+	for a := range g.admitted {
+		if !kept[a] && (gone == nil || candidates[a]) {
+			delete(g.admitted, a)
+		}
+	}
+	g.events = append(g.events, "settle")
+	return nil
+}
+
+func (g *fakeGate) has(a string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.admitted[netip.MustParseAddr(a)]
+}
+
+func (g *fakeGate) set() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for a := range g.admitted {
+		out = append(out, a.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// gatedHost is a fake host whose backend drives g, with every FDB write
+// recorded among g's events together with whether the peer's address was
+// admitted at that moment.
+func gatedHost(t *testing.T) (*vxlantest.Fake, *vxlan.Backend, *fakeGate) {
+	f, cfg := fakeHost(t)
+	g := newFakeGate()
+	cfg.Gate = g
+	b := newBackend(t, cfg, f)
+	f.OnWrite(func(op, key string) {
+		if op != "FDBSet" && op != "FDBDel" {
+			return
+		}
+		// key is the MAC 0e:00:00:00:00:0n of peer n at 198.18.0.n.
+		ip := "198.18.0." + macHost(key)
+		g.mu.Lock()
+		if moved, ok := g.moved[key]; ok {
+			ip = moved
+		}
+		g.mu.Unlock()
+		state := "unadmitted"
+		if g.has(ip) {
+			state = "admitted"
+		}
+		g.mu.Lock()
+		g.events = append(g.events, op+" "+ip+" "+state)
+		g.mu.Unlock()
+	})
+	return f, b, g
+}
+
+// macHost is peer n's number from its MAC's last byte, in decimal.
+func macHost(mac string) string {
+	n, _ := strconv.ParseUint(mac[len(mac)-2:], 16, 8)
+	return strconv.FormatUint(n, 10)
+}
+
+func (g *fakeGate) takeEvents() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.events
+	g.events = nil
+	return e
+}
+
+func TestGateAdmitsBeforeTheFDBEntryAndSettlesAfterItIsGone(t *testing.T) {
+	f, b, g := gatedHost(t)
+
+	b.SetPeers(peers(2, 3))
+	reconcile(t, b)
+	if got, want := g.takeEvents(), []string{"admit", "FDBSet 198.18.0.2 admitted", "FDBSet 198.18.0.3 admitted", "settle"}; !slices.Equal(got, want) {
+		t.Errorf("cold start: events %q, want %q", got, want)
+	}
+
+	// A peer joins: admitted before its FDB entry is written.
+	b.SetPeers(peers(2, 3, 4))
+	reconcile(t, b)
+	if got, want := g.takeEvents(), []string{"admit", "FDBSet 198.18.0.4 admitted", "settle"}; !slices.Equal(got, want) {
+		t.Errorf("join: events %q, want %q", got, want)
+	}
+
+	// A peer leaves: still admitted while its FDB entry is removed, gone
+	// from the set only after.
+	b.SetPeers(peers(2, 4))
+	reconcile(t, b)
+	if got, want := g.takeEvents(), []string{"admit", "FDBDel 198.18.0.3 admitted", "settle"}; !slices.Equal(got, want) {
+		t.Errorf("leave: events %q, want %q", got, want)
+	}
+	if got, want := g.set(), []string{"198.18.0.2", "198.18.0.4"}; !slices.Equal(got, want) {
+		t.Errorf("admitted %q, want %q", got, want)
+	}
+	_, cfg := fakeHost(t)
+	checkState(t, f, dev, golden(cfg, peers(2, 4)))
+}
+
+func TestGateFailingAdmitWritesNothing(t *testing.T) {
+	_, b, g := gatedHost(t)
+	g.failWith = syscall.ENOBUFS
+	b.SetPeers(peers(2, 3))
+	err := b.Reconcile(t.Context())
+	if !errors.Is(err, syscall.ENOBUFS) {
+		t.Fatalf("Reconcile = %v, want the gate's error", err)
+	}
+	if got, want := g.takeEvents(), []string{"admit failed"}; !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q: no FDB entry without its peer admitted", got, want)
+	}
+	if s := b.Status(); s.InSync || s.PeersProgrammed != 0 {
+		t.Errorf("status after a failed admit: in sync %v, %d programmed; want not in sync, 0", s.InSync, s.PeersProgrammed)
+	}
+	g.failWith = nil
+	reconcile(t, b)
+	if got := g.set(); !slices.Equal(got, []string{"198.18.0.2", "198.18.0.3"}) {
+		t.Errorf("admitted %q after the retry", got)
+	}
+	if s := b.Status(); !s.InSync || s.PeersProgrammed != 2 {
+		t.Errorf("status after the retry: in sync %v, %d programmed; want in sync, 2", s.InSync, s.PeersProgrammed)
+	}
+}
+
+func TestGateKeepsALeavingPeerWhoseEntriesCouldNotBeRemoved(t *testing.T) {
+	f, b, g := gatedHost(t)
+	b.SetPeers(peers(2, 3))
+	reconcile(t, b)
+	g.takeEvents()
+
+	f.Inject(vxlantest.Fault{Op: "FDBDel", Match: "0e:00:00:00:00:03", Err: syscall.EBUSY})
+	b.SetPeers(peers(2))
+	if err := b.Reconcile(t.Context()); err == nil {
+		t.Fatal("Reconcile with a failing FDB delete succeeded")
+	}
+	if !g.has("198.18.0.3") {
+		t.Error("the leaving peer's address was removed while its FDB entry is still there")
+	}
+	if ev := g.takeEvents(); slices.Contains(ev, "settle") {
+		t.Errorf("events %q: settled after a pass with a failed write", ev)
+	}
+	f.ClearFaults()
+	reconcile(t, b)
+	if got := g.set(); !slices.Equal(got, []string{"198.18.0.2"}) {
+		t.Errorf("admitted %q once the entry is gone, want [198.18.0.2]", got)
+	}
+}
+
+func TestGateIsToldToResyncOnFullPassesOnly(t *testing.T) {
+	_, b, g := gatedHost(t)
+	b.SetPeers(peers(2))
+	reconcile(t, b) // full: the first pass lists the kernel
+	if g.resyncs != 1 {
+		t.Fatalf("first pass: %d resyncs, want 1", g.resyncs)
+	}
+	reconcile(t, b) // Reconcile runs a full pass
+	if g.resyncs != 2 {
+		t.Errorf("second full pass: %d resyncs, want 2", g.resyncs)
+	}
+}
+
+// Through Run, where a change of the peers alone brings a pass that
+// lists nothing: the same order, with only the peers that came admitted
+// (no resync), and the gate settled when peers leave or change address.
+func TestGateOrderInIncrementalPasses(t *testing.T) {
+	_, b, g := gatedHost(t)
+	run(t, b)
+	b.SetPeers(peers(2, 3))
+	waitSynced(t, b, 2)
+	resyncs := func() int { g.mu.Lock(); defer g.mu.Unlock(); return g.resyncs }
+	if n := resyncs(); n != 1 {
+		t.Fatalf("%d resyncs after the first pass, want 1", n)
+	}
+	g.takeEvents()
+
+	for _, step := range []struct {
+		name   string
+		peers  []int
+		change func([]backend.Peer) []backend.Peer
+		want   []string // the events of the pass
+		set    []string
+	}{
+		{"join", []int{2, 3, 4}, nil, []string{"admit", "FDBSet 198.18.0.4 admitted"}, []string{"198.18.0.2", "198.18.0.3", "198.18.0.4"}},
+		{"leave", []int{2, 4}, nil, []string{"admit", "FDBDel 198.18.0.3 admitted", "settle"}, []string{"198.18.0.2", "198.18.0.4"}},
+		{"new address", []int{2, 4}, func(ps []backend.Peer) []backend.Peer {
+			g.mu.Lock()
+			g.moved = map[string]string{"0e:00:00:00:00:04": "198.18.0.44"}
+			g.mu.Unlock()
+			ps[1] = withIP(ps[1], "198.18.0.44")
+			return ps
+		}, []string{"admit", "FDBSet 198.18.0.44 admitted", "settle"}, []string{"198.18.0.2", "198.18.0.44"}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			ps := peers(step.peers...)
+			if step.change != nil {
+				ps = step.change(ps)
+			}
+			b.SetPeers(ps)
+			waitSynced(t, b, len(ps))
+			if got := g.takeEvents(); !slices.Equal(got, step.want) {
+				t.Errorf("events %q, want %q", got, step.want)
+			}
+			if got := g.set(); !slices.Equal(got, step.set) {
+				t.Errorf("admitted %q, want %q", got, step.set)
+			}
+		})
+	}
+	if n := resyncs(); n != 1 {
+		t.Errorf("%d resyncs: passes woken by SetPeers alone made the gate read the kernel", n)
+	}
+}

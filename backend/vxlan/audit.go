@@ -28,6 +28,9 @@ type AuditResult struct {
 	// Rejected are peers the backend refuses (a duplicate subnet, MAC or
 	// next hop, our own address ...), with the reason.
 	Rejected map[string]string
+	// Peers are the peers a pass would program (the rest), sorted by
+	// subnet: those the VXLAN guard admits.
+	Peers []Peer
 }
 
 // Drift is one kernel entry that differs from the desired peers.
@@ -80,7 +83,7 @@ func Audit(cfg Config, nl Netlink, peers []Peer) (AuditResult, error) {
 		res.DeviceProblem = compareDevice(dev.spec(underlay), have, wantAddr, addrs).Reason()
 	}
 	specs, rejected, _ := validatePeers(peers, cfg.fam, cfg.OwnSubnet, cfg.LocalIP)
-	res.Rejected = rejected
+	res.Rejected, res.Peers = rejected, specs
 	rec := &reconciler{cfg: cfg, nl: nl, dev: dev}
 	kernel, err := rec.readKernel(have.Index)
 	if err != nil {

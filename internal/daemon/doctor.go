@@ -25,6 +25,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/codecs"
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/doctor"
@@ -38,9 +39,10 @@ type DiagnoseOptions struct {
 	// KernelRelease, if set, replaces uname's (tests of the checksum
 	// check on a kernel that has the fix).
 	KernelRelease string
-	// Guard and Health read the VXLAN guard's set and the daemon's
-	// per-peer health (issue 32); nil while overlayd has neither: their
-	// checks then say so in a note.
+	// Guard reads the VXLAN guard's sets; nil: the kernel's (the
+	// nftables table backend/guard keeps). Health reads the daemon's
+	// per-peer health (issue 32); nil: there is none to read, and its
+	// check says so in a note.
 	Guard  GuardReader
 	Health HealthReader
 }
@@ -108,6 +110,9 @@ func Diagnose(cfg Config, nc *subnet.Config, snap subnet.Snapshot, opts Diagnose
 		if f.Health, err = opts.Health.PeerHealth(); err != nil {
 			f.Missing["peer-health"] = err.Error()
 		}
+	}
+	if opts.Guard == nil {
+		opts.Guard = kernelGuard{port: nc.Backend.Port}
 	}
 	err = inNetns(cfg.NetNS, func() error {
 		gatherLinks(&f, cfg, nc, ul, nodeID, own, snap, opts.Guard)
@@ -181,14 +186,12 @@ func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, no
 		if nl == nil || peers == nil {
 			continue
 		}
-		if guard != nil {
-			gatherGuard(f, guard, fam, peers.peers(fam))
-		}
 		res, err := vxlan.Audit(spec.vxlanConfig(), nl, peers.peers(fam))
 		if err != nil {
 			f.Missing["kernel-entries"] = fmt.Sprintf("%s: %v", name, err)
 			continue
 		}
+		gatherGuard(f, guard, fam, res.Peers)
 		if !f.HasLease {
 			// The device's address is its lease's: without one, only the
 			// peers' entries can be judged (the missing lease is reported).
@@ -222,8 +225,23 @@ func gatherLinks(f *doctor.Facts, cfg Config, nc *subnet.Config, ul Underlay, no
 	}
 }
 
+// kernelGuard reads the VXLAN guard overlayd keeps (backend/guard) in the
+// calling thread's namespace: the set of a family and whether its set,
+// chain and rule are all in place.
+type kernelGuard struct{ port int }
+
+func (g kernelGuard) Admitted(family string) ([]netip.Addr, bool, error) {
+	fam := backend.IPv4
+	if family == "ip6" {
+		fam = backend.IPv6
+	}
+	s, err := guard.Read(netns.None(), fam, g.port)
+	return s.Admitted, s.Present, err
+}
+
 // gatherGuard records the guard's set of family fam and what the leases
-// want in it: every valid peer's public address.
+// want in it: the public address of every peer the data plane programs
+// (the VXLAN plane admits exactly those).
 func gatherGuard(f *doctor.Facts, g GuardReader, fam backend.Family, peers []backend.Peer) {
 	name := "ip"
 	if fam == backend.IPv6 {

@@ -746,7 +746,7 @@ func judgeGuard(f *Facts) []Finding {
 		return []Finding{{Status: Note, Message: "this overlayd has no VXLAN guard to check"}}
 	}
 	if !f.Guard.Enabled {
-		return []Finding{{Status: Note, Message: "the VXLAN guard is off (--vxlan-guard=false): anyone reaching the VXLAN port can inject packets"}}
+		return []Finding{{Status: Note, Message: "the VXLAN guard is not in place (overlayd runs with --vxlan-guard=false, or has not started): anyone reaching the VXLAN port can inject packets"}}
 	}
 	var out []Finding
 	for _, fam := range []string{"ip", "ip6"} {

@@ -18,6 +18,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 
+	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/internal/doctor"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
@@ -321,6 +323,25 @@ func TestDoctorFindsEachBrokenPartOfTheHost(t *testing.T) {
 		rep, code := runDoctor(t, h1, confDir)
 		if code != 1 || len(rep.problems("subnet-env")) == 0 || !strings.Contains(rep.problems("subnet-env")[0].Message, own2.String()) {
 			t.Errorf("doctor with h2's subnet in h1's subnet.env: exit %d, %+v", code, rep.problems("subnet-env"))
+		}
+
+		// The VXLAN guard's set without h2's address (removed by hand):
+		// h2's packets would be dropped.
+		c := nftConn(t, h1)
+		gt := &nftables.Table{Family: nftables.TableFamilyINet, Name: guard.TableName}
+		set, err := c.GetSetByName(gt, guard.SetName(backend.IPv4))
+		if err != nil {
+			t.Fatalf("the guard's set: %v", err)
+		}
+		if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: h2.IP.AsSlice()}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		rep, code = runDoctor(t, h1, confDir)
+		if g := rep.problems("vxlan-guard"); code != 1 || len(g) != 1 || !strings.Contains(g[0].Message, "does not admit "+h2.IP.String()) {
+			t.Errorf("doctor with h2's address out of the guard's set: exit %d, %+v", code, g)
 		}
 
 		// The port held by a process: with the device down (its kernel

@@ -21,7 +21,8 @@ GOTAGS    := grpcnotrace
 FUZZ_EXECS := FuzzPluginMain=1500 FuzzParseConf=40000 FuzzVerbs=3000 FuzzCorruptCache=750 \
               FuzzParseConfig=100000 FuzzLeaseKeyAndValue=75000 FuzzDecodeAttrsReadsAsMemberByMember=50000 \
               FuzzReplay=100000 FuzzFastDecodingAgreesWithEncodingJSON=15000 \
-              FuzzLeaseDataFastAgreesWithEncodingJSON=15000 FuzzLeaseDataReadsAsMemberByMember=50000
+              FuzzLeaseDataFastAgreesWithEncodingJSON=15000 FuzzLeaseDataReadsAsMemberByMember=50000 \
+              FuzzParseReply=60000
 FUZZTIME  ?=
 
 .PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps

@@ -19,6 +19,7 @@ import (
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -91,6 +92,9 @@ func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 		ipMasq, adoptFlannel      bool
 		vxlanGuard                bool
 		healthAddr                string
+		peerProbe                 bool
+		peerProbeSweep            time.Duration
+		peerProbeRate             int
 	)
 	c := &cobra.Command{
 		Use:   "run",
@@ -113,6 +117,8 @@ drops no packets; 'overlayd teardown' removes it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
+			cfg.NoPeerProbe = !peerProbe
+			cfg.PeerProbe = peerhealth.Settings{Sweep: peerProbeSweep, Rate: float64(peerProbeRate)}
 			cfg.VXLANGuard = vxlanGuard
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
@@ -134,6 +140,13 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
 	checkFlag(c.Flags(), "adopt-flannel", boolean)
+	c.Flags().BoolVar(&peerProbe, "peer-probe", true, "probe every peer through the overlay (ICMP echo to its VTEP address) and report its health in /status, `overlayd status --peers` and the metrics")
+	c.Flags().DurationVar(&peerProbeSweep, "peer-probe-sweep", peerhealth.DefaultSweep, "probe each peer this often (longer when there are more peers than --peer-probe-rate allows in it)")
+	c.Flags().IntVar(&peerProbeRate, "peer-probe-rate", peerhealth.DefaultRate, "send at most this many probes per second, whatever the number of peers")
+	checkFlag(c.Flags(), "peer-probe", boolean)
+	checkFlag(c.Flags(), "peer-probe-sweep", durationAtLeast(peerhealth.MinSweep))
+	checkFlag(c.Flags(), "peer-probe-rate", intIn(1, peerhealth.MaxRate))
+	fromEnv(c.Flags(), "peer-probe", "peer-probe-sweep", "peer-probe-rate")
 	c.Flags().String("subnet-file-format", string(subnet.FormatOverlay), "format of --subnet-file: overlay (OVERLAY_* keys, for overlay-cni) or flannel (flanneld's FLANNEL_* keys, for tools written for flannel; overlay-cni reads both)")
 	checkFlag(c.Flags(), "subnet-file-format", oneOf(string(subnet.FormatOverlay), string(subnet.FormatFlannel)))
 	fromEnv(c.Flags(), "subnet-file-format")

@@ -18,6 +18,7 @@ import (
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -81,6 +82,10 @@ type Kernel interface {
 	// data path p can be built here: ErrNoNetAdmin, ErrPortInUse (naming
 	// the holder), or nil.
 	CheckDataPath(p DataPath) error
+	// Pinger opens the ICMP socket that probes the peers of fam from
+	// this host's VTEP address src (peerhealth.Open), and says which
+	// kind of socket it is.
+	Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error)
 }
 
 // TakenOverAlias is the alias (IFLA_IFALIAS, `ip link show` prints it)
@@ -136,6 +141,14 @@ func (k hostKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 		return nil, nil, err
 	}
 	return be, func() { _ = nl.Close() }, nil
+}
+
+func (k hostKernel) Pinger(fam backend.Family, src netip.Addr) (pg peerhealth.Pinger, kind string, err error) {
+	err = inNetns(k.ns, func() error {
+		pg, kind, err = peerhealth.Open(fam, src)
+		return err
+	})
+	return pg, kind, err
 }
 
 func (k hostKernel) TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {

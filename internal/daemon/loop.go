@@ -116,7 +116,11 @@ func (d *daemon) onBatch(b subnet.Batch) {
 // publishPeers hands the peer set to the backends and records its size.
 func (d *daemon) publishPeers() {
 	for _, fp := range d.planes {
-		fp.plane.SetPeers(d.peers.peers(fp.family))
+		peers := d.peers.peers(fp.family)
+		fp.plane.SetPeers(peers)
+		if d.prober != nil {
+			d.prober.SetPeers(fp.family, peers)
+		}
 	}
 	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
 	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -23,6 +24,10 @@ type metrics struct {
 	rejectionsTotal prometheus.Counter
 	watchRestarts   prometheus.Counter
 	eventLatency    prometheus.Histogram
+	// The probes of the peers (peerhealth), by family and outcome, and
+	// the round trips of the answered ones.
+	probes   *prometheus.CounterVec
+	probeRTT *prometheus.HistogramVec
 
 	// pending maps a peer subnet to when its latest lease event arrived,
 	// until the backend reports it programmed; listed holds the arrivals
@@ -53,7 +58,18 @@ func newMetrics(p *probe) *metrics {
 		eventLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "overlay_event_to_programmed_seconds",
 			Help:    "Time from a lease event reaching the daemon to the peer's kernel entries being in place.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5}}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "overlay_peer_probes_total",
+			Help: "Probes of peers through the overlay (ICMP echo to each peer's VTEP address), by family and result (answered, lost)."}, []string{"family", "result"}),
+		probeRTT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "overlay_peer_probe_rtt_seconds",
+			Help:    "Round-trip time of the answered probes of peers through the overlay.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}, []string{"family"}),
 		pending: map[netip.Prefix]time.Time{},
+	}
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		// Present from the start, so a rate() over them has a base.
+		m.probes.WithLabelValues(fam, "answered")
+		m.probes.WithLabelValues(fam, "lost")
+		m.probeRTT.WithLabelValues(fam)
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -77,6 +93,8 @@ func newMetrics(p *probe) *metrics {
 			func() float64 { return b2f(p.status(time.Now()).Ready) }),
 	)
 	m.reg.MustRegister(dataPlaneCollectors(p)...)
+	m.reg.MustRegister(m.probes, m.probeRTT)
+	m.reg.MustRegister(peerHealthCollectors(p)...)
 	m.reg.MustRegister(guardCollector{p: p, dropped: prometheus.NewDesc("overlay_vxlan_guard_dropped_packets_total",
 		"UDP datagrams to the VXLAN port dropped by the VXLAN guard because their source holds no valid lease (read from the guard's nftables counter).",
 		[]string{"family"}, nil)})
@@ -215,4 +233,54 @@ func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 	if ok {
 		m.eventLatency.Observe(at.Sub(arrived).Seconds())
 	}
+}
+
+// peerHealthCollectors are the counts of peers by what their probes
+// found, per family: no per-peer label, so a cluster of 10,000 hosts
+// costs each host four series (every peer is in /status).
+func peerHealthCollectors(p *probe) []prometheus.Collector {
+	var out []prometheus.Collector
+	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		count := func(f func(peerhealth.FamilyCounts) int) func() float64 {
+			return func() float64 {
+				p.mu.Lock()
+				health := p.health
+				p.mu.Unlock()
+				if health == nil {
+					return 0
+				}
+				c, c6 := health.Counts()
+				if fam == backend.IPv6 {
+					c = c6
+				}
+				return float64(f(c))
+			}
+		}
+		labels := prometheus.Labels{"family": familyLabel(fam)}
+		out = append(out,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_peers_reachable", ConstLabels: labels,
+				Help: "Peers whose last probe through the overlay was answered."}, count(func(c peerhealth.FamilyCounts) int { return c.Reachable })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_peers_unreachable", ConstLabels: labels,
+				Help: "Peers whose last probes through the overlay (3 in a row) were lost."}, count(func(c peerhealth.FamilyCounts) int { return c.Unreachable })))
+	}
+	return out
+}
+
+// probed counts one probe's outcome (peerhealth.Config.OnResult).
+func (m *metrics) probed(fam backend.Family, answered bool, rtt time.Duration) {
+	if !answered {
+		m.probes.WithLabelValues(familyLabel(fam), "lost").Inc()
+		return
+	}
+	m.probes.WithLabelValues(familyLabel(fam), "answered").Inc()
+	m.probeRTT.WithLabelValues(familyLabel(fam)).Observe(rtt.Seconds())
+}
+
+// familyLabel is fam as the metrics' family label says it ("ipv4",
+// "ipv6"), as the guard's drop counter does.
+func familyLabel(fam backend.Family) string {
+	if fam == backend.IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
 }

@@ -183,6 +183,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
 	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.src.LeaseName)
+	d.newProber()
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the
@@ -198,6 +199,9 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.snap = subnet.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	for _, fp := range d.planes {
 		d.wg.Go(func() { _ = fp.plane.Run(ctx) })
+	}
+	if d.prober != nil {
+		d.wg.Go(func() { _ = d.prober.Run(ctx) })
 	}
 
 	if d.cfg.IPMasq {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -51,8 +52,21 @@ type Status struct {
 	LastReconcile *time.Time `json:"lastReconcile,omitempty"`
 	LastError     string     `json:"lastError,omitempty"`
 
+	// PeerHealth is what the probes of the peers through the overlay
+	// found (absent with --peer-probe=false). It never affects Ready: a
+	// dead peer must not make every other host unready.
+	PeerHealth *PeerHealth `json:"peerHealth,omitempty"`
+
 	Ready      bool        `json:"ready"`
 	Conditions []Condition `json:"conditions"`
+}
+
+// PeerHealth is the probing of the peers (peerhealth.Summary: whether
+// it runs, the counts per family, the worst few peers) and, unless
+// /status is asked with ?peers=none, every peer's record.
+type PeerHealth struct {
+	peerhealth.Summary
+	Peers []peerhealth.PeerHealth `json:"peers,omitempty"`
 }
 
 // Condition is one readiness check.
@@ -83,6 +97,10 @@ type probe struct {
 	own    string
 	counts counts
 	peers  int
+
+	// health is the prober of the peers, once made (nil with
+	// --peer-probe=false).
+	health *peerhealth.Prober
 
 	// pending is a change of the stored network config this host applies
 	// when it restarts, while it keeps carrying traffic (see ipv6Toggled).
@@ -115,7 +133,7 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 // the daemon owns is a condition of its own.
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, store, planes, env, phase, config, own := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own
+	mgr, store, planes, env, phase, config, own, health := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own, p.health
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
 	if p.publicIP.IsValid() {
@@ -148,6 +166,9 @@ func (p *probe) status(now time.Time) Status {
 		} else {
 			s.Device, s.MTU, s.VtepMAC = st.Device, st.MTU, mac
 		}
+	}
+	if health != nil {
+		s.PeerHealth = &PeerHealth{Summary: health.Summary()}
 	}
 	if len(sts) > 0 {
 		st := combined(sts)

@@ -32,6 +32,7 @@ import (
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/fakeplane"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -58,6 +59,10 @@ type fakeKernel struct {
 	teardownErr         error    // what TeardownUnderlay fails with, if set
 	guards              []string // Guard calls, in order: "IPv4 port 8472"
 	guardRemovals       int      // RemoveGuard calls
+	// pinger is what Pinger opens, if set (else no socket is allowed);
+	// pingedFrom records each Pinger call's family and source.
+	pinger     peerhealth.Pinger
+	pingedFrom []string
 }
 
 func newFakeKernel() *fakeKernel {
@@ -246,6 +251,18 @@ func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.marked[name]
+}
+
+// Pinger opens the fake host's pinger, if it has one; else no ICMP
+// socket is allowed there: the prober reports it and the daemon runs on.
+func (k *fakeKernel) Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pingedFrom = append(k.pingedFrom, fam.String()+" "+src.String())
+	if k.pinger == nil {
+		return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
+	}
+	return k.pinger, "fake", nil
 }
 
 // CheckDataPath finds the fake host able to serve any data path.

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/doctor"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -19,7 +22,8 @@ func newDoctorCommand(g *GlobalFlags) *cobra.Command {
 	var (
 		h       hostFlags
 		cfg     daemon.Config // built by PreRunE
-		confDir string
+		confDir    string
+		healthAddr string
 	)
 	c := &cobra.Command{
 		Use:   "doctor",
@@ -59,7 +63,8 @@ nothing, on the host or in etcd.`,
 			if err != nil {
 				return g.etcdHint(err)
 			}
-			facts, err := daemon.Diagnose(cfg, nc, snap, daemon.DiagnoseOptions{CNIConfDir: confDir})
+			facts, err := daemon.Diagnose(cfg, nc, snap, daemon.DiagnoseOptions{CNIConfDir: confDir,
+				Health: statusHealth{ctx: sess.ctx, addr: healthAddr, timeout: g.DialTimeout}})
 			if err != nil {
 				return err
 			}
@@ -75,6 +80,9 @@ nothing, on the host or in etcd.`,
 	}
 	h.register(c)
 	c.Flags().Lookup("subnet-file").Usage = "the subnet.env overlayd run writes here (its --subnet-file), to check against the lease"
+	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "the local overlayd's --health-addr, whose /status has the peers' health")
+	checkFlag(c.Flags(), "health-addr", listenAddr(false))
+	fromEnv(c.Flags(), "health-addr") // the local daemon's, as run reads it
 	c.Flags().StringVar(&confDir, "cni-conf-dir", defaultCNIConfDir, "the container runtime's CNI config directory, whose first config must be overlay's")
 	checkFlag(c.Flags(), "cni-conf-dir", absDir)
 	return usesEtcd(c)
@@ -108,4 +116,33 @@ func doctorOutput(fs []doctor.Finding) printer.Output {
 		out.Rows = append(out.Rows, []string{string(f.Status), f.Check, msg})
 	}
 	return out
+}
+
+// statusHealth reads the per-peer health summary from the local
+// overlayd's /status: every peer it reports unreachable, with since when
+// and how many probes in a row it lost. A daemon that cannot be reached,
+// or does not probe, has none to report (the check says so in a note;
+// kernel-entries tells whether overlayd keeps the data path).
+type statusHealth struct {
+	ctx     context.Context
+	addr    string
+	timeout time.Duration
+}
+
+func (s statusHealth) PeerHealth() (*doctor.Health, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+	defer cancel()
+	st, err := fetchStatus(ctx, s.addr, true)
+	if err != nil || st.PeerHealth == nil || !st.PeerHealth.Probing {
+		return nil, nil
+	}
+	h := &doctor.Health{Reachable: st.PeerHealth.IPv4.Reachable + st.PeerHealth.IPv6.Reachable}
+	for _, p := range st.PeerHealth.Peers {
+		if p.State != peerhealth.Unreachable {
+			continue
+		}
+		h.Unreachable = append(h.Unreachable, doctor.PeerHealth{Peer: p.Peer + " " + p.Family + " at " + p.PublicIP,
+			Since: p.Since.Format(time.RFC3339), Loss: p.ConsecutiveLosses})
+	}
+	return h, nil
 }

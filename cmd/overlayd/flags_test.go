@@ -100,6 +100,7 @@ var badFlags = []badFlag{
 	{[]string{"doctor"}, "subnet-file", "subnet.env", "want an absolute file path"},
 	{[]string{"doctor"}, "log-format", "yaml", "want one of text, json"},
 	{[]string{"doctor"}, "log-level", "trace", "want one of debug"},
+	{[]string{"doctor"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
 	{[]string{"doctor"}, "cni-conf-dir", "etc/cni/net.d", "want an absolute directory path"},
 	{[]string{"doctor"}, "cni-conf-dir", "/proc/self/status", "is not a directory"},
 	// flanneld's flags (flanneld_flags.go): overlayd's of the same name,

@@ -143,6 +143,12 @@ func TestDoctorFindsEachBrokenPartOfTheHost(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor on a working host: exit %d, problems %+v", code, rep.problems(""))
 	}
+	for _, f := range rep.Findings {
+		// The guard and the prober run in every lab host: both are read.
+		if (f.Check == "vxlan-guard" || f.Check == "peer-health") && f.Status != doctor.OK {
+			t.Errorf("%s on a working host: %+v, want ok", f.Check, f)
+		}
+	}
 	for _, c := range doctor.Checks {
 		found := false
 		for _, f := range rep.Findings {

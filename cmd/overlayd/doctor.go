@@ -20,8 +20,8 @@ const defaultCNIConfDir = "/etc/cni/net.d"
 
 func newDoctorCommand(g *GlobalFlags) *cobra.Command {
 	var (
-		h       hostFlags
-		cfg     daemon.Config // built by PreRunE
+		h          hostFlags
+		cfg        daemon.Config // built by PreRunE
 		confDir    string
 		healthAddr string
 	)

@@ -120,16 +120,17 @@ GOVULNDB ?= https://vuln.go.dev
 # The tree's direction (README "Layout"): the binaries never link the
 # standard testing package, the test harness or the programs, the
 # leaves in internal/lib import nothing of ours, and the pure lease rules
-# (subnet, internal/leaseadmin, the codec picker backend/codecs) link no
+# (subnet, internal/leaseadmin, the codec picker backend/codecs) and the
+# doctor's judgements (internal/doctor: facts in, findings out) link no
 # netlink, nftables or prometheus.
 layering:
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|/internal/testing/|/tools/'); \
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \
 	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours outside internal/lib:"; echo "$$bad"; exit 1; fi
-	@for p in ./subnet ./internal/leaseadmin ./backend/codecs; do \
+	@for p in ./subnet ./internal/leaseadmin ./backend/codecs ./internal/doctor; do \
 	  bad=$$($(GO) list -deps $$p | grep -E '/vishvananda/netlink|/google/nftables|/prometheus/'); \
-	  if [ -n "$$bad" ]; then echo "$$p judges leases without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
+	  if [ -n "$$bad" ]; then echo "$$p judges without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
 	done
 
 lint:

@@ -117,6 +117,7 @@ func TestKubernetes(t *testing.T) {
 				out = append(out, map[string]any{"pass": p.name, "family": familyName(v6), "services": p.services,
 					"proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
 			}
+			c.doctor(t)
 			if p.forward == "drop+accept" {
 				for _, network := range p.networks() {
 					k1 := c.node("k1")

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/internal/daemon"
@@ -442,22 +440,9 @@ func TestPeerHealthOfAFlanneldPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	h2, err := l.AddNode("h2", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
-		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
-		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
 	// Its lease first, so h1 leases around it; the data path once h1's
 	// lease and MAC are known.
-	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
-		t.Fatal(err)
-	}
+	h2, fl, grant := flannelLeaseHolder(ctx, t, l, cli)
 	h1 := labtest.StartHost(t, l, "h1", 1)
 	labtest.WaitReady(t, h1)
 	st1, err := h1.Status(ctx)
@@ -469,7 +454,7 @@ func TestPeerHealthOfAFlanneldPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	fl.Peers = []flannelhost.Peer{{Subnet: lease(t, h1), PublicIP: h1.IP, VtepMAC: mac1}}
-	if _, err := cli.Revoke(ctx, grant.ID); err != nil { // Build writes the lease again, with its own etcd lease
+	if _, err := cli.Revoke(ctx, grant); err != nil { // Build writes the lease again, with its own etcd lease
 		t.Fatal(err)
 	}
 	if _, err := fl.Build(ctx, h2.NS, cli, etcdv3.DefaultPrefix); err != nil {

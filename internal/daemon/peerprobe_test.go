@@ -2,8 +2,8 @@ package daemon
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -32,7 +32,7 @@ func (e *echoPinger) Send(dst netip.Addr, seq uint16) error {
 	case e.replies <- [2]any{dst, seq}:
 		return nil
 	case <-e.closed:
-		return errors.New("closed")
+		return net.ErrClosed
 	}
 }
 
@@ -41,7 +41,7 @@ func (e *echoPinger) Receive() (netip.Addr, uint16, error) {
 	case r := <-e.replies:
 		return r[0].(netip.Addr), r[1].(uint16), nil
 	case <-e.closed:
-		return netip.Addr{}, 0, errors.New("closed")
+		return netip.Addr{}, 0, net.ErrClosed
 	}
 }
 

@@ -237,7 +237,7 @@ func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 
 // peerHealthCollectors are the counts of peers by what their probes
 // found, per family: no per-peer label, so a cluster of 10,000 hosts
-// costs each host four series (every peer is in /status).
+// costs each host four series (every peer is in /status?peers=all).
 func peerHealthCollectors(p *probe) []prometheus.Collector {
 	var out []prometheus.Collector
 	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {

@@ -50,7 +50,7 @@ func (e *echoPinger) Close() error { e.once.Do(func() { close(e.closed) }); retu
 // status GETs /status (with every peer's health).
 func (w *wiring) status() (Status, error) {
 	var st Status
-	resp, err := http.Get(w.health + "/status")
+	resp, err := http.Get(w.health + "/status?peers=all")
 	if err != nil {
 		return st, err
 	}
@@ -87,6 +87,15 @@ func TestWiringProbesThePeers(t *testing.T) {
 		if p.State != peerhealth.Reachable || p.VTEP != strings.TrimSuffix(p.Peer, "/24") || p.Received == 0 {
 			t.Errorf("peer %+v", p)
 		}
+	}
+	// Plain /status (what older clients read with a 1 MiB limit): the
+	// summary, not every peer.
+	var plain Status
+	if err := getJSON(w.health+"/status", &plain); err != nil {
+		t.Fatal(err)
+	}
+	if ph := plain.PeerHealth; ph == nil || ph.IPv4.Reachable != 2 || len(ph.Peers) != 0 {
+		t.Errorf("plain /status peerHealth %+v, want the summary without the peers", ph)
 	}
 	own := netip.MustParsePrefix(st.Subnet).Addr()
 	k.mu.Lock()

@@ -62,8 +62,8 @@ type Status struct {
 }
 
 // PeerHealth is the probing of the peers (peerhealth.Summary: whether
-// it runs, the counts per family, the worst few peers) and, unless
-// /status is asked with ?peers=none, every peer's record.
+// it runs, the counts per family, the worst few peers) and, when
+// /status is asked with ?peers=all, every peer's record.
 type PeerHealth struct {
 	peerhealth.Summary
 	Peers []peerhealth.PeerHealth `json:"peers,omitempty"`

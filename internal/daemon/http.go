@@ -49,12 +49,7 @@ func serveHTTP(ctx context.Context, ln net.Listener, p *probe, m *metrics, log *
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		st := p.status(time.Now())
-		if st.PeerHealth != nil && r.URL.Query().Get("peers") == "all" {
-			p.mu.Lock()
-			health := p.health
-			p.mu.Unlock()
-			st.PeerHealth.Peers = health.Peers()
-		}
+		st.PeerHealth = p.peerHealth(r.URL.Query().Get("peers") == "all")
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(st)
 	})

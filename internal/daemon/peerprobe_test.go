@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -96,6 +97,21 @@ func TestWiringProbesThePeers(t *testing.T) {
 	}
 	if ph := plain.PeerHealth; ph == nil || ph.IPv4.Reachable != 2 || len(ph.Peers) != 0 {
 		t.Errorf("plain /status peerHealth %+v, want the summary without the peers", ph)
+	}
+	// The gauges, from one Counts a scrape.
+	resp, err := http.Get(w.health + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`overlay_peers_reachable{family="ipv4"} 2`, `overlay_peers_unreachable{family="ipv4"} 0`, `overlay_peers_reachable{family="ipv6"} 0`} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 	own := netip.MustParsePrefix(st.Subnet).Addr()
 	k.mu.Lock()

@@ -36,13 +36,13 @@ type hostFlags struct {
 func (h *hostFlags) register(c *cobra.Command) {
 	f := c.Flags()
 	h.underlay.register(f)
-	f.Var(addrValue{&h.publicIP}, "public-ip", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
+	f.Var(addrValue{&h.publicIP}, "public-ip", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface); an IPv6 address is taken as --public-ipv6")
 	f.Var(addrValue{&h.publicIPv6}, "public-ipv6", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
 	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	checkFlag(f, "public-ip", hostIPv4)
+	checkFlag(f, "public-ip", hostIP)
 	checkFlag(f, "public-ipv6", hostIPv6)
 	checkFlag(f, "node-name", nodeName)
 	checkFlag(f, "subnet-file", absFile)
@@ -62,10 +62,29 @@ func (h *hostFlags) config(g *GlobalFlags, fs *pflag.FlagSet, errOut io.Writer) 
 		return daemon.Config{}, err
 	}
 	cfg := daemon.Config{Etcd: g.clientConfig(), Prefix: g.Prefix, NodeName: h.nodeName, SubnetFile: h.subnetFile, Logger: log}
-	if err := cfg.ChooseUnderlay(daemon.UnderlayFlags{Selection: h.underlay.selection(), PublicIP: h.publicIP, PublicIPv6: h.publicIPv6}); err != nil {
+	publicIP, publicIPv6, err := h.publicAddrs(fs)
+	if err != nil {
+		return cfg, err
+	}
+	if err := cfg.ChooseUnderlay(daemon.UnderlayFlags{Selection: h.underlay.selection(), PublicIP: publicIP, PublicIPv6: publicIPv6}); err != nil {
 		return cfg, usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "iface-regex", "iface-can-reach", "public-ip", "public-ipv6"))}
 	}
 	return cfg, nil
+}
+
+// publicAddrs are the host's public IPv4 and IPv6 addresses from
+// --public-ip and --public-ipv6: an IPv6 --public-ip is the IPv6 one (a
+// DaemonSet passes the node's address without knowing its family), unless
+// --public-ipv6 names another.
+func (h *hostFlags) publicAddrs(fs *pflag.FlagSet) (v4, v6 netip.Addr, err error) {
+	if !h.publicIP.Is6() {
+		return h.publicIP, h.publicIPv6, nil
+	}
+	if h.publicIPv6.IsValid() && h.publicIPv6 != h.publicIP {
+		return v4, v6, usagef("--public-ip %s is an IPv6 address, taken as --public-ipv6, but --public-ipv6 is %s: give one IPv6 address%s",
+			h.publicIP, h.publicIPv6, envNote(fs, "public-ip", "public-ipv6"))
+	}
+	return netip.Addr{}, h.publicIP, nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

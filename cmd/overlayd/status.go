@@ -131,6 +131,9 @@ func statusOutput(st daemon.Status) printer.Output {
 	if st.LastReconcile != nil {
 		rows = append(rows, []string{"last reconcile", st.LastReconcile.Format(time.RFC3339) + errNote(st.LastError)})
 	}
+	if len(st.GuardRefused) > 0 {
+		rows = append(rows, []string{"VXLAN guard", "refused lately: " + strings.Join(st.GuardRefused, ", ")})
+	}
 	if st.ConfigPending != "" {
 		rows = append(rows, []string{"config", "pending restart: " + st.ConfigPending})
 	}

@@ -57,7 +57,7 @@ type Kernel interface {
 	// Guard builds the VXLAN guard of family fam for the VXLAN UDP port
 	// port, which the plane of that family drives (PlaneSpec.Gate). It
 	// touches nothing until the plane's first pass.
-	Guard(fam backend.Family, port int) (Guard, error)
+	Guard(fam backend.Family, port int, log *slog.Logger) (Guard, error)
 	// RemoveGuard deletes the VXLAN guard's table (both families), and
 	// reports whether there was one.
 	RemoveGuard() (bool, error)
@@ -111,6 +111,12 @@ type Guard interface {
 	backend.Gate
 	Family() backend.Family
 	Dropped() (uint64, error)
+	// Repairs counts what the guard put back after something else
+	// changed its table (guard.Gate.Repairs).
+	Repairs() uint64
+	// Refused are the sources of the datagrams the guard dropped lately
+	// (guard.RefusedTimeout), sorted.
+	Refused() ([]netip.Addr, error)
 	Close() error
 }
 
@@ -251,8 +257,8 @@ func (k hostKernel) Masquerade(networks []masq.Network, log *slog.Logger) (Masqu
 
 func (k hostKernel) RemoveMasquerade() (bool, error) { return removeMasq(k.ns) }
 
-func (k hostKernel) Guard(fam backend.Family, port int) (Guard, error) {
-	var opts []guard.Option
+func (k hostKernel) Guard(fam backend.Family, port int, log *slog.Logger) (Guard, error) {
+	opts := []guard.Option{guard.WithLogger(log)}
 	if k.ns.IsOpen() {
 		opts = append(opts, guard.WithNetNS(k.ns))
 	}

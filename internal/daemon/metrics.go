@@ -97,7 +97,10 @@ func newMetrics(p *probe) *metrics {
 	m.reg.MustRegister(peerHealthCollectors(p)...)
 	m.reg.MustRegister(guardCollector{p: p, dropped: prometheus.NewDesc("overlay_vxlan_guard_dropped_packets_total",
 		"UDP datagrams to the VXLAN port dropped by the VXLAN guard because their source holds no valid lease (read from the guard's nftables counter).",
-		[]string{"family"}, nil)})
+		[]string{"family"}, nil),
+		repairs: prometheus.NewDesc("overlay_vxlan_guard_repairs_total",
+			"Objects (sets, chain with its rules) and admitted addresses of the VXLAN guard's nftables table that a resync put back after something other than overlayd changed them.",
+			[]string{"family"}, nil)})
 	return m
 }
 
@@ -154,24 +157,25 @@ func dataPlaneCollectors(p *probe) []prometheus.Collector {
 // with --vxlan-guard=false. A guard whose counter cannot be read is left
 // out of that scrape (a gap, not a false zero).
 type guardCollector struct {
-	p       *probe
-	dropped *prometheus.Desc
+	p                *probe
+	dropped, repairs *prometheus.Desc
 }
 
-func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.dropped }
+func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.dropped; ch <- c.repairs }
 
 func (c guardCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.mu.Lock()
 	guards := c.p.guards
 	c.p.mu.Unlock()
 	for _, g := range guards {
-		n, err := g.Dropped()
-		if err != nil {
-			continue
-		}
 		fam := "ipv4"
 		if g.Family() == backend.IPv6 {
 			fam = "ipv6"
+		}
+		ch <- prometheus.MustNewConstMetric(c.repairs, prometheus.CounterValue, float64(g.Repairs()), fam)
+		n, err := g.Dropped()
+		if err != nil {
+			continue
 		}
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n), fam)
 	}

@@ -173,7 +173,10 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	}
 	if nc.EnableIPv4 && !nc.EnableIPv6 {
 		d.removeOldIPv6(ctx)
-		d.removeOldIPv6Guard()
+		d.removeOldGuardFamily(backend.IPv6)
+	}
+	if !nc.EnableIPv4 {
+		d.removeOldGuardFamily(backend.IPv4)
 	}
 	if !d.cfg.VXLANGuard {
 		d.removeOldGuard()
@@ -317,17 +320,18 @@ func (d *daemon) removeOldGuard() {
 	}
 }
 
-// removeOldIPv6Guard deletes the IPv6 set and chain of the VXLAN guard a
-// run in a network that carried IPv6 left: nothing keeps them any more.
-// Harmless if left (no IPv6 VXLAN device listens), so a failure only
-// warns.
-func (d *daemon) removeOldIPv6Guard() {
-	removed, err := d.cfg.Kernel.RemoveGuardFamily(backend.IPv6)
+// removeOldGuardFamily deletes the sets and chain of family fam of the
+// VXLAN guard a run in a network that carried fam left: nothing keeps
+// them any more. Harmless if left (no VXLAN device of fam listens), so a
+// failure only warns.
+func (d *daemon) removeOldGuardFamily(fam backend.Family) {
+	removed, err := d.cfg.Kernel.RemoveGuardFamily(fam)
 	switch {
 	case err != nil:
-		d.log.Warn("the network no longer carries IPv6, but the IPv6 part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet "+guard.TableName+" "+guard.ChainName(backend.IPv6)+"; nft delete set inet "+guard.TableName+" "+guard.SetName(backend.IPv6)+"`", "err", err)
+		d.log.Warn(fmt.Sprintf("the network no longer carries %v, but the %v part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet %s %s; nft delete set inet %s %s; nft delete set inet %s %s`",
+			fam, fam, guard.TableName, guard.ChainName(fam), guard.TableName, guard.SetName(fam), guard.TableName, guard.RefusedSetName(fam)), "err", err)
 	case removed:
-		d.log.Info("the network no longer carries IPv6: removed the IPv6 set and chain of the VXLAN guard", "table", "inet "+guard.TableName)
+		d.log.Info(fmt.Sprintf("the network no longer carries %v: removed the %v sets and chain of the VXLAN guard", fam, fam), "table", "inet "+guard.TableName)
 	}
 }
 
@@ -339,7 +343,7 @@ func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed f
 	nc := d.netCfg
 	var gate backend.Gate
 	if d.cfg.VXLANGuard {
-		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port)
+		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port, d.log)
 		if err != nil {
 			return err
 		}

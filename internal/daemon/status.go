@@ -49,6 +49,12 @@ type Status struct {
 	// meanwhile carrying IPv4 as before; it does not make it unready.
 	ConfigPending string `json:"configPending,omitempty"`
 
+	// GuardRefused are the sources whose datagrams to the VXLAN port the
+	// VXLAN guard dropped in the last 10 minutes (as of the last check):
+	// hosts without a lease, or hosts whose VXLAN datagrams leave from
+	// another address than the public IP their lease publishes.
+	GuardRefused []string `json:"guardRefused,omitempty"`
+
 	LastReconcile *time.Time `json:"lastReconcile,omitempty"`
 	LastError     string     `json:"lastError,omitempty"`
 
@@ -97,6 +103,8 @@ type probe struct {
 	own    string
 	counts counts
 	peers  int
+	// refused are the VXLAN guards' refused sources at the last check.
+	refused []string
 
 	// health is the prober of the peers, once made (nil with
 	// --peer-probe=false).
@@ -137,7 +145,7 @@ func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
 	mgr, store, planes, env, phase, config, own := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
-		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
+		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending, GuardRefused: p.refused}
 	if p.publicIP.IsValid() {
 		s.PublicIP = p.publicIP.String()
 	}

@@ -73,9 +73,8 @@ func fetchStatus(ctx context.Context, addr string, peers bool) (daemon.Status, e
 	var st daemon.Status
 	url, limit := "http://"+addr+"/status", int64(1<<20)
 	if peers {
+		url += "?peers=all"
 		limit = 1 << 30 // about 300 bytes a peer
-	} else {
-		url += "?peers=none"
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

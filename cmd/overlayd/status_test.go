@@ -171,7 +171,7 @@ func TestStatusPeers(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []string{"", "", "peers=none"}; strings.Join(asked, ",") != strings.Join(want, ",") {
+	if want := []string{"peers=all", "peers=all", ""}; strings.Join(asked, ",") != strings.Join(want, ",") {
 		t.Errorf("queries %q, want %q (plain status leaves the peers out)", asked, want)
 	}
 

@@ -241,33 +241,40 @@ func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 
 // peerHealthCollectors are the counts of peers by what their probes
 // found, per family: no per-peer label, so a cluster of 10,000 hosts
-// costs each host four series (every peer is in /status).
+// costs each host four series (every peer is in /status?peers=all).
 func peerHealthCollectors(p *probe) []prometheus.Collector {
-	var out []prometheus.Collector
-	for _, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
-		count := func(f func(peerhealth.FamilyCounts) int) func() float64 {
-			return func() float64 {
-				p.mu.Lock()
-				health := p.health
-				p.mu.Unlock()
-				if health == nil {
-					return 0
-				}
-				c, c6 := health.Counts()
-				if fam == backend.IPv6 {
-					c = c6
-				}
-				return float64(f(c))
-			}
-		}
-		labels := prometheus.Labels{"family": familyLabel(fam)}
-		out = append(out,
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_peers_reachable", ConstLabels: labels,
-				Help: "Peers whose last probe through the overlay was answered."}, count(func(c peerhealth.FamilyCounts) int { return c.Reachable })),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "overlay_peers_unreachable", ConstLabels: labels,
-				Help: "Peers whose last probes through the overlay (3 in a row) were lost."}, count(func(c peerhealth.FamilyCounts) int { return c.Unreachable })))
+	return []prometheus.Collector{peerHealthCollector{p: p,
+		reachable: prometheus.NewDesc("overlay_peers_reachable",
+			"Peers whose last probe through the overlay was answered.", []string{"family"}, nil),
+		unreachable: prometheus.NewDesc("overlay_peers_unreachable",
+			"Peers whose last probes through the overlay (3 in a row) were lost.", []string{"family"}, nil)}}
+}
+
+// peerHealthCollector reports the prober's counts, asked once a scrape
+// (the prober's lock is the probing's); zero for both families with
+// --peer-probe=false, as before the prober exists.
+type peerHealthCollector struct {
+	p                      *probe
+	reachable, unreachable *prometheus.Desc
+}
+
+func (c peerHealthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.reachable
+	ch <- c.unreachable
+}
+
+func (c peerHealthCollector) Collect(ch chan<- prometheus.Metric) {
+	c.p.mu.Lock()
+	health := c.p.health
+	c.p.mu.Unlock()
+	var counts [2]peerhealth.FamilyCounts
+	if health != nil {
+		counts[0], counts[1] = health.Counts()
 	}
-	return out
+	for i, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		ch <- prometheus.MustNewConstMetric(c.reachable, prometheus.GaugeValue, float64(counts[i].Reachable), familyLabel(fam))
+		ch <- prometheus.MustNewConstMetric(c.unreachable, prometheus.GaugeValue, float64(counts[i].Unreachable), familyLabel(fam))
+	}
 }
 
 // probed counts one probe's outcome (peerhealth.Config.OnResult).

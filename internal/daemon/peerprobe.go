@@ -20,17 +20,29 @@ func (d *daemon) newProber() {
 	for _, fp := range d.planes {
 		fams = append(fams, fp.family)
 	}
+	// Open is called by the prober's Run alone: at its start, and again
+	// when a socket breaks (logged at Debug, as the prober warns).
+	var opened [2]bool
 	d.prober = peerhealth.New(peerhealth.Config{
 		Settings: d.cfg.PeerProbe,
 		Families: fams,
 		Open: func(fam backend.Family) (peerhealth.Pinger, error) {
-			fp := d.plane(fam)
 			src := ownSubnet(d.lease, fam).Masked().Addr()
 			pg, kind, err := d.cfg.Kernel.Pinger(fam, src)
-			if err == nil {
-				set := d.prober.Settings()
-				d.log.Info("probing peers", "family", fam.String(), "socket", kind, "from", src.String(), "device", fp.dev.Name, "sweep", set.Sweep.String(), "rate", set.Rate)
+			if err != nil {
+				return nil, err
 			}
+			i := 0
+			if fam == backend.IPv6 {
+				i = 1
+			}
+			if opened[i] {
+				d.log.Debug("reopened the probe socket", "family", fam.String(), "socket", kind, "from", src.String())
+				return pg, nil
+			}
+			opened[i] = true
+			set := d.prober.Settings()
+			d.log.Info("probing peers from this host's VTEP address", "family", fam.String(), "socket", kind, "from", src.String(), "sweep", set.Sweep.String(), "rate", set.Rate)
 			return pg, err
 		},
 		Hold: func() bool {

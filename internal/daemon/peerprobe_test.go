@@ -2,8 +2,9 @@ package daemon
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -32,7 +33,7 @@ func (e *echoPinger) Send(dst netip.Addr, seq uint16) error {
 	case e.replies <- [2]any{dst, seq}:
 		return nil
 	case <-e.closed:
-		return errors.New("closed")
+		return net.ErrClosed
 	}
 }
 
@@ -41,7 +42,7 @@ func (e *echoPinger) Receive() (netip.Addr, uint16, error) {
 	case r := <-e.replies:
 		return r[0].(netip.Addr), r[1].(uint16), nil
 	case <-e.closed:
-		return netip.Addr{}, 0, errors.New("closed")
+		return netip.Addr{}, 0, net.ErrClosed
 	}
 }
 
@@ -50,7 +51,7 @@ func (e *echoPinger) Close() error { e.once.Do(func() { close(e.closed) }); retu
 // status GETs /status (with every peer's health).
 func (w *wiring) status() (Status, error) {
 	var st Status
-	resp, err := http.Get(w.health + "/status")
+	resp, err := http.Get(w.health + "/status?peers=all")
 	if err != nil {
 		return st, err
 	}
@@ -86,6 +87,30 @@ func TestWiringProbesThePeers(t *testing.T) {
 	for _, p := range st.PeerHealth.Peers {
 		if p.State != peerhealth.Reachable || p.VTEP != strings.TrimSuffix(p.Peer, "/24") || p.Received == 0 {
 			t.Errorf("peer %+v", p)
+		}
+	}
+	// Plain /status (what older clients read with a 1 MiB limit): the
+	// summary, not every peer.
+	var plain Status
+	if err := getJSON(w.health+"/status", &plain); err != nil {
+		t.Fatal(err)
+	}
+	if ph := plain.PeerHealth; ph == nil || ph.IPv4.Reachable != 2 || len(ph.Peers) != 0 {
+		t.Errorf("plain /status peerHealth %+v, want the summary without the peers", ph)
+	}
+	// The gauges, from one Counts a scrape.
+	resp, err := http.Get(w.health + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`overlay_peers_reachable{family="ipv4"} 2`, `overlay_peers_unreachable{family="ipv4"} 0`, `overlay_peers_reachable{family="ipv6"} 0`} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
 		}
 	}
 	own := netip.MustParsePrefix(st.Subnet).Addr()

@@ -68,8 +68,8 @@ type Status struct {
 }
 
 // PeerHealth is the probing of the peers (peerhealth.Summary: whether
-// it runs, the counts per family, the worst few peers) and, unless
-// /status is asked with ?peers=none, every peer's record.
+// it runs, the counts per family, the worst few peers) and, when
+// /status is asked with ?peers=all, every peer's record.
 type PeerHealth struct {
 	peerhealth.Summary
 	Peers []peerhealth.PeerHealth `json:"peers,omitempty"`
@@ -138,10 +138,12 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 
 // status evaluates the readiness conditions at now. During start-up the one
 // condition is "startup", naming what it waits for; after it, each thing
-// the daemon owns is a condition of its own.
+// the daemon owns is a condition of its own. It leaves PeerHealth out and
+// never asks the prober (whose lock the probing holds): /readyz and
+// overlay_ready must not wait on it; /status adds it (peerHealth).
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
-	mgr, store, planes, env, phase, config, own, health := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own, p.health
+	mgr, store, planes, env, phase, config, own := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
 		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending, GuardRefused: p.refused}
 	if p.publicIP.IsValid() {
@@ -175,9 +177,6 @@ func (p *probe) status(now time.Time) Status {
 			s.Device, s.MTU, s.VtepMAC = st.Device, st.MTU, mac
 		}
 	}
-	if health != nil {
-		s.PeerHealth = &PeerHealth{Summary: health.Summary()}
-	}
 	if len(sts) > 0 {
 		st := combined(sts)
 		s.PeersProgrammed = st.PeersProgrammed
@@ -205,6 +204,22 @@ func (p *probe) status(now time.Time) Status {
 		s.Ready = s.Ready && c.OK
 	}
 	return s
+}
+
+// peerHealth is the prober's summary and, if all, every peer's record;
+// nil with --peer-probe=false.
+func (p *probe) peerHealth(all bool) *PeerHealth {
+	p.mu.Lock()
+	health := p.health
+	p.mu.Unlock()
+	if health == nil {
+		return nil
+	}
+	ph := &PeerHealth{Summary: health.Summary()}
+	if all {
+		ph.Peers = health.Peers()
+	}
+	return ph
 }
 
 // storeCondition judges this host's liveness in the lease source named

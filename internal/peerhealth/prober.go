@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend"
 )
@@ -22,7 +25,8 @@ type Pinger interface {
 	// on the network.
 	Send(dst netip.Addr, seq uint16) error
 	// Receive blocks until an echo reply to one of this pinger's requests
-	// arrives, and returns its source and number; an error once closed.
+	// arrives, and returns its source and number; net.ErrClosed once
+	// closed, any other error for a failed read (the next may succeed).
 	Receive() (from netip.Addr, seq uint16, err error)
 	// Close ends Receive and releases the socket; safe twice.
 	Close() error
@@ -136,7 +140,7 @@ func (p *Prober) Run(ctx context.Context) error {
 			continue
 		}
 		pingers[fam] = pg
-		wg.Go(func() { receive(ctx, fam, pg, replies) })
+		wg.Go(func() { receive(ctx, fam, pg, replies, p.log) })
 	}
 	p.mu.Lock()
 	p.started = true
@@ -151,10 +155,12 @@ func (p *Prober) Run(ctx context.Context) error {
 		return nil
 	}
 
-	// A send that fails reopens the family's socket, at most once a
-	// second: whatever broke it (the VTEP address gone with its device
-	// while the reconciler recreates it), a fresh socket is the one
-	// thing that can only help.
+	// A send that fails because the socket itself is broken (brokenSocket:
+	// the VTEP address gone with its device while the reconciler
+	// recreates it) reopens the family's socket, at most once a second.
+	// Any other failure (no route to that peer, a firewall's EPERM) is
+	// that peer's loss alone: reopening would drop every other peer's
+	// probe in flight.
 	var reopened [2]time.Time
 	reopen := func(fam backend.Family, now time.Time) {
 		i := famIndex(fam)
@@ -169,7 +175,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		}
 		_ = pingers[fam].Close()
 		pingers[fam] = pg
-		wg.Go(func() { receive(ctx, fam, pg, replies) })
+		wg.Go(func() { receive(ctx, fam, pg, replies, p.log) })
 	}
 
 	var seq [2]uint16
@@ -222,7 +228,9 @@ func (p *Prober) Run(ctx context.Context) error {
 					if err := pingers[fam].Send(e.key.Target(), seq[i]); err != nil {
 						p.log.Debug("probe not sent", "peer", e.key.Subnet.String(), "err", err)
 						p.lost(e.key, now)
-						failed = fam
+						if brokenSocket(err) {
+							failed = fam
+						}
 					} else {
 						inflight[sk] = flight{key: e.key, deadline: now.Add(p.cfg.Timeout)}
 						queue = append(queue, sk)
@@ -282,11 +290,35 @@ func (p *Prober) Run(ctx context.Context) error {
 // holdPoll is how often a held prober looks whether it may start.
 const holdPoll = 100 * time.Millisecond
 
-func receive(ctx context.Context, fam backend.Family, pg Pinger, out chan<- reply) {
+// brokenSocket tells whether a send's err means the socket itself is
+// broken (closed, or its bound address or device gone), so that only a
+// fresh socket can send again; any other error concerns that one probe.
+func brokenSocket(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EBADF) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EADDRNOTAVAIL)
+}
+
+// receive hands pg's replies to out until pg is closed or ctx ends. A
+// failed read (not a closed socket) is logged once and read past: the
+// family must not go dark for good on one bad read.
+func receive(ctx context.Context, fam backend.Family, pg Pinger, out chan<- reply, log *slog.Logger) {
+	warned := false
 	for {
 		from, seq, err := pg.Receive()
+		if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+			return
+		}
 		if err != nil {
-			return // closed
+			if !warned {
+				warned = true
+				log.Warn("cannot read a probe reply; reading on", "family", fam.String(), "err", err)
+			}
+			// Not a busy loop if the error repeats.
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			continue
 		}
 		select {
 		case out <- reply{fam: fam, from: from, seq: seq, at: time.Now()}:

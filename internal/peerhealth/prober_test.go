@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend"
 )
@@ -53,7 +57,7 @@ func (f *fakePinger) Receive() (netip.Addr, uint16, error) {
 	case r := <-f.replies:
 		return r[0].(netip.Addr), r[1].(uint16), nil
 	case <-f.closed:
-		return netip.Addr{}, 0, errors.New("closed")
+		return netip.Addr{}, 0, net.ErrClosed
 	}
 }
 
@@ -179,10 +183,12 @@ func TestProberWithoutSocketKeepsRunning(t *testing.T) {
 // deadPinger is a socket bound to a device that is gone: every send fails.
 type deadPinger struct{ closed chan struct{} }
 
-func (d *deadPinger) Send(netip.Addr, uint16) error { return errors.New("no such device") }
+func (d *deadPinger) Send(netip.Addr, uint16) error {
+	return fmt.Errorf("write: %w", unix.ENODEV)
+}
 func (d *deadPinger) Receive() (netip.Addr, uint16, error) {
 	<-d.closed
-	return netip.Addr{}, 0, errors.New("closed")
+	return netip.Addr{}, 0, net.ErrClosed
 }
 func (d *deadPinger) Close() error {
 	select {
@@ -215,6 +221,59 @@ func TestProberReopensASocketThatCannotSend(t *testing.T) {
 	}
 	if r := p.Peers()[0]; r.Lost == 0 {
 		t.Fatalf("the failed send was not counted lost: %+v", r)
+	}
+}
+
+// unroutedPinger answers every request except those to unrouted, whose
+// send fails as a kernel without a route fails it; its first badReads
+// reads fail.
+type unroutedPinger struct {
+	*fakePinger
+	unrouted netip.Addr
+	badReads atomic.Int64
+}
+
+func (u *unroutedPinger) Send(dst netip.Addr, seq uint16) error {
+	if dst == u.unrouted {
+		return fmt.Errorf("write: %w", unix.EHOSTUNREACH)
+	}
+	return u.fakePinger.Send(dst, seq)
+}
+
+func (u *unroutedPinger) Receive() (netip.Addr, uint16, error) {
+	if u.badReads.Add(-1) >= 0 {
+		return netip.Addr{}, 0, fmt.Errorf("read: %w", unix.ENOBUFS)
+	}
+	return u.fakePinger.Receive()
+}
+
+// A send failing for one peer (no route to it) is that peer's loss: the
+// socket is not reopened, the other peers' probes go on. A failed read
+// does not end the receiving either.
+func TestProberKeepsSocketOnAPeersSendError(t *testing.T) {
+	pg := &unroutedPinger{fakePinger: newFakePinger(), unrouted: netip.MustParseAddr("10.244.2.0")}
+	pg.badReads.Store(3)
+	var opened atomic.Int64
+	var logs syncBuf
+	p := New(Config{Settings: Settings{Sweep: 300 * time.Millisecond, Rate: 100, Timeout: 50 * time.Millisecond, Threshold: 2},
+		Families: []backend.Family{backend.IPv4}, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Open: func(backend.Family) (Pinger, error) { opened.Add(1); return pg, nil }})
+	p.SetPeers(backend.IPv4, []backend.Peer{
+		{Subnet: netip.MustParsePrefix("10.244.1.0/24"), PublicIP: netip.MustParseAddr("198.18.0.1")},
+		{Subnet: netip.MustParsePrefix("10.244.2.0/24"), PublicIP: netip.MustParseAddr("198.18.0.2")},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "10.244.2.0/24 unreachable, 10.244.1.0/24 reachable", 5*time.Second, func() bool {
+		return stateOf(p, "10.244.2.0/24") == Unreachable && stateOf(p, "10.244.1.0/24") == Reachable
+	})
+	if n := opened.Load(); n != 1 {
+		t.Fatalf("socket opened %d times, want 1: a peer's send error must not reopen it", n)
+	}
+	if n := strings.Count(logs.String(), "cannot read a probe reply"); n != 1 {
+		t.Fatalf("failed reads logged %d times, want once:\n%s", n, logs.String())
 	}
 }
 

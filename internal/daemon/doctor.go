@@ -367,7 +367,7 @@ func gatherFirewall(f *doctor.Facts, nc *subnet.Config) {
 		if ch.Table == nil {
 			continue
 		}
-		fam := nftFamily(ch.Table.Family)
+		fam := masq.FamilyName(ch.Table.Family)
 		if ch.Table.Name == "kube-proxy" || ch.Name == "KUBE-SERVICES" || ch.Name == "KUBE-FORWARD" {
 			if f.KubeProxy == "" {
 				f.KubeProxy = fmt.Sprintf("nftables chain %s %s %s", fam, ch.Table.Name, ch.Name)
@@ -398,18 +398,6 @@ func gatherFirewall(f *doctor.Facts, nc *subnet.Config) {
 		f.Chains[dc.ID()] = dc
 	}
 	slices.SortFunc(f.ForwardChains, func(a, b doctor.Chain) int { return cmp.Compare(a.ID(), b.ID()) })
-}
-
-func nftFamily(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyINet:
-		return "inet"
-	}
-	return "other"
 }
 
 // ruleOf reduces an nftables rule to its address and interface matches

@@ -21,7 +21,8 @@ GOTAGS    := grpcnotrace
 FUZZ_EXECS := FuzzPluginMain=1500 FuzzParseConf=40000 FuzzVerbs=3000 FuzzCorruptCache=750 \
               FuzzParseConfig=100000 FuzzLeaseKeyAndValue=75000 FuzzDecodeAttrsReadsAsMemberByMember=50000 \
               FuzzReplay=100000 FuzzFastDecodingAgreesWithEncodingJSON=15000 \
-              FuzzLeaseDataFastAgreesWithEncodingJSON=15000 FuzzLeaseDataReadsAsMemberByMember=50000
+              FuzzLeaseDataFastAgreesWithEncodingJSON=15000 FuzzLeaseDataReadsAsMemberByMember=50000 \
+              FuzzParseReply=60000
 FUZZTIME  ?=
 
 .PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps
@@ -72,15 +73,16 @@ runtime-e2e: build plugins runtime-deps
 # the API server's etcd, from the release pinned in test/kube/components
 # (a module of its own: the product's go.mod has no Kubernetes dependency),
 # cached by version (KUBE_CACHE) and linked into bin/kube. A cold build
-# takes ~20-30 minutes on 2 cores; a second run builds nothing.
+# (one go build for all seven) takes 30-45 minutes on 2 busy cores; a
+# second run builds nothing.
 kube:
 	@test/kube/build.sh
 
 # The Kubernetes lab (test/kube, Documentation/kubernetes.md): the control
 # plane and three nodes (containerd, kubelet, kube-proxy) in namespaces,
 # overlay deployed with deploy/kubernetes/overlay.yaml, then the network
-# matrix (IPv4, and IPv6 Services on a dual-stack cluster), printed as a
-# table and written to KUBE_MATRIX (JSON).
+# matrix (IPv4; both families on dual-stack clusters; IPv6-only), printed
+# as tables and written to KUBE_MATRIX (JSON). .ci/run runs it after test.
 KUBE_MATRIX ?= $(BIN)/kube-matrix.json
 
 kube-deps:
@@ -118,7 +120,8 @@ GOVULNDB ?= https://vuln.go.dev
 # The tree's direction (README "Layout"): the binaries never link the
 # standard testing package, the test harness or the programs, the
 # leaves in internal/lib import nothing of ours, and the pure lease rules
-# (subnet, internal/leaseadmin, the codec picker backend/codecs) link no
+# (subnet, internal/leaseadmin, the codec picker backend/codecs) and the
+# doctor's judgements (internal/doctor: facts in, findings out) link no
 # netlink, nftables or prometheus.
 layering:
 	@# Ours only: client-go's own tools/ are its client's parts (and its typed
@@ -128,9 +131,9 @@ layering:
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \
 	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours outside internal/lib:"; echo "$$bad"; exit 1; fi
-	@for p in ./subnet ./internal/leaseadmin ./backend/codecs; do \
+	@for p in ./subnet ./internal/leaseadmin ./backend/codecs ./internal/doctor; do \
 	  bad=$$($(GO) list -deps $$p | grep -E '/vishvananda/netlink|/google/nftables|/prometheus/'); \
-	  if [ -n "$$bad" ]; then echo "$$p judges leases without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
+	  if [ -n "$$bad" ]; then echo "$$p judges without the kernel and must not link netlink, nftables or prometheus:"; echo "$$bad"; exit 1; fi; \
 	done
 
 lint:

@@ -21,19 +21,27 @@
 //			type ipv4_addr
 //			elements = { 198.18.0.2, 198.18.0.3 }
 //		}
-//		set peers6 {
-//			type ipv6_addr
-//			elements = { 2001:db8::2, 2001:db8::3 }
+//		set refused4 {
+//			type ipv4_addr
+//			size 1024
+//			flags dynamic,timeout
+//			timeout 10m
 //		}
 //		chain vxlan4 {
 //			type filter hook prerouting priority raw; policy accept;
-//			udp dport 8472 ip saddr != @peers4 fib daddr type != unicast counter packets 0 bytes 0 drop comment "overlay: VXLAN only from peers"
+//			udp dport 8472 ip saddr != @peers4 fib daddr type local-multicast update @refused4 { ip saddr } comment "overlay: record refused VXLAN sources"
+//			udp dport 8472 ip saddr != @peers4 fib daddr type local-multicast counter packets 0 bytes 0 drop comment "overlay: VXLAN only from peers"
 //		}
-//		chain vxlan6 {
-//			type filter hook prerouting priority raw; policy accept;
-//			udp dport 8472 ip6 saddr != @peers6 fib daddr type != unicast counter packets 0 bytes 0 drop comment "overlay: VXLAN only from peers"
-//		}
+//		(peers6, refused6 and vxlan6 alike, for IPv6)
 //	}
+//
+// The first rule records the source of each datagram the second drops in
+// the refused set (RefusedMax sources, each for RefusedTimeout after its
+// last datagram), which the daemon logs and shows in its status: a host
+// whose VXLAN datagrams leave from another address than the PublicIP its
+// lease publishes shows up there. The rules are apart because an update
+// of a full set ends its rule: a full set records no new source, and
+// its datagrams are dropped all the same.
 //
 // Each rule also matches `meta nfproto ipv4` (ipv6) and `meta l4proto udp`
 // first, which nft hides as the dependencies of the address and port
@@ -52,10 +60,11 @@
 // freed per packet), and before the routing decision and the UDP socket
 // lookup, so the VXLAN socket never sees a dropped datagram. Prerouting
 // also sees packets routed through the host, which the guard must leave
-// alone (a pod may use UDP 8472 itself): `fib daddr type != unicast` keeps
-// the drop to datagrams the host would receive itself (local, broadcast and
-// multicast destinations: the VXLAN socket listens on every address of the
-// host). The set lookup comes first, so a peer's datagram costs a hash
+// alone (a pod may use UDP 8472 itself): `fib daddr type local-multicast`
+// (route types 2-5: local, broadcast, anycast, multicast) keeps the drop
+// to datagrams the host would receive itself (the VXLAN socket listens on
+// every address of the host); a datagram the host would forward, or has no
+// route for (unreachable, blackhole, prohibit), is left to the kernel. The set lookup comes first, so a peer's datagram costs a hash
 // lookup and no FIB lookup. A non-first fragment has no UDP header and
 // passes; without its first fragment it is never reassembled.
 //

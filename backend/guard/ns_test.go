@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/guard"
@@ -150,6 +151,13 @@ func TestGuardAdmitsPeersAndDropsAndCountsTheRest(t *testing.T) {
 			if n := l.received[tc.bad].Load(); n != 0 {
 				t.Errorf("the socket got %d datagrams from %s, which holds no lease", n, tc.bad)
 			}
+			// The refused source is recorded, the admitted one is not.
+			if r, err := g.Refused(); err != nil || !slices.Equal(r, []netip.Addr{tc.bad}) {
+				t.Errorf("Refused = %v, %v; want [%s]", r, err, tc.bad)
+			}
+			if s, err := guard.Read(l.h1.NS, tc.fam, port); err != nil || !slices.Equal(s.Refused, []netip.Addr{tc.bad}) {
+				t.Errorf("Read().Refused = %+v, %v; want [%s]", s, err, tc.bad)
+			}
 
 			// The peer leaves: its datagrams are dropped from then on.
 			if err := g.Settle(nil, nil); err != nil {
@@ -161,6 +169,85 @@ func TestGuardAdmitsPeersAndDropsAndCountsTheRest(t *testing.T) {
 				t.Errorf("the socket got %d datagrams from the peer, want the 20 sent while it was admitted", n)
 			}
 		})
+	}
+}
+
+// A host whose lease publishes one address but whose VXLAN datagrams
+// leave from another (flanneld's --public-ip, a second address, a VIP):
+// the guard drops them, and reports the address they came from, which is
+// what the daemon logs and shows so that the operator can fix
+// --public-ip.
+func TestGuardReportsTheSourceOfDatagramsFromAnUnpublishedAddress(t *testing.T) {
+	l := newGuardLab(t)
+	published := netip.MustParseAddr("198.18.0.102") // h2's lease says this
+	withHandle(t, l.h2.NS, func(h *netlink.Handle) error {
+		eth, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: published.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	})
+	g := newGate(t, *l.h1, backend.IPv4)
+	if err := g.Admit(at(published), true); err != nil {
+		t.Fatal(err)
+	}
+	send(t, l.h2, l.h2.IP, l.h1.IP, 7) // leaves from 198.18.0.2, its interface address
+	testenv.WaitFor(t, 5*time.Second, "7 drops", func() bool { return snapshot(t, g).Dropped == 7 })
+	if n := l.received[l.h2.IP].Load(); n != 0 {
+		t.Errorf("the socket got %d datagrams from the unpublished address", n)
+	}
+	s := snapshot(t, g)
+	if !slices.Equal(s.Refused, []netip.Addr{l.h2.IP}) || !slices.Equal(s.Admitted, []netip.Addr{published}) {
+		t.Errorf("snapshot %+v; want %s admitted and %s refused", s, published, l.h2.IP)
+	}
+}
+
+// The refused set is capped: once it is full, the datagrams of sources it
+// cannot record are dropped all the same (recording is a rule apart).
+func TestGuardDropsWhenTheRefusedSetIsFull(t *testing.T) {
+	l := newGuardLab(t)
+	g := newGate(t, *l.h1, backend.IPv4)
+	if err := g.Admit(nil, true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(l.h1.NS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: guard.TableName}
+	set := &nftables.Set{Table: table, Name: guard.RefusedSetName(backend.IPv4), KeyType: nftables.TypeIPAddr}
+	var fill []nftables.SetElement
+	for i := range guard.RefusedMax {
+		fill = append(fill, nftables.SetElement{Key: []byte{10, 200, byte(i >> 8), byte(i)}, Timeout: time.Hour})
+	}
+	if err := c.SetAddElements(set, fill); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	send(t, l.x, l.x.IP, l.h1.IP, 4)
+	testenv.WaitFor(t, 5*time.Second, "4 drops with the refused set full", func() bool { return snapshot(t, g).Dropped == 4 })
+	if n := l.received[l.x.IP].Load(); n != 0 {
+		t.Errorf("the socket got %d datagrams while the refused set was full", n)
+	}
+	if r, err := g.Refused(); err != nil || len(r) != guard.RefusedMax || slices.Contains(r, l.x.IP) {
+		t.Errorf("Refused: %d addresses (has %s: %v), %v; want the %d of the full set", len(r), l.x.IP, slices.Contains(r, l.x.IP), err, guard.RefusedMax)
+	}
+}
+
+func TestGuardProbe(t *testing.T) {
+	l := newGuardLab(t)
+	if err := guard.Probe(l.h1.NS); err != nil {
+		t.Fatalf("Probe: %v", err)
+	}
+	// It leaves nothing behind.
+	c, err := nftables.New(nftables.WithNetNSFd(int(l.h1.NS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables, err := c.ListTables(); err != nil || len(tables) != 0 {
+		t.Errorf("tables after Probe: %d, %v; want none", len(tables), err)
 	}
 }
 
@@ -247,8 +334,12 @@ func TestGuardRepairsDriftAtResync(t *testing.T) {
 				t.Errorf("Dropped after the tampering = %d, %v; want %d", d, err, counted)
 			}
 			// An incremental pass trusts its view; the resync reads and repairs.
+			repairs := g.Repairs()
 			if err := g.Admit(at(peers...), true); err != nil {
 				t.Fatal(err)
+			}
+			if g.Repairs() <= repairs {
+				t.Errorf("Repairs = %d after the resync put things back, was %d: the repair went uncounted", g.Repairs(), repairs)
 			}
 			s := snapshot(t, g)
 			if !s.Present || !slices.Equal(s.Admitted, peers) {
@@ -328,62 +419,99 @@ func TestGuardNewRefusesBadValues(t *testing.T) {
 }
 
 // Datagrams to the VXLAN port that the host routes on (to a pod that uses
-// UDP 8472 itself, say) are not the guard's business: only those the host
-// would receive itself are dropped.
+// UDP 8472 itself, say), or has no route for (the kernel refuses them
+// itself), are not the guard's business: only those the host would
+// receive itself are dropped. Both families.
 func TestGuardLeavesRoutedDatagramsAlone(t *testing.T) {
 	l := newGuardLab(t)
-	behind := netip.MustParseAddr("10.99.0.5")
-	// h2 holds 10.99.0.5; x reaches it through h1, which forwards.
-	withHandle(t, l.h2.NS, func(h *netlink.Handle) error {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: behind.AsSlice(), Mask: net.CIDRMask(32, 32)}})
-	})
-	withHandle(t, l.h1.NS, func(h *netlink.Handle) error {
-		return h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 99, 0, 0), Mask: net.CIDRMask(24, 32)}, Gw: l.h2.IP.AsSlice()})
-	})
-	withHandle(t, l.x.NS, func(h *netlink.Handle) error {
-		return h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 99, 0, 0), Mask: net.CIDRMask(24, 32)}, Gw: l.h1.IP.AsSlice()})
-	})
-	if err := lab.Do(l.h1.NS, func() error {
-		for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv4/conf/all/send_redirects", "/proc/sys/net/ipv4/conf/eth0/send_redirects"} {
-			v := "1"
-			if p != "/proc/sys/net/ipv4/ip_forward" {
-				v = "0"
+	for _, tc := range []struct {
+		fam                   backend.Family
+		behind, prefix, unrch netip.Prefix
+		h1, h2                netip.Addr
+		sysctls               []string
+	}{
+		{backend.IPv4, netip.MustParsePrefix("10.99.0.5/32"), netip.MustParsePrefix("10.99.0.0/24"), netip.MustParsePrefix("10.98.0.0/24"),
+			l.h1.IP, l.h2.IP, []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv4/conf/all/send_redirects", "/proc/sys/net/ipv4/conf/eth0/send_redirects"}},
+		{backend.IPv6, netip.MustParsePrefix("fd99::5/128"), netip.MustParsePrefix("fd99::/64"), netip.MustParsePrefix("fd98::/64"),
+			l.h1.IPv6, l.h2.IPv6, []string{"/proc/sys/net/ipv6/conf/all/forwarding"}},
+	} {
+		t.Run(tc.fam.String(), func(t *testing.T) {
+			behind := tc.behind.Addr()
+			ipnet := func(p netip.Prefix) *net.IPNet {
+				return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 			}
-			if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
-				return err
+			// h2 holds behind; x reaches it through h1, which forwards, and
+			// sends to unrch through h1 too, which has an unreachable route.
+			withHandle(t, l.h2.NS, func(h *netlink.Handle) error {
+				lo, err := h.LinkByName("lo")
+				if err != nil {
+					return err
+				}
+				if err := h.LinkSetUp(lo); err != nil {
+					return err
+				}
+				return h.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(tc.behind), Flags: unix.IFA_F_NODAD})
+			})
+			withHandle(t, l.h1.NS, func(h *netlink.Handle) error {
+				if err := h.RouteAdd(&netlink.Route{Dst: ipnet(tc.prefix), Gw: tc.h2.AsSlice()}); err != nil {
+					return err
+				}
+				return h.RouteAdd(&netlink.Route{Dst: ipnet(tc.unrch), Type: unix.RTN_UNREACHABLE})
+			})
+			withHandle(t, l.x.NS, func(h *netlink.Handle) error {
+				if err := h.RouteAdd(&netlink.Route{Dst: ipnet(tc.prefix), Gw: tc.h1.AsSlice()}); err != nil {
+					return err
+				}
+				return h.RouteAdd(&netlink.Route{Dst: ipnet(tc.unrch), Gw: tc.h1.AsSlice()})
+			})
+			if err := lab.Do(l.h1.NS, func() error {
+				for i, p := range tc.sysctls {
+					v := "0"
+					if i == 0 {
+						v = "1"
+					}
+					if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
 			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var got atomic.Int64
-	conn, err := lab.ListenUDP(l.h2.NS, netip.AddrPortFrom(behind, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
-				return
+			var got atomic.Int64
+			conn, err := lab.ListenUDP(l.h2.NS, netip.AddrPortFrom(behind, port))
+			if err != nil {
+				t.Fatal(err)
 			}
-			got.Add(1)
-		}
-	}()
-	g := newGate(t, *l.h1, backend.IPv4)
-	if err := g.Admit(nil, true); err != nil {
-		t.Fatal(err)
-	}
-	send(t, l.x, l.x.IP, behind, 10)
-	testenv.WaitFor(t, 5*time.Second, "10 datagrams routed through the guarded host", func() bool { return got.Load() == 10 })
-	if d := snapshot(t, g).Dropped; d != 0 {
-		t.Errorf("the guard counted %d drops of routed datagrams, want 0", d)
+			defer conn.Close()
+			go func() {
+				buf := make([]byte, 2048)
+				for {
+					if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+						return
+					}
+					got.Add(1)
+				}
+			}()
+			g := newGate(t, *l.h1, tc.fam)
+			if err := g.Admit(nil, true); err != nil {
+				t.Fatal(err)
+			}
+			src := l.x.IP
+			if tc.fam == backend.IPv6 {
+				src = l.x.IPv6
+			}
+			send(t, l.x, src, behind, 10)
+			testenv.WaitFor(t, 5*time.Second, "10 datagrams routed through the guarded host", func() bool { return got.Load() == 10 })
+			send(t, l.x, src, tc.unrch.Addr().Next(), 5)
+			// h1 answers those with ICMP unreachable, not the guard: wait for
+			// h1's kernel to count them, then check the guard did not.
+			send(t, l.x, src, tc.h1, 1) // one it does drop, as a marker
+			testenv.WaitFor(t, 5*time.Second, "the marker datagram dropped", func() bool { return snapshot(t, g).Dropped >= 1 })
+			if d := snapshot(t, g).Dropped; d != 1 {
+				t.Errorf("the guard counted %d drops, want 1 (the marker): routed or unroutable datagrams were dropped", d)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -20,8 +21,22 @@ import (
 // overlay-guard`.
 const TableName = "overlay-guard"
 
-// ruleComment marks the one rule of each family's chain.
-const ruleComment = "overlay: VXLAN only from peers"
+// ruleComment marks the drop rule of each family's chain, recordComment
+// the rule before it that records the refused sources.
+const (
+	ruleComment   = "overlay: VXLAN only from peers"
+	recordComment = "overlay: record refused VXLAN sources"
+)
+
+// RefusedTimeout is how long a refused source stays in the refused set
+// after its last dropped datagram; RefusedMax is how many the set holds.
+// A full set records no new source, and still drops its datagrams: the
+// recording rule is apart from the dropping one, so an element that cannot
+// be added never lets a datagram through.
+const (
+	RefusedTimeout = 10 * time.Minute
+	RefusedMax     = 1024
+)
 
 var ourTable = nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
 
@@ -29,6 +44,7 @@ var ourTable = nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
 // match.
 type famSpec struct {
 	set, chain string
+	refused    string // the dynamic set of recently refused sources
 	keyType    nftables.SetDatatype
 	nfproto    byte
 	saddr      uint32 // offset of the source address in the network header
@@ -37,20 +53,28 @@ type famSpec struct {
 
 func specOf(fam backend.Family) famSpec {
 	if fam == backend.IPv6 {
-		return famSpec{set: "peers6", chain: "vxlan6", keyType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6, saddr: 8, addrLen: 16}
+		return famSpec{set: "peers6", chain: "vxlan6", refused: "refused6", keyType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6, saddr: 8, addrLen: 16}
 	}
-	return famSpec{set: "peers4", chain: "vxlan4", keyType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4, saddr: 12, addrLen: 4}
+	return famSpec{set: "peers4", chain: "vxlan4", refused: "refused4", keyType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4, saddr: 12, addrLen: 4}
 }
 
 // SetName is the name of fam's set of admitted addresses in TableName
 // (peers4, peers6).
 func SetName(fam backend.Family) string { return specOf(fam).set }
 
+// RefusedSetName is the name of fam's set of recently refused sources in
+// TableName (refused4, refused6).
+func RefusedSetName(fam backend.Family) string { return specOf(fam).refused }
+
 // ChainName is the name of fam's chain in TableName (vxlan4, vxlan6).
 func ChainName(fam backend.Family) string { return specOf(fam).chain }
 
 func (s famSpec) newSet(table *nftables.Table) *nftables.Set {
 	return &nftables.Set{Table: table, Name: s.set, KeyType: s.keyType}
+}
+
+func (s famSpec) newRefusedSet(table *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: table, Name: s.refused, KeyType: s.keyType, Dynamic: true, HasTimeout: true, Timeout: RefusedTimeout, Size: RefusedMax}
 }
 
 func (s famSpec) newChain(table *nftables.Table) *nftables.Chain {
@@ -65,12 +89,15 @@ func (s famSpec) newChain(table *nftables.Table) *nftables.Chain {
 	}
 }
 
-// ruleExprs is the one rule of a family's chain: UDP to port, from an
-// address outside the set, to an address the host receives itself
-// (local, broadcast, multicast: anything but a unicast destination it
-// would route on), counted and dropped. The set lookup comes before the
-// FIB lookup, so a peer's datagram never pays for the second.
-func (s famSpec) ruleExprs(port uint16, setID uint32) []expr.Any {
+// matchExprs is what both rules of a family's chain match: UDP to port,
+// from an address outside the set, to an address the host receives
+// itself: a local, broadcast, anycast or multicast destination (route
+// types 2 to 5), not a unicast one it would forward, nor one it has no
+// route to (unreachable, blackhole, prohibit: the kernel refuses those
+// itself). The source address stays in register 1 for the refused set;
+// the set lookup comes before the FIB lookup, so a peer's datagram never
+// pays for the second.
+func (s famSpec) matchExprs(port uint16, setID uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{s.nfproto}},
@@ -80,12 +107,27 @@ func (s famSpec) ruleExprs(port uint16, setID uint32) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: s.saddr, Len: s.addrLen},
 		&expr.Lookup{SourceRegister: 1, SetName: s.set, SetID: setID, Invert: true},
-		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-		// The FIB's address type is a host-order u32, as nft encodes it.
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_UNICAST)},
-		&expr.Counter{},
-		&expr.Verdict{Kind: expr.VerdictDrop},
+		&expr.Fib{Register: 2, FlagDADDR: true, ResultADDRTYPE: true},
+		// The FIB's address type is a host-order u32, as nft encodes it;
+		// the range compares bytes, which is right for values below 256.
+		&expr.Range{Op: expr.CmpOpEq, Register: 2,
+			FromData: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL),
+			ToData:   binary.NativeEndian.AppendUint32(nil, unix.RTN_MULTICAST)},
 	}
+}
+
+// recordExprs is the first rule: what matchExprs matches goes into (or
+// refreshes its timeout in) the refused set. No verdict: the next rule
+// drops.
+func (s famSpec) recordExprs(port uint16, setID, refusedID uint32) []expr.Any {
+	return append(s.matchExprs(port, setID),
+		&expr.Dynset{SrcRegKey: 1, SetName: s.refused, SetID: refusedID, Operation: unix.NFT_DYNSET_OP_UPDATE})
+}
+
+// ruleExprs is the second rule: what matchExprs matches is counted and
+// dropped.
+func (s famSpec) ruleExprs(port uint16, setID uint32) []expr.Any {
+	return append(s.matchExprs(port, setID), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})
 }
 
 func (s famSpec) newRule(table *nftables.Table, chain *nftables.Chain, port uint16, setID uint32) *nftables.Rule {
@@ -94,6 +136,15 @@ func (s famSpec) newRule(table *nftables.Table, chain *nftables.Chain, port uint
 		Chain:    chain,
 		Exprs:    s.ruleExprs(port, setID),
 		UserData: userdata.AppendString(nil, userdata.TypeComment, ruleComment),
+	}
+}
+
+func (s famSpec) newRecordRule(table *nftables.Table, chain *nftables.Chain, port uint16, setID, refusedID uint32) *nftables.Rule {
+	return &nftables.Rule{
+		Table:    table,
+		Chain:    chain,
+		Exprs:    s.recordExprs(port, setID, refusedID),
+		UserData: userdata.AppendString(nil, userdata.TypeComment, recordComment),
 	}
 }
 
@@ -112,6 +163,11 @@ func ruleText(r *nftables.Rule) string {
 			l := *e
 			l.SetID = 0
 			fmt.Fprintf(&b, "[%+v]", l)
+			continue
+		case *expr.Dynset:
+			d := *e
+			d.SetID = 0
+			fmt.Fprintf(&b, "[dynset %+v]", d)
 			continue
 		}
 		v := reflect.Indirect(reflect.ValueOf(e))
@@ -149,6 +205,13 @@ func chainRight(got, want *nftables.Chain) bool {
 func setRight(got *nftables.Set, s famSpec) bool {
 	return got.KeyType.Name == s.keyType.Name && got.KeyType.Bytes == s.keyType.Bytes &&
 		!got.IsMap && !got.Interval && !got.Anonymous && !got.Constant && !got.HasTimeout && !got.Concatenation
+}
+
+// refusedRight reports whether a set read from the kernel is a dynamic
+// set of the family's addresses with timeouts.
+func refusedRight(got *nftables.Set, s famSpec) bool {
+	return got.KeyType.Name == s.keyType.Name && got.KeyType.Bytes == s.keyType.Bytes &&
+		got.Dynamic && got.HasTimeout && !got.IsMap && !got.Interval && !got.Anonymous && !got.Constant && !got.Concatenation
 }
 
 // addrOf decodes a set element's key as an address of the family.

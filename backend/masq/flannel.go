@@ -31,7 +31,7 @@ func (m *Masq) RemoveFlannel() ([]string, error) {
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		chains, err := c.ListChainsOfTableFamily(fam)
 		if err != nil {
-			return nil, fmt.Errorf("list nftables chains of family %s in netns %s: %w", familyName(fam), m.ns, err)
+			return nil, fmt.Errorf("list nftables chains of family %s in netns %s: %w", FamilyName(fam), m.ns, err)
 		}
 		flannel := slices.IndexFunc(chains, func(ch *nftables.Chain) bool { return isNat(ch.Table) && ch.Name == FlannelChain })
 		if flannel < 0 {
@@ -44,7 +44,7 @@ func (m *Masq) RemoveFlannel() ([]string, error) {
 			}
 			rules, err := c.GetRules(table, ch)
 			if err != nil {
-				return nil, fmt.Errorf("list rules of chain %s in table %s nat: %w", ch.Name, familyName(fam), err)
+				return nil, fmt.Errorf("list rules of chain %s in table %s nat: %w", ch.Name, FamilyName(fam), err)
 			}
 			for _, r := range rules {
 				if jumpsTo(r, FlannelChain) {
@@ -56,7 +56,7 @@ func (m *Masq) RemoveFlannel() ([]string, error) {
 		}
 		c.FlushChain(chains[flannel])
 		c.DelChain(chains[flannel])
-		changed = append(changed, familyName(fam)+" nat")
+		changed = append(changed, FamilyName(fam)+" nat")
 	}
 	if len(changed) == 0 {
 		return nil, nil

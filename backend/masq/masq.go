@@ -349,7 +349,7 @@ func (m *Masq) ForwardDrops() ([]string, error) {
 			!families[ch.Table.Family] || isTable(ch.Table, ourTable) {
 			continue
 		}
-		drops = append(drops, familyName(ch.Table.Family)+" "+ch.Table.Name+" "+ch.Name)
+		drops = append(drops, FamilyName(ch.Table.Family)+" "+ch.Table.Name+" "+ch.Name)
 	}
 	slices.Sort(drops)
 	return drops, nil
@@ -420,7 +420,7 @@ func readTable(c *nftables.Conn, table *nftables.Table) (*state, error) {
 	// and other families may hold thousands of chains (kube-proxy's).
 	chains, err := c.ListChainsOfTableFamily(table.Family)
 	if err != nil {
-		return nil, fmt.Errorf("list nftables chains of family %s: %w", familyName(table.Family), err)
+		return nil, fmt.Errorf("list nftables chains of family %s: %w", FamilyName(table.Family), err)
 	}
 	st := &state{table: table}
 	for _, ch := range chains {
@@ -430,7 +430,7 @@ func readTable(c *nftables.Conn, table *nftables.Table) (*state, error) {
 		ch.Table = table
 		rules, err := c.GetRules(table, ch)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of chain %s in table %s %s: %w", ch.Name, familyName(table.Family), table.Name, err)
+			return nil, fmt.Errorf("list rules of chain %s in table %s %s: %w", ch.Name, FamilyName(table.Family), table.Name, err)
 		}
 		st.chains = append(st.chains, chainState{chain: ch, rules: rules})
 	}

@@ -110,7 +110,7 @@ func allChains(t *testing.T, c *nftables.Conn) []string {
 	}
 	var names []string
 	for _, ch := range chains {
-		names = append(names, familyName(ch.Table.Family)+" "+ch.Table.Name+" "+ch.Name)
+		names = append(names, FamilyName(ch.Table.Family)+" "+ch.Table.Name+" "+ch.Name)
 	}
 	slices.Sort(names)
 	return names
@@ -353,7 +353,7 @@ func TestEnsureLeavesOtherTablesAlone(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range rules {
-				out = append(out, familyName(tbl.Family)+" "+tbl.Name+": "+renderRule(r))
+				out = append(out, FamilyName(tbl.Family)+" "+tbl.Name+": "+renderRule(r))
 			}
 		}
 		return out
@@ -425,7 +425,7 @@ func assertNoTables(t *testing.T, ns netns.NsHandle) {
 		t.Fatal(err)
 	}
 	for _, tbl := range tables {
-		t.Errorf("table %s %s left after Remove", familyName(tbl.Family), tbl.Name)
+		t.Errorf("table %s %s left after Remove", FamilyName(tbl.Family), tbl.Name)
 	}
 }
 
@@ -584,6 +584,6 @@ func addForwardDrop(t *testing.T, ns netns.NsHandle, family nftables.TableFamily
 	c.AddChain(&nftables.Chain{Name: "forward", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
 	if err := c.Flush(); err != nil {
-		t.Fatalf("add %s %s forward drop: %v", familyName(family), name, err)
+		t.Fatalf("add %s %s forward drop: %v", FamilyName(family), name, err)
 	}
 }

@@ -27,7 +27,7 @@ func render(st *state) []string {
 		return nil
 	}
 	t := st.table
-	lines := []string{fmt.Sprintf("table %s %s {", familyName(t.Family), t.Name)}
+	lines := []string{fmt.Sprintf("table %s %s {", FamilyName(t.Family), t.Name)}
 	if t.Flags != 0 {
 		lines = append(lines, "\tflags "+tableFlags(t.Flags)+";")
 	}
@@ -59,7 +59,8 @@ func renderAll(sts []*state) []string {
 	return lines
 }
 
-func familyName(f nftables.TableFamily) string {
+// FamilyName is an nftables family as nft(8) spells it (ip, ip6, inet, ...).
+func FamilyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyIPv4:
 		return "ip"

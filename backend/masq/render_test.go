@@ -128,7 +128,7 @@ func installState(t *testing.T, c *nftables.Conn, st *state) {
 		}
 	}
 	if err := c.Flush(); err != nil {
-		t.Fatalf("install table %s %s: %v", familyName(st.table.Family), st.table.Name, err)
+		t.Fatalf("install table %s %s: %v", FamilyName(st.table.Family), st.table.Name, err)
 	}
 }
 

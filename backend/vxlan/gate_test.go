@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/vxlan"
@@ -22,8 +23,10 @@ type fakeGate struct {
 	admitted map[netip.Addr]bool
 	events   []string
 	failWith error
-	resyncs  int
-	moved    map[string]string // MAC -> public address, for peers not at 198.18.0.n
+	// failSettle fails the next Settle, once.
+	failSettle error
+	resyncs    int
+	moved      map[string]string // MAC -> public address, for peers not at 198.18.0.n
 }
 
 func newFakeGate() *fakeGate { return &fakeGate{admitted: map[netip.Addr]bool{}} }
@@ -50,6 +53,11 @@ func (g *fakeGate) Admit(peers []backend.Peer, resync bool) error {
 func (g *fakeGate) Settle(keep, gone []backend.Peer) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if err := g.failSettle; err != nil {
+		g.failSettle = nil
+		g.events = append(g.events, "settle failed")
+		return err
+	}
 	kept := map[netip.Addr]bool{}
 	for _, p := range keep {
 		kept[p.PublicIP] = true
@@ -267,5 +275,33 @@ func TestGateOrderInIncrementalPasses(t *testing.T) {
 	}
 	if n := resyncs(); n != 1 {
 		t.Errorf("%d resyncs: passes woken by SetPeers alone made the gate read the kernel", n)
+	}
+}
+
+// A Settle that fails leaves the departed peer's address admitted; the
+// next pass, even one woken by a lease event alone, must be full so that
+// it settles it, not wait for the resync.
+func TestGateFailedSettleMakesTheNextPassFull(t *testing.T) {
+	f, cfg := fakeHost(t)
+	g := newFakeGate()
+	cfg.Gate = g
+	cfg.RetryMin, cfg.RetryMax = time.Hour, time.Hour // only the lease event wakes the next pass
+	b := newBackend(t, cfg, f)
+	run(t, b)
+	b.SetPeers(peers(2, 3, 4))
+	waitSynced(t, b, 3)
+
+	g.mu.Lock()
+	g.failSettle = syscall.EIO
+	g.mu.Unlock()
+	b.SetPeers(peers(2, 4))
+	waitFor(t, "the pass whose Settle failed", func() bool { s := b.Status(); return !s.InSync && !s.Pending })
+	if !g.has("198.18.0.3") {
+		t.Fatal("the fake gate removed the address although its Settle failed")
+	}
+	b.SetPeers(peers(2, 4, 5))
+	waitSynced(t, b, 3)
+	if got, want := g.set(), []string{"198.18.0.2", "198.18.0.4", "198.18.0.5"}; !slices.Equal(got, want) {
+		t.Errorf("admitted %q after the next lease event, want %q: the departed peer stays admitted until the resync", got, want)
 	}
 }

@@ -163,7 +163,10 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 			left = gone
 		}
 		if err := gate.Settle(want, left); err != nil {
-			werr = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err)
+			// The next pass must be full: an incremental one would not
+			// look at the peers that left again, and their addresses
+			// would stay admitted until the resync.
+			werr, rec.view = fmt.Errorf("VXLAN guard: remove the addresses of peers that left: %w", err), nil
 		}
 	}
 	rec.applied = want

@@ -114,6 +114,18 @@ func hostIPv4(s string) error {
 	return subnet.CheckVTEPAddr(ip)
 }
 
+// hostIP accepts run's and teardown's --public-ip: the host's IPv4
+// underlay address, or its IPv6 one, which hostFlags.config takes as
+// --public-ipv6 (the shipped DaemonSet passes Kubernetes' status.hostIP,
+// which is the node's IPv6 address on an IPv6-only cluster).
+func hostIP(s string) error {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Is4In6() || ip.Zone() != "" {
+		return errors.New("want the host's IPv4 address, such as 198.18.0.7 (or its IPv6 address, taken as --public-ipv6)")
+	}
+	return subnet.CheckVTEPAddr(ip)
+}
+
 // hostIPv6 accepts a host's IPv6 underlay address: what the daemon
 // accepts as a lease's PublicIPv6.
 func hostIPv6(s string) error {

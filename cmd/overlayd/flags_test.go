@@ -50,7 +50,8 @@ var badFlags = []badFlag{
 	{[]string{"config", "validate"}, "file", "/", "is a directory: want a config file"},
 	{[]string{"run"}, "public-ip", "0.0.0.0", "is the unspecified address"},
 	{[]string{"run"}, "public-ip", "224.0.0.1", "is a multicast address"},
-	{[]string{"run"}, "public-ip", "fd00::1", "want the host's IPv4 address"},
+	{[]string{"run"}, "public-ip", "::ffff:198.18.0.7", "want the host's IPv4 address"},
+	{[]string{"run"}, "public-ip", "fe80::1%eth0", "want the host's IPv4 address"},
 	{[]string{"run"}, "public-ip", "198.51.100.77", "is not an address of this host"},
 	{[]string{"run"}, "public-ipv6", "198.18.0.7", "want the host's IPv6 address"},
 	{[]string{"run"}, "public-ipv6", "fe80::1%eth0", "want the host's IPv6 address"},
@@ -68,6 +69,11 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
 	{[]string{"run"}, "vxlan-guard", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
+	{[]string{"run"}, "peer-probe", "often", "want true or false"},
+	{[]string{"run"}, "peer-probe-sweep", "10ms", "want 100ms or more"},
+	{[]string{"run"}, "peer-probe-sweep", "hourly", "want a duration"},
+	{[]string{"run"}, "peer-probe-rate", "0", "want a whole number in 1..10000"},
+	{[]string{"run"}, "peer-probe-rate", "2.5", "want a whole number in 1..10000"},
 	{[]string{"run"}, "subnet-file-format", "FLANNEL_", "want one of overlay, flannel"},
 	{[]string{"run"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
 	{[]string{"run"}, "health-addr", "127.0.0.1:99999", "not 0..65535"},
@@ -86,6 +92,18 @@ var badFlags = []badFlag{
 	{[]string{"teardown"}, "force", "perhaps", "want true or false"},
 	{[]string{"teardown"}, "iface-regex", "(", "want a regular expression"},
 	{[]string{"teardown"}, "iface-can-reach", "ff02::1", "want an IP address"},
+	{[]string{"doctor"}, "iface", "nope0", "no such interface on this host"},
+	{[]string{"doctor"}, "iface-regex", "(", "want a regular expression"},
+	{[]string{"doctor"}, "iface-can-reach", "ff02::1", "want an IP address"},
+	{[]string{"doctor"}, "public-ip", "255.255.255.255", "the broadcast address"},
+	{[]string{"doctor"}, "public-ipv6", "::", "is the unspecified address"},
+	{[]string{"doctor"}, "node-name", "a b", "may hold only letters"},
+	{[]string{"doctor"}, "subnet-file", "subnet.env", "want an absolute file path"},
+	{[]string{"doctor"}, "log-format", "yaml", "want one of text, json"},
+	{[]string{"doctor"}, "log-level", "trace", "want one of debug"},
+	{[]string{"doctor"}, "health-addr", "bogus", "want host:port such as 127.0.0.1:9436"},
+	{[]string{"doctor"}, "cni-conf-dir", "etc/cni/net.d", "want an absolute directory path"},
+	{[]string{"doctor"}, "cni-conf-dir", "/proc/self/status", "is not a directory"},
 	// flanneld's flags (flanneld_flags.go): overlayd's of the same name,
 	{[]string{"run"}, "iface", "fe80::1%eth0", "want an interface name"},
 	{[]string{"run"}, "iface", "127.0.0.1", "is a loopback address"},
@@ -134,6 +152,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "log_backtrace_at", "main.go:1", "--log-level"},
 	{[]string{"status"}, "health-addr", "", "want host:port"},
 	{[]string{"status"}, "health-addr", "9436", "want host:port"},
+	{[]string{"status"}, "peers", "all", "want true or false"},
 	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "0.0.0.0", "is the unspecified address"},
 	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "127.0.0.1", "is a loopback address"},
 	{[]string{"lease", "reserve", "10.244.9.0/24"}, "public-ip", "host-7", "want the host's IPv4 address"},
@@ -205,7 +224,7 @@ func TestEveryBadFlagValueIsAUsageErrorBeforeAnything(t *testing.T) {
 				base = append(base, "--dial-timeout", "2s")
 			}
 			args := append(append(base, tc.cmd...), "--"+tc.flag+"="+tc.value)
-			if tc.cmd[0] == "run" || tc.cmd[0] == "teardown" {
+			if tc.cmd[0] == "run" || tc.cmd[0] == "teardown" || tc.cmd[0] == "doctor" {
 				if tc.flag != "subnet-file" {
 					args = append(args, "--subnet-file", subnetFile)
 				}
@@ -360,7 +379,7 @@ func TestOnlyGlobalAndRunFlagsReadTheEnvironment(t *testing.T) {
 			}
 		})
 		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
-			switch shared := runFlags[f.Name] && slices.Contains([]string{"overlayd run", "overlayd teardown", "overlayd status"}, path); {
+			switch shared := runFlags[f.Name] && slices.Contains([]string{"overlayd run", "overlayd teardown", "overlayd status", "overlayd doctor"}, path); {
 			case shared && !readsEnv(f):
 				t.Errorf("%s --%s does not read %s", path, f.Name, env(f.Name))
 			case !shared && readsEnv(f):

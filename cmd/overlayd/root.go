@@ -156,8 +156,8 @@ overlay-cni plugin. The other commands manage leases and config like etcdctl.
 
 The global flags and the flags of 'overlayd run' can also be set through the
 environment: --endpoints is OVERLAY_ENDPOINTS, --node-name is
-OVERLAY_NODE_NAME, and so on (teardown and status read the same variables for
-the flags they share with run). Other flags, such as --force and --dry-run,
+OVERLAY_NODE_NAME, and so on (teardown, status and doctor read the same
+variables for the flags they share with run). Other flags, such as --force and --dry-run,
 are taken only from the command line.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -204,6 +204,7 @@ are taken only from the command line.`,
 		newRunCommand(g, p.runDaemon),
 		newTeardownCommand(g),
 		newStatusCommand(g),
+		newDoctorCommand(g),
 		newLeaseCommand(g),
 		newConfigCommand(g),
 		newInstallCNICommand(g),

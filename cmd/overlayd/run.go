@@ -19,6 +19,7 @@ import (
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
@@ -35,13 +36,13 @@ type hostFlags struct {
 func (h *hostFlags) register(c *cobra.Command) {
 	f := c.Flags()
 	h.underlay.register(f)
-	f.Var(addrValue{&h.publicIP}, "public-ip", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface)")
+	f.Var(addrValue{&h.publicIP}, "public-ip", "this host's address on the underlay, published to peers (default: the first IPv4 address of --iface); an IPv6 address is taken as --public-ipv6")
 	f.Var(addrValue{&h.publicIPv6}, "public-ipv6", "this host's IPv6 address on the underlay, used if the network carries IPv6 (default: the first global IPv6 address of --iface)")
 	f.StringVar(&h.nodeName, "node-name", "", "node ID (default: /etc/machine-id, else the hostname)")
 	f.StringVar(&h.subnetFile, "subnet-file", subnet.DefaultEnvFile, "where to write subnet.env for overlay-cni")
 	f.StringVar(&h.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&h.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	checkFlag(f, "public-ip", hostIPv4)
+	checkFlag(f, "public-ip", hostIP)
 	checkFlag(f, "public-ipv6", hostIPv6)
 	checkFlag(f, "node-name", nodeName)
 	checkFlag(f, "subnet-file", absFile)
@@ -61,10 +62,29 @@ func (h *hostFlags) config(g *GlobalFlags, fs *pflag.FlagSet, errOut io.Writer) 
 		return daemon.Config{}, err
 	}
 	cfg := daemon.Config{Etcd: g.clientConfig(), Prefix: g.Prefix, NodeName: h.nodeName, SubnetFile: h.subnetFile, Logger: log}
-	if err := cfg.ChooseUnderlay(daemon.UnderlayFlags{Selection: h.underlay.selection(), PublicIP: h.publicIP, PublicIPv6: h.publicIPv6}); err != nil {
+	publicIP, publicIPv6, err := h.publicAddrs(fs)
+	if err != nil {
+		return cfg, err
+	}
+	if err := cfg.ChooseUnderlay(daemon.UnderlayFlags{Selection: h.underlay.selection(), PublicIP: publicIP, PublicIPv6: publicIPv6}); err != nil {
 		return cfg, usageError{fmt.Errorf("%w%s", err, envNote(fs, "iface", "iface-regex", "iface-can-reach", "public-ip", "public-ipv6"))}
 	}
 	return cfg, nil
+}
+
+// publicAddrs are the host's public IPv4 and IPv6 addresses from
+// --public-ip and --public-ipv6: an IPv6 --public-ip is the IPv6 one (a
+// DaemonSet passes the node's address without knowing its family), unless
+// --public-ipv6 names another.
+func (h *hostFlags) publicAddrs(fs *pflag.FlagSet) (v4, v6 netip.Addr, err error) {
+	if !h.publicIP.Is6() {
+		return h.publicIP, h.publicIPv6, nil
+	}
+	if h.publicIPv6.IsValid() && h.publicIPv6 != h.publicIP {
+		return v4, v6, usagef("--public-ip %s is an IPv6 address, taken as --public-ipv6, but --public-ipv6 is %s: give one IPv6 address%s",
+			h.publicIP, h.publicIPv6, envNote(fs, "public-ip", "public-ipv6"))
+	}
+	return netip.Addr{}, h.publicIP, nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -92,6 +112,9 @@ func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 		ipMasq, adoptFlannel      bool
 		vxlanGuard                bool
 		healthAddr                string
+		peerProbe                 bool
+		peerProbeSweep            time.Duration
+		peerProbeRate             int
 	)
 	c := &cobra.Command{
 		Use:   "run",
@@ -118,6 +141,8 @@ drops no packets; 'overlayd teardown' removes it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
+			cfg.NoPeerProbe = !peerProbe
+			cfg.PeerProbe = peerhealth.Settings{Sweep: peerProbeSweep, Rate: float64(peerProbeRate)}
 			cfg.VXLANGuard = vxlanGuard
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
@@ -139,6 +164,13 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
 	checkFlag(c.Flags(), "adopt-flannel", boolean)
+	c.Flags().BoolVar(&peerProbe, "peer-probe", true, "probe every peer through the overlay (ICMP echo to its VTEP address) and report its health in /status, `overlayd status --peers` and the metrics")
+	c.Flags().DurationVar(&peerProbeSweep, "peer-probe-sweep", peerhealth.DefaultSweep, "probe each peer this often (longer when there are more peers than --peer-probe-rate allows in it)")
+	c.Flags().IntVar(&peerProbeRate, "peer-probe-rate", peerhealth.DefaultRate, "send at most this many probes per second, whatever the number of peers")
+	checkFlag(c.Flags(), "peer-probe", boolean)
+	checkFlag(c.Flags(), "peer-probe-sweep", durationAtLeast(peerhealth.MinSweep))
+	checkFlag(c.Flags(), "peer-probe-rate", intIn(1, peerhealth.MaxRate))
+	fromEnv(c.Flags(), "peer-probe", "peer-probe-sweep", "peer-probe-rate")
 	c.Flags().String("subnet-file-format", string(subnet.FormatOverlay), "format of --subnet-file: overlay (OVERLAY_* keys, for overlay-cni) or flannel (flanneld's FLANNEL_* keys, for tools written for flannel; overlay-cni reads both)")
 	checkFlag(c.Flags(), "subnet-file-format", oneOf(string(subnet.FormatOverlay), string(subnet.FormatFlannel)))
 	fromEnv(c.Flags(), "subnet-file-format")

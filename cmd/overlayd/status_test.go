@@ -6,9 +6,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/overlaynet/overlay/internal/daemon"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 )
 
 // statusServer serves st on /status like a local overlayd.
@@ -103,5 +106,78 @@ func TestStatusDuringAnIPv6Roll(t *testing.T) {
 		if !strings.Contains(flat, quote) {
 			t.Errorf("configuration.md does not quote %q", quote)
 		}
+	}
+}
+
+// status --peers lists every peer's health, as a table and as the
+// peerHealth JSON; plain status sums it up in one row naming the worst
+// peer; a daemon that does not probe says so.
+func TestStatusPeers(t *testing.T) {
+	down := time.Date(2026, 11, 27, 17, 2, 11, 0, time.UTC)
+	ph := &daemon.PeerHealth{
+		Summary: peerhealth.Summary{Probing: true, SweepSeconds: 30, RatePerSecond: 100,
+			IPv4:  peerhealth.FamilyCounts{Reachable: 1, Unreachable: 1, Sent: 261, Received: 250, Lost: 11},
+			Worst: []peerhealth.PeerHealth{{Peer: "10.244.3.0/24", Family: "IPv4", VTEP: "10.244.3.0", PublicIP: "198.18.0.3", State: peerhealth.Unreachable, Since: down, ConsecutiveLosses: 11}}},
+		Peers: []peerhealth.PeerHealth{
+			{Peer: "10.244.3.0/24", Family: "IPv4", VTEP: "10.244.3.0", PublicIP: "198.18.0.3", State: peerhealth.Unreachable, Since: down, LastRTTMicros: 412, SmoothedRTTMicros: 398, ConsecutiveLosses: 11, Sent: 130, Received: 119, Lost: 11},
+			{Peer: "10.244.9.0/24", Family: "IPv4", VTEP: "10.244.9.0", PublicIP: "198.18.0.9", State: peerhealth.Reachable, Since: down.Add(-time.Hour), LastRTTMicros: 388, SmoothedRTTMicros: 401, Sent: 131, Received: 131},
+		},
+	}
+	var (
+		mu    sync.Mutex
+		asked []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.URL.RawQuery)
+		mu.Unlock()
+		st := daemon.Status{Node: "h1", Ready: true, PeerHealth: &daemon.PeerHealth{Summary: ph.Summary}}
+		if r.URL.Query().Get("peers") != "none" {
+			st.PeerHealth.Peers = ph.Peers
+		}
+		_ = json.NewEncoder(w).Encode(st)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+
+	r := run(t, "", "", "status", "--health-addr", addr, "--peers")
+	if r.code != exitOK {
+		t.Fatalf("status --peers: %+v", r)
+	}
+	lines := strings.Split(strings.TrimSpace(r.out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "PEER") {
+		t.Fatalf("status --peers: want a header and 2 rows:\n%s", r.out)
+	}
+	for i, want := range [][]string{
+		{"10.244.3.0/24", "IPv4", "10.244.3.0", "198.18.0.3", "unreachable", "2026-11-27T17:02:11Z", "412µs", "398µs", "11", "130", "119", "11"},
+		{"10.244.9.0/24", "IPv4", "10.244.9.0", "198.18.0.9", "reachable", "2026-11-27T16:02:11Z", "388µs", "401µs", "0", "131", "131", "0"},
+	} {
+		row := lines[i+1]
+		for _, cell := range want {
+			if !strings.Contains(row, cell) {
+				t.Errorf("row %d %q lacks %q", i+1, row, cell)
+			}
+		}
+	}
+	r = run(t, "", "", "status", "--health-addr", addr, "--peers", "-w", "json")
+	var got daemon.PeerHealth
+	if err := json.Unmarshal([]byte(r.out), &got); err != nil || len(got.Peers) != 2 || got.Peers[0].State != peerhealth.Unreachable || got.IPv4.Lost != 11 || len(got.Worst) != 1 {
+		t.Errorf("status --peers -w json = %q (%v)", r.out, err)
+	}
+
+	r = run(t, "", "", "status", "--health-addr", addr)
+	if want := "peer health 1 reachable, 1 unreachable, 0 not probed yet (worst: 10.244.3.0/24 IPv4, unreachable since 2026-11-27T17:02:11Z; overlayd status --peers)"; !strings.Contains(strings.Join(strings.Fields(r.out), " "), want) {
+		t.Errorf("status lacks %q:\n%s", want, r.out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"peers=all", "peers=all", ""}; strings.Join(asked, ",") != strings.Join(want, ",") {
+		t.Errorf("queries %q, want %q (plain status leaves the peers out)", asked, want)
+	}
+
+	off := statusServer(t, daemon.Status{Node: "h1", Ready: true})
+	r = run(t, "", "", "status", "--health-addr", off, "--peers")
+	if r.code != exitError || !strings.Contains(r.err, "--peer-probe=false") {
+		t.Errorf("status --peers of a daemon that does not probe: %+v", r)
 	}
 }

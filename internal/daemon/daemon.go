@@ -36,6 +36,7 @@ import (
 
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
 )
@@ -83,6 +84,12 @@ type Config struct {
 	// open it inside the host's namespace).
 	HealthAddr     string
 	HealthListener net.Listener
+
+	// NoPeerProbe turns the probing of peers off (--peer-probe=false);
+	// PeerProbe tunes it (--peer-probe-sweep, --peer-probe-rate; zero
+	// values: peerhealth's defaults).
+	NoPeerProbe bool
+	PeerProbe   peerhealth.Settings
 
 	// KernelResync is how often the kernel is re-listed to repair drift
 	// (default 30 s); LeaseResync how often etcd is (default 30 min).
@@ -230,6 +237,9 @@ func lockError(err error) error {
 // steps after it, the loop and the shutdown. Its fields are set once, in
 // start-up order, by run's goroutine.
 type daemon struct {
+	// refusedSeen are the VXLAN guards' refused sources already logged.
+	refusedSeen map[netip.Addr]bool
+
 	cfg    Config
 	log    *slog.Logger
 	nodeID string
@@ -255,6 +265,10 @@ type daemon struct {
 	peers   *peerSet
 	env     *envKeeper
 	batches <-chan subnet.Batch
+
+	// prober probes the peers through the overlay (nil if
+	// Config.NoPeerProbe): one more consumer of the peer set.
+	prober *peerhealth.Prober
 }
 
 // shutdown stops every goroutine first, then closes what they used (etcd

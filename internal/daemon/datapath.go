@@ -11,9 +11,11 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/backend/guard"
 )
 
 // Start-up refuses, before anything is claimed in etcd, a host that could
@@ -24,6 +26,9 @@ var (
 	ErrNoNetAdmin = errors.New("overlayd needs CAP_NET_ADMIN")
 	// ErrPortInUse: another device or socket holds the VXLAN UDP port.
 	ErrPortInUse = errors.New("VXLAN UDP port in use")
+	// ErrGuardUnsupported: --vxlan-guard is on and the kernel cannot run
+	// the guard's nftables table.
+	ErrGuardUnsupported = errors.New("the kernel cannot run the VXLAN guard (--vxlan-guard)")
 )
 
 // portInUse is an ErrPortInUse said in one sentence.
@@ -40,13 +45,15 @@ type DataPath struct {
 	VNI, Port  int
 	IPv4, IPv6 bool
 	Devices    []string
+	// Guard: --vxlan-guard is on, so nftables must take the guard's table.
+	Guard bool
 }
 
 // dataPath is this run's DataPath, once the network config is read and
 // flanneld's devices looked for.
 func (d *daemon) dataPath() DataPath {
 	nc := d.netCfg
-	p := DataPath{VNI: nc.Backend.VNI, Port: nc.Backend.Port, IPv4: nc.EnableIPv4, IPv6: nc.EnableIPv6}
+	p := DataPath{VNI: nc.Backend.VNI, Port: nc.Backend.Port, IPv4: nc.EnableIPv4, IPv6: nc.EnableIPv6, Guard: d.cfg.VXLANGuard}
 	// overlayd's own devices of an earlier run, of either family: one of
 	// a family the network no longer carries (IPv6 turned off) holds the
 	// port until start-up removes it.
@@ -87,7 +94,18 @@ func (k hostKernel) CheckDataPath(p DataPath) error {
 		if err := ownsNetns(); err != nil {
 			return err
 		}
-		return checkPort(p)
+		if err := checkPort(p); err != nil {
+			return err
+		}
+		if p.Guard {
+			// A kernel without the guard's nftables parts fails here, before
+			// a lease is claimed, not at the first reconcile pass, where it
+			// would stop the data plane.
+			if err := guard.Probe(netns.None()); err != nil {
+				return fmt.Errorf("%w: %w (or run overlayd with --vxlan-guard=false)", ErrGuardUnsupported, err)
+			}
+		}
+		return nil
 	})
 }
 

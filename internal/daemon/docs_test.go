@@ -76,7 +76,7 @@ func TestStartupReasonsAreDocumented(t *testing.T) {
 // a registered metric.
 func TestMetricsAreDocumented(t *testing.T) {
 	// A guard, so that the guard's series exist to be gathered.
-	fams, err := newMetrics(&probe{guards: []Guard{fakeGuard{backend.IPv4}}}).reg.Gather()
+	fams, err := newMetrics(&probe{guards: []Guard{fakeGuard{fam: backend.IPv4}}}).reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

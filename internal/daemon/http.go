@@ -24,7 +24,9 @@ const DefaultHealthAddr = subnet.DefaultHealthAddr
 //	/healthz  200 while the process runs
 //	/readyz   200 when every readiness condition holds, else 503 naming the failing ones
 //	/metrics  Prometheus text format
-//	/status   the Status document, as JSON
+//	/status   the Status document, as JSON: the peers' health summary and
+//	          worst peers; every peer's record too with ?peers=all (at
+//	          thousands of peers, megabytes)
 func serveHTTP(ctx context.Context, ln net.Listener, p *probe, m *metrics, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -45,9 +47,11 @@ func serveHTTP(ctx context.Context, ln net.Listener, p *probe, m *metrics, log *
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		st := p.status(time.Now())
+		st.PeerHealth = p.peerHealth(r.URL.Query().Get("peers") == "all")
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(p.status(time.Now()))
+		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

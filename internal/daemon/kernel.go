@@ -18,6 +18,7 @@ import (
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -56,7 +57,7 @@ type Kernel interface {
 	// Guard builds the VXLAN guard of family fam for the VXLAN UDP port
 	// port, which the plane of that family drives (PlaneSpec.Gate). It
 	// touches nothing until the plane's first pass.
-	Guard(fam backend.Family, port int) (Guard, error)
+	Guard(fam backend.Family, port int, log *slog.Logger) (Guard, error)
 	// RemoveGuard deletes the VXLAN guard's table (both families), and
 	// reports whether there was one.
 	RemoveGuard() (bool, error)
@@ -81,6 +82,10 @@ type Kernel interface {
 	// data path p can be built here: ErrNoNetAdmin, ErrPortInUse (naming
 	// the holder), or nil.
 	CheckDataPath(p DataPath) error
+	// Pinger opens the ICMP socket that probes the peers of fam from
+	// this host's VTEP address src (peerhealth.Open), and says which
+	// kind of socket it is.
+	Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error)
 }
 
 // TakenOverAlias is the alias (IFLA_IFALIAS, `ip link show` prints it)
@@ -106,6 +111,12 @@ type Guard interface {
 	backend.Gate
 	Family() backend.Family
 	Dropped() (uint64, error)
+	// Repairs counts what the guard put back after something else
+	// changed its table (guard.Gate.Repairs).
+	Repairs() uint64
+	// Refused are the sources of the datagrams the guard dropped lately
+	// (guard.RefusedTimeout), sorted.
+	Refused() ([]netip.Addr, error)
 	Close() error
 }
 
@@ -136,6 +147,14 @@ func (k hostKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 		return nil, nil, err
 	}
 	return be, func() { _ = nl.Close() }, nil
+}
+
+func (k hostKernel) Pinger(fam backend.Family, src netip.Addr) (pg peerhealth.Pinger, kind string, err error) {
+	err = inNetns(k.ns, func() error {
+		pg, kind, err = peerhealth.Open(fam, src)
+		return err
+	})
+	return pg, kind, err
 }
 
 func (k hostKernel) TeardownUnderlay(iface string, publicIP, publicIPv6 netip.Addr) (Underlay, error) {
@@ -238,8 +257,8 @@ func (k hostKernel) Masquerade(networks []masq.Network, log *slog.Logger) (Masqu
 
 func (k hostKernel) RemoveMasquerade() (bool, error) { return removeMasq(k.ns) }
 
-func (k hostKernel) Guard(fam backend.Family, port int) (Guard, error) {
-	var opts []guard.Option
+func (k hostKernel) Guard(fam backend.Family, port int, log *slog.Logger) (Guard, error) {
+	opts := []guard.Option{guard.WithLogger(log)}
 	if k.ns.IsOpen() {
 		opts = append(opts, guard.WithNetNS(k.ns))
 	}

@@ -28,6 +28,9 @@ func (d *daemon) loop(ctx context.Context) error {
 	d.st.set(func(p *probe) { p.env, p.phase = d.env, "" })
 	envCheck := time.NewTicker(envCheckInterval)
 	defer envCheck.Stop()
+	refusedCheck := time.NewTicker(refusedCheckInterval)
+	defer refusedCheck.Stop()
+	d.checkRefused()
 	for {
 		select {
 		case <-ctx.Done():
@@ -44,6 +47,8 @@ func (d *daemon) loop(ctx context.Context) error {
 				reason, pending := drift.update(u)
 				d.st.set(func(p *probe) { p.config, p.pending = reason, pending })
 			}
+		case <-refusedCheck.C:
+			d.checkRefused()
 		case <-envCheck.C:
 			// The devices' MTU follows the underlay's; pods must learn it.
 			if mtu := d.podMTU(); mtu > 0 {
@@ -116,7 +121,11 @@ func (d *daemon) onBatch(b subnet.Batch) {
 // publishPeers hands the peer set to the backends and records its size.
 func (d *daemon) publishPeers() {
 	for _, fp := range d.planes {
-		fp.plane.SetPeers(d.peers.peers(fp.family))
+		peers := d.peers.peers(fp.family)
+		fp.plane.SetPeers(peers)
+		if d.prober != nil {
+			d.prober.SetPeers(fp.family, peers)
+		}
 	}
 	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
 	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
@@ -217,4 +226,41 @@ func (d *daemon) podMTU() int {
 		}
 	}
 	return mtu
+}
+
+// refusedCheckInterval is how often the daemon reads the VXLAN guards'
+// refused sources.
+const refusedCheckInterval = 10 * time.Second
+
+// refusedMsg is logged once for each refused source.
+const refusedMsg = "the VXLAN guard drops datagrams to the VXLAN port from an address no peer's lease publishes; " +
+	"if a cluster host sends VXLAN from it, the public IP in its lease is another address of it: " +
+	"its --public-ip (flanneld's or overlayd's) must be the address its VXLAN datagrams leave from (its --iface address), " +
+	"or run overlayd with --vxlan-guard=false until it is; otherwise the source holds no lease and the drop is intended"
+
+// checkRefused reads the VXLAN guards' refused sources into the status,
+// and logs each source once when it first shows up (again if it comes
+// back after it expired from the guard's set).
+func (d *daemon) checkRefused() {
+	var all []string
+	seen := map[netip.Addr]bool{}
+	for _, fp := range d.planes {
+		if fp.guard == nil {
+			continue
+		}
+		refused, err := fp.guard.Refused()
+		if err != nil {
+			d.log.Debug("cannot read the VXLAN guard's refused sources", "family", fp.family, "err", err)
+			continue
+		}
+		for _, a := range refused {
+			seen[a] = true
+			all = append(all, a.String())
+			if !d.refusedSeen[a] {
+				d.log.Warn(refusedMsg, "source", a, "family", fp.family)
+			}
+		}
+	}
+	d.refusedSeen = seen
+	d.st.set(func(p *probe) { p.refused = all })
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -23,6 +24,10 @@ type metrics struct {
 	rejectionsTotal prometheus.Counter
 	watchRestarts   prometheus.Counter
 	eventLatency    prometheus.Histogram
+	// The probes of the peers (peerhealth), by family and outcome, and
+	// the round trips of the answered ones.
+	probes   *prometheus.CounterVec
+	probeRTT *prometheus.HistogramVec
 
 	// pending maps a peer subnet to when its latest lease event arrived,
 	// until the backend reports it programmed; listed holds the arrivals
@@ -53,7 +58,18 @@ func newMetrics(p *probe) *metrics {
 		eventLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "overlay_event_to_programmed_seconds",
 			Help:    "Time from a lease event reaching the daemon to the peer's kernel entries being in place.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5}}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "overlay_peer_probes_total",
+			Help: "Probes of peers through the overlay (ICMP echo to each peer's VTEP address), by family and result (answered, lost)."}, []string{"family", "result"}),
+		probeRTT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "overlay_peer_probe_rtt_seconds",
+			Help:    "Round-trip time of the answered probes of peers through the overlay.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}, []string{"family"}),
 		pending: map[netip.Prefix]time.Time{},
+	}
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		// Present from the start, so a rate() over them has a base.
+		m.probes.WithLabelValues(fam, "answered")
+		m.probes.WithLabelValues(fam, "lost")
+		m.probeRTT.WithLabelValues(fam)
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -77,9 +93,14 @@ func newMetrics(p *probe) *metrics {
 			func() float64 { return b2f(p.status(time.Now()).Ready) }),
 	)
 	m.reg.MustRegister(dataPlaneCollectors(p)...)
+	m.reg.MustRegister(m.probes, m.probeRTT)
+	m.reg.MustRegister(peerHealthCollectors(p)...)
 	m.reg.MustRegister(guardCollector{p: p, dropped: prometheus.NewDesc("overlay_vxlan_guard_dropped_packets_total",
 		"UDP datagrams to the VXLAN port dropped by the VXLAN guard because their source holds no valid lease (read from the guard's nftables counter).",
-		[]string{"family"}, nil)})
+		[]string{"family"}, nil),
+		repairs: prometheus.NewDesc("overlay_vxlan_guard_repairs_total",
+			"Objects (sets, chain with its rules) and admitted addresses of the VXLAN guard's nftables table that a resync put back after something other than overlayd changed them.",
+			[]string{"family"}, nil)})
 	return m
 }
 
@@ -136,24 +157,25 @@ func dataPlaneCollectors(p *probe) []prometheus.Collector {
 // with --vxlan-guard=false. A guard whose counter cannot be read is left
 // out of that scrape (a gap, not a false zero).
 type guardCollector struct {
-	p       *probe
-	dropped *prometheus.Desc
+	p                *probe
+	dropped, repairs *prometheus.Desc
 }
 
-func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.dropped }
+func (c guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.dropped; ch <- c.repairs }
 
 func (c guardCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.mu.Lock()
 	guards := c.p.guards
 	c.p.mu.Unlock()
 	for _, g := range guards {
-		n, err := g.Dropped()
-		if err != nil {
-			continue
-		}
 		fam := "ipv4"
 		if g.Family() == backend.IPv6 {
 			fam = "ipv6"
+		}
+		ch <- prometheus.MustNewConstMetric(c.repairs, prometheus.CounterValue, float64(g.Repairs()), fam)
+		n, err := g.Dropped()
+		if err != nil {
+			continue
 		}
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n), fam)
 	}
@@ -215,4 +237,61 @@ func (m *metrics) programmed(peer backend.Peer, at time.Time) {
 	if ok {
 		m.eventLatency.Observe(at.Sub(arrived).Seconds())
 	}
+}
+
+// peerHealthCollectors are the counts of peers by what their probes
+// found, per family: no per-peer label, so a cluster of 10,000 hosts
+// costs each host four series (every peer is in /status?peers=all).
+func peerHealthCollectors(p *probe) []prometheus.Collector {
+	return []prometheus.Collector{peerHealthCollector{p: p,
+		reachable: prometheus.NewDesc("overlay_peers_reachable",
+			"Peers whose last probe through the overlay was answered.", []string{"family"}, nil),
+		unreachable: prometheus.NewDesc("overlay_peers_unreachable",
+			"Peers whose last probes through the overlay (3 in a row) were lost.", []string{"family"}, nil)}}
+}
+
+// peerHealthCollector reports the prober's counts, asked once a scrape
+// (the prober's lock is the probing's); zero for both families with
+// --peer-probe=false, as before the prober exists.
+type peerHealthCollector struct {
+	p                      *probe
+	reachable, unreachable *prometheus.Desc
+}
+
+func (c peerHealthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.reachable
+	ch <- c.unreachable
+}
+
+func (c peerHealthCollector) Collect(ch chan<- prometheus.Metric) {
+	c.p.mu.Lock()
+	health := c.p.health
+	c.p.mu.Unlock()
+	var counts [2]peerhealth.FamilyCounts
+	if health != nil {
+		counts[0], counts[1] = health.Counts()
+	}
+	for i, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
+		ch <- prometheus.MustNewConstMetric(c.reachable, prometheus.GaugeValue, float64(counts[i].Reachable), familyLabel(fam))
+		ch <- prometheus.MustNewConstMetric(c.unreachable, prometheus.GaugeValue, float64(counts[i].Unreachable), familyLabel(fam))
+	}
+}
+
+// probed counts one probe's outcome (peerhealth.Config.OnResult).
+func (m *metrics) probed(fam backend.Family, answered bool, rtt time.Duration) {
+	if !answered {
+		m.probes.WithLabelValues(familyLabel(fam), "lost").Inc()
+		return
+	}
+	m.probes.WithLabelValues(familyLabel(fam), "answered").Inc()
+	m.probeRTT.WithLabelValues(familyLabel(fam)).Observe(rtt.Seconds())
+}
+
+// familyLabel is fam as the metrics' family label says it ("ipv4",
+// "ipv6"), as the guard's drop counter does.
+func familyLabel(fam backend.Family) string {
+	if fam == backend.IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
 }

@@ -173,7 +173,10 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	}
 	if nc.EnableIPv4 && !nc.EnableIPv6 {
 		d.removeOldIPv6(ctx)
-		d.removeOldIPv6Guard()
+		d.removeOldGuardFamily(backend.IPv6)
+	}
+	if !nc.EnableIPv4 {
+		d.removeOldGuardFamily(backend.IPv4)
 	}
 	if !d.cfg.VXLANGuard {
 		d.removeOldGuard()
@@ -183,6 +186,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	// subnet.env are set up: neither depends on the other, and at a cold
 	// start the first pass is most of the time to converge.
 	d.peers = newPeerSet(nc, d.codec, d.lease.Subnets(), d.src.LeaseName)
+	d.newProber()
 	d.seedPeers(time.Now())
 	d.watchLeases(ctx)
 	// The peer set, the journal and the watch have what they need of the
@@ -198,6 +202,9 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.snap = subnet.Snapshot{} // the watch has what it needs; with many leases the listing is megabytes
 	for _, fp := range d.planes {
 		d.wg.Go(func() { _ = fp.plane.Run(ctx) })
+	}
+	if d.prober != nil {
+		d.wg.Go(func() { _ = d.prober.Run(ctx) })
 	}
 
 	if d.cfg.IPMasq {
@@ -313,17 +320,18 @@ func (d *daemon) removeOldGuard() {
 	}
 }
 
-// removeOldIPv6Guard deletes the IPv6 set and chain of the VXLAN guard a
-// run in a network that carried IPv6 left: nothing keeps them any more.
-// Harmless if left (no IPv6 VXLAN device listens), so a failure only
-// warns.
-func (d *daemon) removeOldIPv6Guard() {
-	removed, err := d.cfg.Kernel.RemoveGuardFamily(backend.IPv6)
+// removeOldGuardFamily deletes the sets and chain of family fam of the
+// VXLAN guard a run in a network that carried fam left: nothing keeps
+// them any more. Harmless if left (no VXLAN device of fam listens), so a
+// failure only warns.
+func (d *daemon) removeOldGuardFamily(fam backend.Family) {
+	removed, err := d.cfg.Kernel.RemoveGuardFamily(fam)
 	switch {
 	case err != nil:
-		d.log.Warn("the network no longer carries IPv6, but the IPv6 part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet "+guard.TableName+" "+guard.ChainName(backend.IPv6)+"; nft delete set inet "+guard.TableName+" "+guard.SetName(backend.IPv6)+"`", "err", err)
+		d.log.Warn(fmt.Sprintf("the network no longer carries %v, but the %v part of the VXLAN guard of an earlier run could not be removed: `nft delete chain inet %s %s; nft delete set inet %s %s; nft delete set inet %s %s`",
+			fam, fam, guard.TableName, guard.ChainName(fam), guard.TableName, guard.SetName(fam), guard.TableName, guard.RefusedSetName(fam)), "err", err)
 	case removed:
-		d.log.Info("the network no longer carries IPv6: removed the IPv6 set and chain of the VXLAN guard", "table", "inet "+guard.TableName)
+		d.log.Info(fmt.Sprintf("the network no longer carries %v: removed the %v sets and chain of the VXLAN guard", fam, fam), "table", "inet "+guard.TableName)
 	}
 }
 
@@ -335,7 +343,7 @@ func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed f
 	nc := d.netCfg
 	var gate backend.Gate
 	if d.cfg.VXLANGuard {
-		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port)
+		g, err := d.cfg.Kernel.Guard(fp.family, nc.Backend.Port, d.log)
 		if err != nil {
 			return err
 		}

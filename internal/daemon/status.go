@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -48,11 +49,30 @@ type Status struct {
 	// meanwhile carrying IPv4 as before; it does not make it unready.
 	ConfigPending string `json:"configPending,omitempty"`
 
+	// GuardRefused are the sources whose datagrams to the VXLAN port the
+	// VXLAN guard dropped in the last 10 minutes (as of the last check):
+	// hosts without a lease, or hosts whose VXLAN datagrams leave from
+	// another address than the public IP their lease publishes.
+	GuardRefused []string `json:"guardRefused,omitempty"`
+
 	LastReconcile *time.Time `json:"lastReconcile,omitempty"`
 	LastError     string     `json:"lastError,omitempty"`
 
+	// PeerHealth is what the probes of the peers through the overlay
+	// found (absent with --peer-probe=false). It never affects Ready: a
+	// dead peer must not make every other host unready.
+	PeerHealth *PeerHealth `json:"peerHealth,omitempty"`
+
 	Ready      bool        `json:"ready"`
 	Conditions []Condition `json:"conditions"`
+}
+
+// PeerHealth is the probing of the peers (peerhealth.Summary: whether
+// it runs, the counts per family, the worst few peers) and, when
+// /status is asked with ?peers=all, every peer's record.
+type PeerHealth struct {
+	peerhealth.Summary
+	Peers []peerhealth.PeerHealth `json:"peers,omitempty"`
 }
 
 // Condition is one readiness check.
@@ -83,6 +103,12 @@ type probe struct {
 	own    string
 	counts counts
 	peers  int
+	// refused are the VXLAN guards' refused sources at the last check.
+	refused []string
+
+	// health is the prober of the peers, once made (nil with
+	// --peer-probe=false).
+	health *peerhealth.Prober
 
 	// pending is a change of the stored network config this host applies
 	// when it restarts, while it keeps carrying traffic (see ipv6Toggled).
@@ -112,12 +138,14 @@ func (p *probe) setPhase(reason string) { p.set(func(p *probe) { p.phase = reaso
 
 // status evaluates the readiness conditions at now. During start-up the one
 // condition is "startup", naming what it waits for; after it, each thing
-// the daemon owns is a condition of its own.
+// the daemon owns is a condition of its own. It leaves PeerHealth out and
+// never asks the prober (whose lock the probing holds): /readyz and
+// overlay_ready must not wait on it; /status adds it (peerHealth).
 func (p *probe) status(now time.Time) Status {
 	p.mu.Lock()
 	mgr, store, planes, env, phase, config, own := p.held, p.store, p.planes, p.env, p.phase, p.config, p.own
 	s := Status{Node: p.node, Iface: p.iface, PeersExpected: p.peers,
-		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending}
+		LeasesRejected: p.counts.invalid, LeasesReserved: p.counts.reserved, LeasesOrphaned: p.counts.orphaned, PeersIPv4Only: p.counts.ipv4Only, ConfigPending: p.pending, GuardRefused: p.refused}
 	if p.publicIP.IsValid() {
 		s.PublicIP = p.publicIP.String()
 	}
@@ -176,6 +204,22 @@ func (p *probe) status(now time.Time) Status {
 		s.Ready = s.Ready && c.OK
 	}
 	return s
+}
+
+// peerHealth is the prober's summary and, if all, every peer's record;
+// nil with --peer-probe=false.
+func (p *probe) peerHealth(all bool) *PeerHealth {
+	p.mu.Lock()
+	health := p.health
+	p.mu.Unlock()
+	if health == nil {
+		return nil
+	}
+	ph := &PeerHealth{Summary: health.Summary()}
+	if all {
+		ph.Peers = health.Peers()
+	}
+	return ph
 }
 
 // storeCondition judges this host's liveness in the lease source named

@@ -32,6 +32,7 @@ import (
 	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/etcdclient"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/fakeplane"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -53,11 +54,17 @@ type fakeKernel struct {
 	// Checked at the moment each is closed: what was still live.
 	runningAtPlaneClose int
 	deviceAtMasq        bool
-	locked              bool     // LockHost
-	masqErr             error    // what Masquerade fails with, if set
-	teardownErr         error    // what TeardownUnderlay fails with, if set
-	guards              []string // Guard calls, in order: "IPv4 port 8472"
-	guardRemovals       int      // RemoveGuard calls
+	locked              bool             // LockHost
+	masqErr             error            // what Masquerade fails with, if set
+	teardownErr         error            // what TeardownUnderlay fails with, if set
+	guards              []string         // Guard calls, in order: "IPv4 port 8472"
+	guardRemovals       int              // RemoveGuard calls
+	guardRefused        []netip.Addr     // what each guard reports as refused
+	guardFamilyRemovals []backend.Family // RemoveGuardFamily calls
+	// pinger is what Pinger opens, if set (else no socket is allowed);
+	// pingedFrom records each Pinger call's family and source.
+	pinger     peerhealth.Pinger
+	pingedFrom []string
 }
 
 func newFakeKernel() *fakeKernel {
@@ -194,11 +201,17 @@ func (k *fakeKernel) RemoveMasquerade() (bool, error) {
 }
 
 // Guard is a fake VXLAN guard: the fake planes do not drive it.
-func (k *fakeKernel) Guard(fam backend.Family, port int) (Guard, error) {
+func (k *fakeKernel) Guard(fam backend.Family, port int, _ *slog.Logger) (Guard, error) {
 	k.mu.Lock()
 	k.guards = append(k.guards, fmt.Sprintf("%v port %d", fam, port))
 	k.mu.Unlock()
-	return fakeGuard{fam}, nil
+	var refused []netip.Addr
+	for _, a := range k.guardRefused {
+		if a.Is4() == (fam == backend.IPv4) {
+			refused = append(refused, a)
+		}
+	}
+	return fakeGuard{fam: fam, refused: refused}, nil
 }
 
 func (k *fakeKernel) RemoveGuard() (bool, error) {
@@ -208,14 +221,24 @@ func (k *fakeKernel) RemoveGuard() (bool, error) {
 	return false, nil
 }
 
-func (k *fakeKernel) RemoveGuardFamily(backend.Family) (bool, error) { return false, nil }
+func (k *fakeKernel) RemoveGuardFamily(fam backend.Family) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.guardFamilyRemovals = append(k.guardFamilyRemovals, fam)
+	return false, nil
+}
 
-type fakeGuard struct{ fam backend.Family }
+type fakeGuard struct {
+	fam     backend.Family
+	refused []netip.Addr
+}
 
 func (g fakeGuard) Admit([]backend.Peer, bool) error { return nil }
 func (g fakeGuard) Settle(_, _ []backend.Peer) error { return nil }
 func (g fakeGuard) Family() backend.Family           { return g.fam }
 func (g fakeGuard) Dropped() (uint64, error)         { return 7, nil }
+func (g fakeGuard) Repairs() uint64                  { return 2 }
+func (g fakeGuard) Refused() ([]netip.Addr, error)   { return g.refused, nil }
 func (g fakeGuard) Close() error                     { return nil }
 
 type fakeMasq struct{ k *fakeKernel }
@@ -246,6 +269,18 @@ func (k *fakeKernel) TakenOver(name string, _ backend.Family) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.marked[name]
+}
+
+// Pinger opens the fake host's pinger, if it has one; else no ICMP
+// socket is allowed there: the prober reports it and the daemon runs on.
+func (k *fakeKernel) Pinger(fam backend.Family, src netip.Addr) (peerhealth.Pinger, string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pingedFrom = append(k.pingedFrom, fam.String()+" "+src.String())
+	if k.pinger == nil {
+		return nil, "", fmt.Errorf("%w: the fake host has none", peerhealth.ErrNoSocket)
+	}
+	return k.pinger, "fake", nil
 }
 
 // CheckDataPath finds the fake host able to serve any data path.
@@ -901,9 +936,12 @@ func TestWiringVXLANGuardPerFamily(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("vxlan-guard=%v", on), func(t *testing.T) {
 			srv, _, _ := storeWithConfig(t, `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan","Port":4789}}`)
+			logs := &logBuffer{}
 			w := startWiring(t, srv, func(c *Config) {
 				c.VXLANGuard = on
 				c.Kernel.(*fakeKernel).setIPv6("fd18::1")
+				c.Kernel.(*fakeKernel).guardRefused = []netip.Addr{netip.MustParseAddr("198.18.0.77"), netip.MustParseAddr("fd18::77")}
+				c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 			})
 			testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
 			body, err := getBody(w.health + "/metrics")
@@ -935,10 +973,55 @@ func TestWiringVXLANGuardPerFamily(t *testing.T) {
 			if removals != 0 {
 				t.Errorf("the guard table was removed %d times while the guard is on", removals)
 			}
-			for _, series := range []string{`overlay_vxlan_guard_dropped_packets_total{family="ipv4"} 7`, `overlay_vxlan_guard_dropped_packets_total{family="ipv6"} 7`} {
+			for _, series := range []string{`overlay_vxlan_guard_dropped_packets_total{family="ipv4"} 7`, `overlay_vxlan_guard_dropped_packets_total{family="ipv6"} 7`, `overlay_vxlan_guard_repairs_total{family="ipv4"} 2`} {
 				if !strings.Contains(body, series) {
 					t.Errorf("/metrics lacks %s", series)
 				}
+			}
+			// The refused sources show in /status and are logged once each,
+			// naming the fix.
+			testenv.Eventually(t, testenv.Slack, "the refused sources in /status", func() error {
+				body, err := getBody(w.health + "/status")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(body, `"guardRefused":["198.18.0.77","fd18::77"]`) {
+					return fmt.Errorf("/status: %s", body)
+				}
+				return nil
+			})
+			for _, src := range []string{"198.18.0.77", "fd18::77"} {
+				if n := logs.count(t, refusedMsg, `"source":"`+src+`"`); n != 1 {
+					t.Errorf("%d warnings for refused source %s, want 1", n, src)
+				}
+			}
+			if !strings.Contains(refusedMsg, "--public-ip") || !strings.Contains(refusedMsg, "--vxlan-guard=false") {
+				t.Errorf("the warning names neither fix: %q", refusedMsg)
+			}
+		})
+	}
+}
+
+// A host starts in a network that carries one family only: the guard's
+// sets and chain of the other family, which an earlier run in a
+// dual-stack network left, are removed.
+func TestWiringVXLANGuardRemovesTheFamilyTheNetworkDropped(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		want   backend.Family
+	}{
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`, backend.IPv6},
+		{`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}`, backend.IPv4},
+	} {
+		t.Run("removes "+tc.want.String(), func(t *testing.T) {
+			srv, _, _ := storeWithConfig(t, tc.config)
+			w := startWiring(t, srv, func(c *Config) { c.VXLANGuard = true; c.Kernel.(*fakeKernel).setIPv6("fd18::1") })
+			testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+			w.k.mu.Lock()
+			got := slices.Clone(w.k.guardFamilyRemovals)
+			w.k.mu.Unlock()
+			if !slices.Equal(got, []backend.Family{tc.want}) {
+				t.Errorf("RemoveGuardFamily calls %v, want [%v]", got, tc.want)
 			}
 		})
 	}

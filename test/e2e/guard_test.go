@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/internal/testing/flannelhost"
@@ -51,20 +49,7 @@ func TestVXLANGuardDropsInjectedFramesAndAdmitsPeers(t *testing.T) {
 
 	// h2 is flanneld's: its lease first, its data path once h1's and h3's
 	// leases are known (as migrate_test.go builds it).
-	h2, err := l.AddNode("h2", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
-		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
-		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
-	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
-		t.Fatal(err)
-	}
+	h2, fl, grant := flannelLeaseHolder(ctx, t, l, cli)
 	h1 := labtest.StartHost(t, l, "h1", 1)
 	h3 := labtest.StartHost(t, l, "h3", 3)
 	labtest.WaitReady(t, h1)
@@ -84,7 +69,7 @@ func TestVXLANGuardDropsInjectedFramesAndAdmitsPeers(t *testing.T) {
 		}
 		fl.Peers = append(fl.Peers, flannelhost.Peer{Subnet: lease(t, n), PublicIP: n.IP, VtepMAC: mac})
 	}
-	if _, err := cli.Revoke(ctx, grant.ID); err != nil { // Build writes the lease again
+	if _, err := cli.Revoke(ctx, grant); err != nil { // Build writes the lease again
 		t.Fatal(err)
 	}
 	if _, err := fl.Build(ctx, h2.NS, cli, etcdv3.DefaultPrefix); err != nil {

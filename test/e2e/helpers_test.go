@@ -4,14 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/testing/flannelhost"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet/etcdv3"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Deadlines (each scaled by testenv.Deadline). A deadline bounds "this never
@@ -181,4 +186,27 @@ func warmUp(t *testing.T, s *lab.Stream, n int) {
 		}
 		return nil
 	})
+}
+
+// flannelLeaseHolder adds the lab's node h2 as flanneld leaves a host
+// (flannelhost: 10.244.77.0/24 on flannel.1 with a fixed VTEP MAC) and
+// writes its lease (returned: flannelhost's Build writes it again), first, so the overlayd hosts started after it lease
+// around it; the caller builds its data path once their leases are known.
+func flannelLeaseHolder(ctx context.Context, t *testing.T, l *lab.Lab, cli *clientv3.Client) (*lab.Node, flannelhost.Host, clientv3.LeaseID) {
+	t.Helper()
+	h2, err := l.AddNode("h2", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
+		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
+		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
+	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	return h2, fl, grant.ID
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A host as flanneld leaves it is taken over in place by overlayd
@@ -42,20 +41,7 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	defer cli.Close()
 
 	// h2 is the flannel host: its lease first, so h1 leases around it.
-	h2, err := l.AddNode("h2", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fl := flannelhost.Host{Iface: h2.Iface, PublicIP: h2.IP, Network: netip.MustParsePrefix("10.244.0.0/16"),
-		Subnet: netip.MustParsePrefix("10.244.77.0/24"), VNI: 1, VtepMAC: net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x02},
-		SubnetFile: filepath.Join(h2.Dir, "flannel", "subnet.env")}
-	grant, err := cli.Grant(ctx, flannelhost.LeaseTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, fl.LeaseKey(etcdv3.DefaultPrefix), fl.LeaseValue(), clientv3.WithLease(grant.ID)); err != nil {
-		t.Fatal(err)
-	}
+	h2, fl, grant := flannelLeaseHolder(ctx, t, l, cli)
 	h1 := labtest.StartHost(t, l, "h1", 1)
 	labtest.WaitReady(t, h1)
 	row, ok := leaseRow(t, l, "h1")
@@ -64,7 +50,7 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 	}
 	mac1, _ := net.ParseMAC(row.VtepMAC)
 	fl.Peers = []flannelhost.Peer{{Subnet: lease(t, h1), PublicIP: h1.IP, VtepMAC: mac1}}
-	if _, err := cli.Revoke(ctx, grant.ID); err != nil { // Build writes the lease again, with its own etcd lease
+	if _, err := cli.Revoke(ctx, grant); err != nil { // Build writes the lease again, with its own etcd lease
 		t.Fatal(err)
 	}
 	if _, err := fl.Build(ctx, h2.NS, cli, etcdv3.DefaultPrefix); err != nil {

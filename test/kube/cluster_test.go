@@ -71,6 +71,14 @@ type cluster struct {
 	// the API server's service ranges, kubelet's node IPs and
 	// kube-proxy's cluster CIDRs, beside IPv4.
 	dualStack bool
+	// ipv6Only: Kubernetes and the overlay in IPv6 alone (the underlay
+	// still carries both families: the control plane is reached by its
+	// IPv4 address, as any address of the node's would do).
+	ipv6Only bool
+	// ipv6First: a dual-stack cluster whose first family is IPv6 (the
+	// service ranges, kubelet's node IPs, kube-proxy's cluster CIDRs all
+	// list IPv6 first, so a node's status.hostIP is its IPv6 address).
+	ipv6First bool
 
 	mu      sync.Mutex
 	cleanup []func() error // run in reverse order by close
@@ -96,11 +104,26 @@ var (
 	liveClusters = map[*cluster]bool{}
 )
 
-func newCluster(t testing.TB, nodes int, dualStack bool) *cluster {
+// stack is the families of a lab cluster's Kubernetes and overlay networks.
+type stack int
+
+const (
+	stackIPv4 stack = iota
+	stackDual
+	stackDualIPv6First
+	stackIPv6
+)
+
+// hasIPv6: the cluster's networks carry IPv6 (dual-stack or IPv6-only).
+func (c *cluster) hasIPv6() bool { return c.dualStack || c.ipv6Only }
+
+func newCluster(t testing.TB, nodes int, families stack) *cluster {
 	t.Helper()
 	testenv.RequireRoot(t)
 	root := testenv.RepoRoot(t)
-	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{}, dualStack: dualStack}
+	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{},
+		dualStack: families == stackDual || families == stackDualIPv6First, ipv6First: families == stackDualIPv6First,
+		ipv6Only: families == stackIPv6}
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(c.kubeBin, b)); err != nil {
 			testenv.Unavailable(t, "%s is missing: run `make kube` (a cold build takes ~30 minutes): %v", filepath.Join(c.kubeBin, b), err)
@@ -222,7 +245,7 @@ func (c *cluster) router() error {
 	if err := h.AddrAdd(br, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(routerIP).To4(), Mask: net.CIDRMask(24, 32)}}); err != nil {
 		return fmt.Errorf("router address: %w", err)
 	}
-	if c.dualStack {
+	if c.hasIPv6() {
 		a := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(routerIP6), Mask: net.CIDRMask(lab.UnderlayIPv6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
 		if err := h.AddrAdd(br, a); err != nil {
 			return fmt.Errorf("router IPv6 address: %w", err)
@@ -245,7 +268,7 @@ func (c *cluster) hostSetup(h *lab.Host) error {
 	if err := nh.RouteAdd(&netlink.Route{Gw: net.ParseIP(routerIP).To4()}); err != nil {
 		return err
 	}
-	if c.dualStack {
+	if c.hasIPv6() {
 		if err := nh.RouteAdd(&netlink.Route{Gw: net.ParseIP(routerIP6)}); err != nil {
 			return fmt.Errorf("%s: IPv6 default route: %w", h.Name, err)
 		}
@@ -318,7 +341,8 @@ func (c *cluster) startControlPlane() {
 	cpIP := c.cp.IP.String()
 	apiCert, apiKey, err := c.pki.serving("apiserver",
 		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		net.ParseIP(cpIP), net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1"))
+		net.ParseIP(cpIP), net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1"),
+		c.cp.IPv6.AsSlice(), net.ParseIP("fd00:10:96::1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,9 +366,17 @@ func (c *cluster) startControlPlane() {
 	if err := os.WriteFile(tokenFile, []byte(tokens.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	serviceRanges := serviceNetwork
-	if c.dualStack {
+	// The API server advertises an address of its service range's
+	// (first) family, and listens on every address of its namespace: the
+	// components reach it by its IPv4 address in every kind of cluster.
+	serviceRanges, advertise, bind := serviceNetwork, cpIP, cpIP
+	switch {
+	case c.ipv6First:
+		serviceRanges, advertise, bind = serviceNetwork6+","+serviceNetwork, c.cp.IPv6.String(), "::"
+	case c.dualStack:
 		serviceRanges += "," + serviceNetwork6
+	case c.ipv6Only:
+		serviceRanges, advertise, bind = serviceNetwork6, c.cp.IPv6.String(), "::"
 	}
 	env := testenv.ProgramEnv()
 	start := func(name string, argv ...string) {
@@ -366,7 +398,7 @@ func (c *cluster) startControlPlane() {
 		"--initial-cluster=overlay=http://127.0.0.1:2480", "--log-level=warn", "--unsafe-no-fsync")
 	start("kube-apiserver", bin("kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address="+cpIP, "--advertise-address="+cpIP, fmt.Sprintf("--secure-port=%d", apiPort),
+		"--bind-address="+bind, "--advertise-address="+advertise, fmt.Sprintf("--secure-port=%d", apiPort),
 		"--tls-cert-file="+apiCert, "--tls-private-key-file="+apiKey, "--client-ca-file="+c.pki.CACert,
 		"--token-auth-file="+tokenFile, "--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -378,8 +410,7 @@ func (c *cluster) startControlPlane() {
 		"--kubeconfig="+c.kubeconfig("system:kube-controller-manager"), "--leader-elect=false",
 		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CACert,
 		"--cluster-signing-cert-file="+c.pki.CACert, "--cluster-signing-key-file="+c.pki.CAKey,
-		"--allocate-node-cidrs=false", "--bind-address=127.0.0.1", "--profiling=false",
-		"--node-monitor-grace-period=20s")
+		"--allocate-node-cidrs=false", "--bind-address=127.0.0.1", "--profiling=false")
 	start("kube-scheduler", bin("kube-scheduler"),
 		"--kubeconfig="+c.kubeconfig("system:kube-scheduler"), "--leader-elect=false",
 		"--bind-address=127.0.0.1", "--profiling=false")
@@ -479,7 +510,7 @@ func (c *cluster) addNode(name string, num int) *kubeNode {
 	}
 	// What a node needs of its network namespace (Documentation/kubernetes.md).
 	need := map[string]string{"net/ipv4/ip_forward": "1"}
-	if c.dualStack {
+	if c.hasIPv6() {
 		need["net/ipv6/conf/all/forwarding"] = "1"
 	}
 	for key, v := range need {

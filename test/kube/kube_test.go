@@ -16,10 +16,14 @@ import (
 
 // networkConfig is the overlay network the lab stores in the overlay's
 // etcd before applying the manifest (its step 2); dual-stack with
-// EnableIPv6 and an IPv6Network (Documentation/configuration.md).
-func networkConfig(dualStack bool) string {
-	if dualStack {
+// EnableIPv6 and an IPv6Network, IPv6-only with EnableIPv4 false too
+// (Documentation/configuration.md).
+func networkConfig(families stack) string {
+	switch families {
+	case stackDual, stackDualIPv6First:
 		return `{"Network":"` + podNetwork + `","EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
+	case stackIPv6:
+		return `{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"` + podNetwork6 + `","Backend":{"Type":"vxlan"}}`
 	}
 	return `{"Network":"` + podNetwork + `","Backend":{"Type":"vxlan"}}`
 }
@@ -31,50 +35,103 @@ type pass struct {
 	// forward: "" leaves the nodes' forwarding alone (a new namespace
 	// forwards everything); "drop+accept" gives each node iptables'
 	// FORWARD policy drop (as Docker leaves it) and the accept rules for
-	// the cluster network that Documentation/operations.md prescribes.
+	// the cluster network that Documentation/operations.md prescribes
+	// (on a dual-stack cluster ip6tables' too, with the IPv6 network's).
 	forward string
 	rolling bool // also roll the DaemonSet to a new image under traffic
-	// ipv6: a dual-stack cluster (the overlay, the service ranges,
-	// kubelet and kube-proxy in both families) whose matrix runs with
-	// IPv6 Services, pod and node addresses (the IPv4 passes cover IPv4).
-	ipv6 bool
+	// dualStack: a dual-stack cluster (the overlay, the service ranges,
+	// kubelet and kube-proxy in both families) whose matrix runs twice on
+	// the same pods: with IPv4 and with IPv6 Services, pod and node
+	// addresses.
+	dualStack bool
+	// services: on a dual-stack cluster, "SingleStack" (a Service of
+	// each family) or "RequireDualStack" (each Service of both families,
+	// reached by the rows of each).
+	services string
+	// ipv6Only: Kubernetes and the overlay in IPv6 alone (the matrix runs
+	// its IPv6 rows).
+	ipv6Only bool
+	// ipv6First: a dual-stack cluster whose Kubernetes lists IPv6 first
+	// (a node's status.hostIP, which the DaemonSet passes to overlayd as
+	// its public address, is then its IPv6 address).
+	ipv6First bool
 }
 
-// family is the address family of the pass's matrix.
-func (p pass) family() string {
-	if p.ipv6 {
-		return "IPv6"
+// stack is the families of the pass's cluster.
+func (p pass) stack() stack {
+	switch {
+	case p.dualStack && p.ipv6First:
+		return stackDualIPv6First
+	case p.dualStack:
+		return stackDual
+	case p.ipv6Only:
+		return stackIPv6
 	}
-	return "IPv4"
+	return stackIPv4
+}
+
+// networks are the overlay's networks of the pass's cluster.
+func (p pass) networks() []string {
+	switch {
+	case p.dualStack:
+		return []string{podNetwork, podNetwork6}
+	case p.ipv6Only:
+		return []string{podNetwork6}
+	}
+	return []string{podNetwork}
 }
 
 var passes = []pass{
 	{name: "iptables", proxyMode: "iptables", rolling: true},
 	{name: "nftables", proxyMode: "nftables"},
 	{name: "iptables-forward-drop", proxyMode: "iptables", forward: "drop+accept"},
-	{name: "iptables-dual-stack-ipv6", proxyMode: "iptables", ipv6: true},
-	{name: "nftables-dual-stack-ipv6", proxyMode: "nftables", ipv6: true},
+	{name: "iptables-dual-stack", proxyMode: "iptables", dualStack: true, services: "SingleStack"},
+	{name: "nftables-dual-stack", proxyMode: "nftables", dualStack: true, services: "RequireDualStack"},
+	{name: "iptables-dual-stack-forward-drop", proxyMode: "iptables", forward: "drop+accept", dualStack: true, services: "RequireDualStack"},
+	{name: "iptables-dual-stack-ipv6-first", proxyMode: "iptables", dualStack: true, ipv6First: true, services: "RequireDualStack"},
+	{name: "iptables-ipv6-only", proxyMode: "iptables", ipv6Only: true},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
 // manifest and runs the network matrix, once per pass, each on a cluster
 // of its own: kube-proxy in iptables mode (with a rolling update of the
 // DaemonSet under traffic), in nftables mode, in iptables mode on nodes
-// whose FORWARD policy is drop, and on a dual-stack cluster with IPv6
-// Services (kube-proxy in iptables mode). Every pass's matrix is logged as
-// a table and written as JSON to $KUBE_MATRIX.
+// whose FORWARD policy is drop, and on dual-stack clusters in both
+// families (single-stack Services of each family with kube-proxy in
+// iptables mode, RequireDualStack Services in nftables mode, and
+// RequireDualStack Services on nodes whose FORWARD policy is drop in both
+// families), and on an IPv6-only cluster. Every matrix is logged as a
+// table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
 	var out []map[string]any
 	for _, p := range passes {
 		t.Run(p.name, func(t *testing.T) {
 			c := deploy(t, p)
-			m := newMatrix(c, p.name, p.ipv6)
+			m := newMatrix(c, p.name, p.services)
 			m.setup()
 			if p.rolling {
 				m.rollingUpdate(t)
 			}
-			m.run(t)
-			out = append(out, map[string]any{"pass": p.name, "family": p.family(), "proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+			for _, v6 := range m.families() {
+				m.run(t, v6)
+				out = append(out, map[string]any{"pass": p.name, "family": familyName(v6), "services": p.services,
+					"proxyMode": p.proxyMode, "forward": p.forward, "rows": m.results})
+			}
+			c.doctor(t)
+			if p.forward == "drop+accept" {
+				for _, network := range p.networks() {
+					k1 := c.node("k1")
+					n, err := forwardAccepted(k1.NS, netip.MustParsePrefix(network))
+					switch {
+					case err != nil:
+						t.Errorf("k1: %v", err)
+					case n == 0:
+						t.Errorf("k1: the FORWARD accept rules for %s counted no packet: the matrix did not cross the policy drop", network)
+					default:
+						t.Logf("k1: the FORWARD accept rules for %s let %d packets through the policy drop", network, n)
+					}
+				}
+			}
 		})
 	}
 	if path := os.Getenv("KUBE_MATRIX"); path != "" {
@@ -93,19 +150,21 @@ func TestKubernetes(t *testing.T) {
 // every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
-	c := newCluster(t, 3, p.ipv6)
+	c := newCluster(t, 3, p.stack())
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
 		c.importImages(n, archive)
 		if p.forward == "drop+accept" {
-			if err := forwardDrop(n.NS, netip.MustParsePrefix(podNetwork), true); err != nil {
-				t.Fatalf("%s: %v", n.Name, err)
+			for _, network := range p.networks() {
+				if err := forwardDrop(n.NS, netip.MustParsePrefix(network), true); err != nil {
+					t.Fatalf("%s: %v", n.Name, err)
+				}
 			}
 		}
 	}
 	netFile := filepath.Join(c.dir, "net.json")
-	if err := os.WriteFile(netFile, []byte(networkConfig(p.ipv6)), 0o644); err != nil {
+	if err := os.WriteFile(netFile, []byte(networkConfig(p.stack())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {
@@ -280,8 +339,8 @@ func (c *cluster) waitDaemonSet(image string) {
 type podInfo struct {
 	Name   string
 	Node   string
-	IP     netip.Addr
-	IPv6   netip.Addr // its IPv6 address, on a dual-stack cluster
+	IP     netip.Addr // its IPv4 address (none on an IPv6-only cluster)
+	IPv6   netip.Addr // its IPv6 address, on a cluster that carries IPv6
 	HostIP netip.Addr
 	Phase  string
 	Ready  bool
@@ -307,9 +366,15 @@ type podJSON struct {
 
 func (p podJSON) info() podInfo {
 	i := podInfo{Name: p.Metadata.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase}
-	i.IP, _ = netip.ParseAddr(p.Status.PodIP)
+	// Each family's first address: podIP is the first family's, which is
+	// IPv6 on an IPv6-first cluster.
 	for _, a := range p.Status.PodIPs {
-		if ip, err := netip.ParseAddr(a.IP); err == nil && ip.Is6() && !i.IPv6.IsValid() {
+		ip, err := netip.ParseAddr(a.IP)
+		switch {
+		case err != nil:
+		case ip.Is4() && !i.IP.IsValid():
+			i.IP = ip
+		case ip.Is6() && !i.IPv6.IsValid():
 			i.IPv6 = ip
 		}
 	}

@@ -3,6 +3,7 @@ package kubee2e
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -50,6 +51,44 @@ func httpProbe(ns netns.NsHandle, dst netip.AddrPort) (echoReply, error) {
 	}
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
 		return r, fmt.Errorf("%s answered %q: %w", dst, body, err)
+	}
+	return r, nil
+}
+
+// udpProbe sends one datagram to dst from namespace ns and returns
+// kube-echo's answer, which must carry the datagram's payload back and
+// come from dst (the address the client sent to: an answer from
+// elsewhere, say a backend's own address that the Service's NAT failed
+// to undo, is what a connected UDP socket drops).
+func udpProbe(ns netns.NsHandle, dst netip.AddrPort) (echoReply, error) {
+	var r echoReply
+	unspec := netip.IPv4Unspecified()
+	if dst.Addr().Is6() {
+		unspec = netip.IPv6Unspecified()
+	}
+	conn, err := lab.ListenUDP(ns, netip.AddrPortFrom(unspec, 0))
+	if err != nil {
+		return r, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+	payload := rand.Text()
+	if _, err := conn.WriteToUDPAddrPort([]byte(payload), dst); err != nil {
+		return r, fmt.Errorf("send to udp %s: %w", dst, err)
+	}
+	buf := make([]byte, 2048)
+	n, from, err := conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		return r, fmt.Errorf("no answer from udp %s: %w", dst, err)
+	}
+	if from.Addr().Unmap() != dst.Addr() || from.Port() != dst.Port() {
+		return r, fmt.Errorf("udp %s: the answer came from %s", dst, from)
+	}
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		return r, fmt.Errorf("udp %s answered %q: %w", dst, buf[:n], err)
+	}
+	if r.Data != payload {
+		return r, fmt.Errorf("udp %s answered %q to %q", dst, r.Data, payload)
 	}
 	return r, nil
 }

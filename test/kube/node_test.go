@@ -172,15 +172,24 @@ func (c *cluster) startKube(n *kubeNode, proxyMode string) {
 		t.Fatal(err)
 	}
 	kc := filepath.Join(n.dir, "kubelet.yaml")
-	if err := os.WriteFile(kc, []byte(fmt.Sprintf(kubeletConfig, n.cgroupRoot, n.sock, n.IP, resolv)), 0o644); err != nil {
+	nodeIP := n.IP
+	if c.ipv6Only {
+		nodeIP = n.IPv6
+	}
+	if err := os.WriteFile(kc, []byte(fmt.Sprintf(kubeletConfig, n.cgroupRoot, n.sock, nodeIP, resolv)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A dual-stack node: both addresses for kubelet, both pod networks for
 	// kube-proxy (which then programs both families).
 	nodeIPs, clusterCIDRs := n.IP.String(), podNetwork
-	if c.dualStack {
+	switch {
+	case c.ipv6First:
+		nodeIPs, clusterCIDRs = n.IPv6.String()+","+nodeIPs, podNetwork6+","+clusterCIDRs
+	case c.dualStack:
 		nodeIPs += "," + n.IPv6.String()
 		clusterCIDRs += "," + podNetwork6
+	case c.ipv6Only:
+		nodeIPs, clusterCIDRs = n.IPv6.String(), podNetwork6
 	}
 	pc := filepath.Join(n.dir, "kube-proxy.yaml")
 	if err := os.WriteFile(pc, []byte(fmt.Sprintf(kubeProxyConfig, proxyMode, c.kubeconfig("system:kube-proxy"), n.Name, clusterCIDRs)), 0o644); err != nil {

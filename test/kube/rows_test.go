@@ -42,15 +42,22 @@ const (
 // front of them, and probe responders on the nodes, the "internet" behind
 // the router and the metadata address. It runs in one family: IPv4, or
 // (ipv6, on a dual-stack cluster) IPv6 Services, pod, node, public,
-// internet and metadata addresses, row for row the same.
+// internet and metadata addresses, row for row the same. On a
+// dual-stack cluster it runs in both families, one after the other, on
+// the same pods.
 type matrix struct {
-	c        *cluster
-	mode     string // kube-proxy's
-	ipv6     bool
+	c    *cluster
+	mode string // kube-proxy's
+	// services is how the Services are made: "" on an IPv4 cluster; on a
+	// dual-stack cluster "SingleStack" (two Services of each spec, one
+	// of each family, the IPv6 one named <name>-6) or "RequireDualStack"
+	// (one Service with a cluster IP of each family, reached by each).
+	services string
+	ipv6     bool // the family of the rows being run
 	pods     map[string]podInfo
-	svcs     map[string]service
+	svcs     map[string]service // by svcKey
 	internet netns.NsHandle
-	results  []result
+	results  []result // of the last run
 }
 
 // service is what a row needs of a Service.
@@ -69,43 +76,79 @@ type result struct {
 	Detail   string `json:"detail,omitempty"`
 }
 
-func newMatrix(c *cluster, proxyMode string, ipv6 bool) *matrix {
-	return &matrix{c: c, mode: proxyMode, ipv6: ipv6, svcs: map[string]service{}}
+func newMatrix(c *cluster, proxyMode, services string) *matrix {
+	return &matrix{c: c, mode: proxyMode, services: services, svcs: map[string]service{}}
 }
 
-// family is the matrix's address family, as the table names it.
-func (m *matrix) family() string {
-	if m.ipv6 {
+// families are the address families the matrix runs in (false: IPv4,
+// true: IPv6): both on a dual-stack cluster.
+func (m *matrix) families() []bool {
+	switch {
+	case m.c.dualStack:
+		return []bool{false, true}
+	case m.c.ipv6Only:
+		return []bool{true}
+	}
+	return []bool{false}
+}
+
+// svcFamilies are the families of which each spec gets a Service object
+// of its own (false alone: one object, of the cluster's family or, with
+// RequireDualStack, of both).
+func (m *matrix) svcFamilies() []bool {
+	switch {
+	case m.services == "SingleStack":
+		return []bool{false, true}
+	case m.c.ipv6Only:
+		return []bool{true}
+	}
+	return []bool{false}
+}
+
+// svcKey names the Service spec name as the rows of a family reach it.
+func svcKey(name string, ipv6 bool) string {
+	if ipv6 {
+		return name + "/IPv6"
+	}
+	return name + "/IPv4"
+}
+
+func familyName(ipv6 bool) string {
+	if ipv6 {
 		return "IPv6"
 	}
 	return "IPv4"
 }
 
+// family is the matrix's address family, as the table names it.
+func (m *matrix) family() string { return familyName(m.ipv6) }
+
 // pick is v4 or v6, by the matrix's family.
-func (m *matrix) pick(v4, v6 string) string {
-	if m.ipv6 {
+func (m *matrix) pick(v4, v6 string) string { return pickFamily(m.ipv6, v4, v6) }
+
+func pickFamily(ipv6 bool, v4, v6 string) string {
+	if ipv6 {
 		return v6
 	}
 	return v4
 }
 
 // podIP is a pod's address in the matrix's family.
-func (m *matrix) podIP(name string) netip.Addr {
-	if m.ipv6 {
-		return m.pods[name].IPv6
-	}
-	return m.pods[name].IP
-}
+func (m *matrix) podIP(name string) netip.Addr { return m.podAddr(name, m.ipv6) }
 
 // nodeIP is a node's underlay address in the matrix's family.
-func (m *matrix) nodeIP(h *lab.Host) netip.Addr {
-	if m.ipv6 {
+func (m *matrix) nodeIP(h *lab.Host) netip.Addr { return hostIP(h, m.ipv6) }
+
+// hostIP is a lab host's underlay address of a family.
+func hostIP(h *lab.Host, ipv6 bool) netip.Addr {
+	if ipv6 {
 		return h.IPv6
 	}
 	return h.IP
 }
 
-// Services: a port "same" (8080 -> 8080) and a port "remap" (80 -> 8080).
+// Services: a port "same" (8080 -> 8080), a port "remap" (80 -> 8080)
+// and a UDP port "udp" (81 -> kube-echo's 8081, remapped).
 // selector nil: no selector, the EndpointSlice is written by the test.
 type svcSpec struct {
 	name     string
@@ -134,13 +177,25 @@ var svcSpecs = []svcSpec{
 	{name: "lb-manual", typ: "LoadBalancer", lb: "198.18.5.4", lb6: "fd18:5::4", manual: "b-k2"},
 }
 
-// yaml is the Service; ipv6: an IPv6 Service (single stack) of a
-// dual-stack cluster.
-func (s svcSpec) yaml(ipv6 bool) string {
+// objectName is the name of the spec's Service object of family ipv6
+// under the matrix's services policy.
+func (s svcSpec) objectName(services string, ipv6 bool) string {
+	if services == "SingleStack" && ipv6 {
+		return s.name + "-6"
+	}
+	return s.name
+}
+
+// yaml is the Service object of family ipv6 under the matrix's services
+// policy ("": the cluster's one family).
+func (s svcSpec) yaml(services string, ipv6 bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: %s}\nspec:\n  type: %s\n", s.name, s.typ)
-	if ipv6 {
-		b.WriteString("  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n")
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: %s}\nspec:\n  type: %s\n", s.objectName(services, ipv6), s.typ)
+	switch services {
+	case "SingleStack":
+		fmt.Fprintf(&b, "  ipFamilyPolicy: SingleStack\n  ipFamilies: [%s]\n", familyName(ipv6))
+	case "RequireDualStack":
+		b.WriteString("  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n")
 	}
 	if s.local {
 		b.WriteString("  externalTrafficPolicy: Local\n")
@@ -156,7 +211,7 @@ func (s svcSpec) yaml(ipv6 bool) string {
 			fmt.Fprintf(&b, "    %s: %q\n", k, s.selector[k])
 		}
 	}
-	b.WriteString("  ports:\n  - {name: same, port: 8080, targetPort: 8080, protocol: TCP}\n  - {name: remap, port: 80, targetPort: 8080, protocol: TCP}\n")
+	b.WriteString("  ports:\n  - {name: same, port: 8080, targetPort: 8080, protocol: TCP}\n  - {name: remap, port: 80, targetPort: 8080, protocol: TCP}\n  - {name: udp, port: 81, targetPort: 8081, protocol: UDP}\n")
 	return b.String()
 }
 
@@ -180,7 +235,9 @@ func (m *matrix) setup() {
 		}
 	}
 	for _, s := range svcSpecs {
-		docs = append(docs, s.yaml(m.ipv6))
+		for _, v6 := range m.svcFamilies() {
+			docs = append(docs, s.yaml(m.services, v6))
+		}
 	}
 	if out, err := c.kubectl(context.Background(), []byte(strings.Join(docs, "---\n")), "apply", "-f", "-"); err != nil {
 		t.Fatalf("create the matrix's pods and Services: %v\n%s", err, out)
@@ -193,7 +250,7 @@ func (m *matrix) setup() {
 		for _, n := range c.nodes {
 			for _, name := range []string{"a-" + n.Name, "b-" + n.Name} {
 				p, ok := pods[name]
-				if !ok || !p.Ready || !p.IP.IsValid() || (m.ipv6 && !p.IPv6.IsValid()) {
+				if !ok || !p.Ready || (!c.ipv6Only && !p.IP.IsValid()) || (c.hasIPv6() && !p.IPv6.IsValid()) {
 					return fmt.Errorf("pod %s: %+v", name, p)
 				}
 			}
@@ -202,77 +259,137 @@ func (m *matrix) setup() {
 		return nil
 	})
 	for _, p := range m.pods {
-		if p.IPv6.IsValid() {
-			t.Logf("pod %s on %s: %s %s", p.Name, p.Node, p.IP, p.IPv6)
-		} else {
-			t.Logf("pod %s on %s: %s", p.Name, p.Node, p.IP)
+		var addrs []string
+		for _, a := range []netip.Addr{p.IP, p.IPv6} {
+			if a.IsValid() {
+				addrs = append(addrs, a.String())
+			}
 		}
+		t.Logf("pod %s on %s: %s", p.Name, p.Node, strings.Join(addrs, " "))
 	}
-	// Hand-written EndpointSlices, and the load balancers' addresses.
+	// Hand-written EndpointSlices (one per family: a slice has one
+	// address type), and the load balancers' addresses.
 	for _, s := range svcSpecs {
 		if s.manual != "" {
-			slice := fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+			for _, v6 := range m.families() {
+				obj := s.objectName(m.services, v6)
+				slice := fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: %[1]s-manual
+  name: %[1]s-manual-%[5]s
   labels: {kubernetes.io/service-name: %[1]s, endpointslice.kubernetes.io/managed-by: overlay-lab}
 addressType: %[4]s
 ports:
 - {name: same, port: 8080, protocol: TCP}
 - {name: remap, port: 8080, protocol: TCP}
+- {name: udp, port: 8081, protocol: UDP}
 endpoints:
 - addresses: [%[2]s]
   conditions: {ready: true}
   nodeName: %[3]s
-`, s.name, m.podIP(s.manual), m.pods[s.manual].Node, m.family())
-			if out, err := c.kubectl(context.Background(), []byte(slice), "apply", "-f", "-"); err != nil {
-				t.Fatalf("EndpointSlice of %s: %v\n%s", s.name, err, out)
+`, obj, m.podAddr(s.manual, v6), m.pods[s.manual].Node, familyName(v6), strings.ToLower(familyName(v6)))
+				if out, err := c.kubectl(context.Background(), []byte(slice), "apply", "-f", "-"); err != nil {
+					t.Fatalf("EndpointSlice of %s: %v\n%s", obj, err, out)
+				}
 			}
 		}
 		if s.lb != "" {
-			patch := fmt.Sprintf(`{"status":{"loadBalancer":{"ingress":[{"ip":%q,"ipMode":"VIP"}]}}}`, m.pick(s.lb, s.lb6))
-			if out, err := c.kubectl(context.Background(), nil, "patch", "service", s.name, "--subresource=status", "--type=merge", "-p", patch); err != nil {
-				t.Fatalf("load balancer address of %s: %v\n%s", s.name, err, out)
+			for _, v6 := range m.svcFamilies() {
+				var ingress []string
+				for _, f := range m.objectFamilies(v6) {
+					ingress = append(ingress, fmt.Sprintf(`{"ip":%q,"ipMode":"VIP"}`, pickFamily(f, s.lb, s.lb6)))
+				}
+				obj := s.objectName(m.services, v6)
+				patch := `{"status":{"loadBalancer":{"ingress":[` + strings.Join(ingress, ",") + `]}}}`
+				if out, err := c.kubectl(context.Background(), nil, "patch", "service", obj, "--subresource=status", "--type=merge", "-p", patch); err != nil {
+					t.Fatalf("load balancer address of %s: %v\n%s", obj, err, out)
+				}
 			}
 		}
 	}
 	for _, s := range svcSpecs {
-		var sj struct {
-			Spec struct {
-				ClusterIP string `json:"clusterIP"`
-				Ports     []struct {
-					Name     string `json:"name"`
-					NodePort int    `json:"nodePort"`
-				} `json:"ports"`
-			} `json:"spec"`
-			Status struct {
-				LoadBalancer struct {
-					Ingress []struct {
-						IP string `json:"ip"`
-					} `json:"ingress"`
-				} `json:"loadBalancer"`
-			} `json:"status"`
+		for _, v6 := range m.svcFamilies() {
+			m.readService(s, v6)
 		}
-		if err := c.kubeGet(&sj, "service", s.name); err != nil {
-			t.Fatal(err)
-		}
-		svc := service{ClusterIP: addrOf(t, sj.Spec.ClusterIP), NodePort: map[string]int{}}
-		for _, p := range sj.Spec.Ports {
-			svc.NodePort[p.Name] = p.NodePort
-		}
-		if len(sj.Status.LoadBalancer.Ingress) > 0 {
-			svc.LB = addrOf(t, sj.Status.LoadBalancer.Ingress[0].IP)
-		}
-		// An IPv6 row must go to an IPv6 Service: a dual-stack cluster
-		// that gave the Service an IPv4 address fails here, by name.
-		for what, a := range map[string]netip.Addr{"cluster IP": svc.ClusterIP, "load balancer address": svc.LB} {
-			if a.IsValid() && a.Is6() != m.ipv6 {
-				t.Fatalf("Service %s: %s %s is not %s (ipFamilies in its spec)", s.name, what, a, m.family())
-			}
-		}
-		m.svcs[s.name] = svc
 	}
 	m.outside()
+}
+
+// objectFamilies are the families of the Service object made for family
+// ipv6 (svcFamilies): both for a RequireDualStack Service.
+func (m *matrix) objectFamilies(ipv6 bool) []bool {
+	if m.services == "RequireDualStack" {
+		return []bool{false, true}
+	}
+	return []bool{ipv6}
+}
+
+// podAddr is a pod's address of a family.
+func (m *matrix) podAddr(name string, ipv6 bool) netip.Addr {
+	if ipv6 {
+		return m.pods[name].IPv6
+	}
+	return m.pods[name].IP
+}
+
+// readService reads the Service object of spec s made for family ipv6
+// and records, for each family it has, what the rows of that family
+// reach it by. A Service whose cluster IPs are not of exactly the
+// families its spec asks for stops the test, naming it.
+func (m *matrix) readService(s svcSpec, ipv6 bool) {
+	t := m.c.t
+	obj := s.objectName(m.services, ipv6)
+	var sj struct {
+		Spec struct {
+			ClusterIPs []string `json:"clusterIPs"`
+			Ports      []struct {
+				Name     string `json:"name"`
+				NodePort int    `json:"nodePort"`
+			} `json:"ports"`
+		} `json:"spec"`
+		Status struct {
+			LoadBalancer struct {
+				Ingress []struct {
+					IP string `json:"ip"`
+				} `json:"ingress"`
+			} `json:"loadBalancer"`
+		} `json:"status"`
+	}
+	if err := m.c.kubeGet(&sj, "service", obj); err != nil {
+		t.Fatal(err)
+	}
+	want := m.objectFamilies(ipv6)
+	var got []bool
+	for _, a := range sj.Spec.ClusterIPs {
+		got = append(got, addrOf(t, a).Is6())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Service %s: cluster IPs %v, want one of each of %v (ipFamilies in its spec)", obj, sj.Spec.ClusterIPs, familyNames(want))
+	}
+	nodePorts := map[string]int{}
+	for _, p := range sj.Spec.Ports {
+		nodePorts[p.Name] = p.NodePort
+	}
+	for i, f := range want {
+		svc := service{ClusterIP: addrOf(t, sj.Spec.ClusterIPs[i]), NodePort: nodePorts}
+		for _, in := range sj.Status.LoadBalancer.Ingress {
+			if a := addrOf(t, in.IP); a.Is6() == f {
+				svc.LB = a
+			}
+		}
+		if s.lb != "" && !svc.LB.IsValid() {
+			t.Fatalf("Service %s: no %s load balancer address in its status %+v", obj, familyName(f), sj.Status.LoadBalancer)
+		}
+		m.svcs[svcKey(s.name, f)] = svc
+	}
+}
+
+func familyNames(fams []bool) []string {
+	var out []string
+	for _, f := range fams {
+		out = append(out, familyName(f))
+	}
+	return out
 }
 
 // outside builds what lies beyond the nodes: the "internet" namespace
@@ -329,7 +446,7 @@ func (m *matrix) outside() {
 	if err := ih.RouteAdd(&netlink.Route{Gw: net.ParseIP("203.0.113.1")}); err != nil {
 		t.Fatal(err)
 	}
-	if m.ipv6 {
+	if c.hasIPv6() {
 		bits := netip.MustParsePrefix(internetNet6).Bits()
 		mustAddr(rh, "inet", fmt.Sprintf("%s/%d", internetRouter6, bits))
 		mustAddr(rh, "lo", metadataIP6+"/128")
@@ -348,10 +465,12 @@ func (m *matrix) outside() {
 		if s.lb == "" {
 			continue
 		}
-		ip := addrOf(t, m.pick(s.lb, s.lb6))
-		dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
-		if err := ph.RouteAdd(&netlink.Route{Dst: dst, Gw: m.nodeIP(k1.Host).AsSlice()}); err != nil {
-			t.Fatalf("public: route to %s: %v", ip, err)
+		for _, v6 := range m.families() {
+			ip := addrOf(t, pickFamily(v6, s.lb, s.lb6))
+			dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+			if err := ph.RouteAdd(&netlink.Route{Dst: dst, Gw: hostIP(k1.Host, v6).AsSlice()}); err != nil {
+				t.Fatalf("public: route to %s: %v", ip, err)
+			}
 		}
 	}
 	serve := func(ns netns.NsHandle, ip string) {
@@ -361,10 +480,12 @@ func (m *matrix) outside() {
 		}
 		c.onClose(func() error { r.Close(); return nil })
 	}
-	serve(ns, m.pick(internetIP, internetIP6))
-	serve(c.ul.NS, m.pick(metadataIP, metadataIP6))
-	for _, n := range c.nodes {
-		serve(n.NS, m.nodeIP(n.Host).String())
+	for _, v6 := range m.families() {
+		serve(ns, pickFamily(v6, internetIP, internetIP6))
+		serve(c.ul.NS, pickFamily(v6, metadataIP, metadataIP6))
+		for _, n := range c.nodes {
+			serve(n.NS, hostIP(n.Host, v6).String())
+		}
 	}
 }
 
@@ -404,6 +525,11 @@ type row struct {
 	whose   string         // what want is, for the table
 }
 
+// udp: a row whose name ends in ", UDP" sends a datagram to kube-echo's
+// UDP port; the others make an HTTP request (or a probe responder's TCP
+// connection).
+func (r row) udp() bool { return strings.HasSuffix(r.name, ", UDP") }
+
 func (m *matrix) rows() []row {
 	c := m.c
 	k1, k2 := c.node("k1"), c.node("k2")
@@ -414,7 +540,7 @@ func (m *matrix) rows() []row {
 	k1ip, k2ip := m.nodeIP(k1.Host), m.nodeIP(k2.Host)
 	internet, metadata := addrOf(c.t, m.pick(internetIP, internetIP6)), addrOf(c.t, m.pick(metadataIP, metadataIP6))
 	ap := netip.AddrPortFrom
-	svc := func(name string) service { return m.svcs[name] }
+	svc := func(name string) service { return m.svcs[svcKey(name, m.ipv6)] }
 	np := func(n *kubeNode, s, port string) netip.AddrPort {
 		return ap(m.nodeIP(n.Host), uint16(svc(s).NodePort[port]))
 	}
@@ -483,6 +609,13 @@ func (m *matrix) rows() []row {
 		{"public -> external LB, remap, policy=global", "public", lb("lb-b2", 80), "b-k2", k1vtep, k1vtepW},
 		{"public -> nodeport, manual backend", "public", np(k1, "manual", "same"), "b-k2", k1vtep, k1vtepW},
 		{"public -> external LB, manual backend", "public", lb("lb-manual", 8080), "b-k2", k1vtep, k1vtepW},
+		// UDP: a datagram to kube-echo's port 8081 (Services: 81, remapped
+		// to it), answered from the address it was sent to.
+		{"pod -> pod, other VM, UDP", "pod", ap(m.podIP("b-k2"), 8081), "b-k2", pod, podW},
+		{"pod -> other clusterIP, other VM, port remap, UDP", "pod", cip("b2", 81), "b-k2", pod, podW},
+		{"VM -> other VM nodePort, other VM, UDP", "vm", np(k2, "b2", "udp"), "b-k2", k2cni, k2cniW},
+		{"public -> nodeport, policy=local, UDP", "public", np(k1, "b1-local", "udp"), "b-k1", pub, pubW},
+		{"public -> nodeport, policy=global, UDP", "public", np(k1, "b2", "udp"), "b-k2", k1vtep, k1vtepW},
 	}
 }
 
@@ -508,7 +641,11 @@ func (m *matrix) probeRow(r row, ns netns.NsHandle) result {
 			}
 			seen = a
 		} else {
-			reply, err := httpProbe(ns, r.dst)
+			probe := httpProbe
+			if r.udp() {
+				probe = udpProbe
+			}
+			reply, err := probe(ns, r.dst)
 			if err != nil {
 				lastErr = err
 				time.Sleep(200 * time.Millisecond)
@@ -532,8 +669,10 @@ func (m *matrix) probeRow(r row, ns netns.NsHandle) result {
 	return res
 }
 
-func (m *matrix) run(t *testing.T) {
+// run runs the rows in one family (ipv6) and reports them.
+func (m *matrix) run(t *testing.T, ipv6 bool) {
 	c := m.c
+	m.ipv6, m.results = ipv6, nil
 	podNS, err := c.podNS(m.pods["a-k1"])
 	if err != nil {
 		t.Fatal(err)
@@ -553,7 +692,10 @@ func (m *matrix) run(t *testing.T) {
 // report prints the matrix as a table.
 func (m *matrix) report(t *testing.T) {
 	var b strings.Builder
-	head := "row (" + m.family() + ", kube-proxy " + m.mode + ")"
+	head := "row (" + m.family() + ", " + m.mode + ")"
+	if m.services != "" {
+		head = "row (" + m.family() + ", " + m.mode + ", " + m.services + " Services)"
+	}
 	w, we, wo := len(head), 28, 16 // IPv6 addresses widen the columns
 	for _, r := range m.results {
 		w, we, wo = max(w, len(r.Row)), max(we, len(r.Expected)), max(wo, len(r.Observed))

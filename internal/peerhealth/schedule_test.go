@@ -1,0 +1,287 @@
+package peerhealth
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/overlaynet/overlay/backend"
+)
+
+// peersOf returns n IPv4 peers, 10.<i>.<j>.0/24.
+func peersOf(n int) map[Key]netip.Addr {
+	out := make(map[Key]netip.Addr, n)
+	for i := range n {
+		sn := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+		out[Key{Family: backend.IPv4, Subnet: sn}] = netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+	}
+	return out
+}
+
+var t0 = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+
+// simulate runs the schedule on a fake clock for d, every probe answered
+// after rtt unless lose says it is lost (found at send time + timeout),
+// and returns each send's time and peer.
+type send struct {
+	at  time.Time
+	key Key
+}
+
+func simulate(s *schedule, d, rtt time.Duration, lose func(Key, int) bool) []send {
+	var out []send
+	now := t0
+	type pending struct {
+		key  Key
+		at   time.Time
+		lost bool
+	}
+	var inflight []pending
+	n := 0
+	for {
+		e, at := s.next()
+		// Resolve every probe whose outcome comes before the next send.
+		for len(inflight) > 0 && (e == nil || !inflight[0].at.After(at)) {
+			f := inflight[0]
+			inflight = inflight[1:]
+			if f.lost {
+				s.lost(f.key, f.at)
+			} else {
+				s.answered(f.key, rtt, f.at)
+			}
+			e, at = s.next()
+		}
+		if e == nil || at.Sub(t0) > d {
+			return out
+		}
+		if at.Before(now) {
+			panic(fmt.Sprintf("time went back: %s before %s", at, now))
+		}
+		now = at
+		s.sent(e, now)
+		out = append(out, send{now, e.key})
+		lost := lose != nil && lose(e.key, n)
+		n++
+		end := now.Add(rtt)
+		if lost {
+			end = now.Add(s.set.Timeout)
+		}
+		// Keep inflight sorted by end (timeouts end later than answers).
+		i := len(inflight)
+		for i > 0 && inflight[i-1].at.After(end) {
+			i--
+		}
+		inflight = append(inflight[:i], append([]pending{{e.key, end, lost}}, inflight[i:]...)...)
+	}
+}
+
+// checkRate fails if any window of one second holds more than rate sends.
+func checkRate(t *testing.T, sends []send, rate float64) {
+	t.Helper()
+	j := 0
+	for i := range sends {
+		for sends[i].at.Sub(sends[j].at) >= time.Second {
+			j++
+		}
+		if n := i - j + 1; float64(n) > rate {
+			t.Fatalf("%d probes within one second ending %s: over the rate bound %v", n, sends[i].at.Sub(t0), rate)
+		}
+	}
+}
+
+func TestScheduleRateAndSweep(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		peers int
+		set   Settings
+		// sweep is the longest a peer may wait between two probes (and
+		// for its first): the sweep, or 1.25 × peers / rate, plus jitter
+		// (10 %) and the rate's queueing.
+		sweep time.Duration
+	}{
+		{"10 peers fit the 30 s sweep", 10, Settings{Sweep: 30 * time.Second, Rate: 100}, 34 * time.Second},
+		{"10,000 peers stretch the sweep to the rate", 10000, Settings{Sweep: 30 * time.Second, Rate: 100}, 138 * time.Second},
+		{"10,000 peers at 1000/s", 10000, Settings{Sweep: 30 * time.Second, Rate: 1000}, 34 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSchedule(tc.set, rand.New(rand.NewPCG(1, 2)))
+			s.setPeers(t0, peersOf(tc.peers))
+			sends := simulate(s, 4*tc.sweep, time.Millisecond, nil)
+			checkRate(t, sends, tc.set.Rate)
+			last := map[Key]time.Time{}
+			for _, sd := range sends {
+				from := t0
+				if l, ok := last[sd.key]; ok {
+					from = l
+				}
+				if gap := sd.at.Sub(from); gap > tc.sweep {
+					t.Fatalf("peer %s waited %s for a probe, more than the sweep %s", sd.key.Subnet, gap, tc.sweep)
+				}
+				last[sd.key] = sd.at
+			}
+			if len(last) != tc.peers {
+				t.Fatalf("%d of %d peers probed", len(last), tc.peers)
+			}
+			for k, l := range last {
+				if end := t0.Add(4 * tc.sweep); end.Sub(l) > tc.sweep {
+					t.Fatalf("peer %s last probed %s before the end", k.Subnet, end.Sub(l))
+				}
+			}
+			// Not all at once either: no more probes than the sweep needs.
+			if perSweep := float64(len(sends)) / 4; perSweep > 1.2*float64(tc.peers)+1 {
+				t.Fatalf("%.0f probes per sweep for %d peers", perSweep, tc.peers)
+			}
+		})
+	}
+}
+
+func TestScheduleLossRetriesWithinRate(t *testing.T) {
+	// Every peer's probes are lost: each is retried at once until it is
+	// unreachable, and the rate bound holds with the retries.
+	set := Settings{Sweep: 10 * time.Second, Rate: 50, Timeout: time.Second, Threshold: 3}
+	s := newSchedule(set, rand.New(rand.NewPCG(3, 4)))
+	s.setPeers(t0, peersOf(1000))
+	sends := simulate(s, 200*time.Second, time.Millisecond, func(Key, int) bool { return true })
+	checkRate(t, sends, set.Rate)
+	for k, e := range s.peers {
+		if e.h.state != Unreachable || e.h.sent < 3 {
+			t.Fatalf("peer %s: %s after %d probes, want unreachable", k.Subnet, e.h.state, e.h.sent)
+		}
+	}
+}
+
+func TestScheduleDetectsWithinSweepPlusRetries(t *testing.T) {
+	// A peer that stops answering is reported within one sweep plus
+	// Threshold timeouts (and the rate's gaps).
+	set := Settings{Sweep: 30 * time.Second, Rate: 100, Timeout: time.Second, Threshold: 3}
+	s := newSchedule(set, rand.New(rand.NewPCG(5, 6)))
+	peers := peersOf(100)
+	s.setPeers(t0, peers)
+	var dead Key
+	for k := range peers {
+		dead = k
+		break
+	}
+	simulate(s, 200*time.Second, time.Millisecond, func(k Key, _ int) bool { return k == dead })
+	// simulate loses every probe of dead from the start: it is down
+	// within the first sweep plus 3 timeouts.
+	e := s.peers[dead]
+	if e.h.state != Unreachable {
+		t.Fatalf("dead peer is %s", e.h.state)
+	}
+	if limit := t0.Add(set.Sweep + 3*set.Timeout + time.Second); e.h.since.After(limit) {
+		t.Fatalf("dead peer reported unreachable at +%s, later than a sweep and 3 timeouts", e.h.since.Sub(t0))
+	}
+	for k, e := range s.peers {
+		if k != dead && e.h.state != Reachable {
+			t.Fatalf("peer %s is %s", k.Subnet, e.h.state)
+		}
+	}
+}
+
+func TestScheduleSetPeers(t *testing.T) {
+	s := newSchedule(Settings{Sweep: time.Second, Rate: 100}, rand.New(rand.NewPCG(7, 8)))
+	peers := peersOf(3)
+	s.setPeers(t0, peers)
+	e, _ := s.next()
+	s.sent(e, t0)
+	gone := e.key
+	delete(peers, gone)
+	s.setPeers(t0, peers)
+	if _, ok := s.peers[gone]; ok || len(s.due) != 2 {
+		t.Fatalf("removed peer kept: %d due", len(s.due))
+	}
+	// Its probe ending after it left changes nothing.
+	if e, back := s.answered(gone, time.Millisecond, t0); e != nil || back {
+		t.Fatal("an answer for a removed peer was recorded")
+	}
+	// A peer kept keeps its record.
+	for k := range peers {
+		s.peers[k].h.received = 7
+	}
+	s.setPeers(t0.Add(time.Second), peers)
+	for k := range peers {
+		if s.peers[k].h.received != 7 {
+			t.Fatalf("peer %s lost its record on a new peer set", k.Subnet)
+		}
+	}
+}
+
+func TestJitterBounds(t *testing.T) {
+	s := newSchedule(Settings{}, rand.New(rand.NewPCG(9, 10)))
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for range 10000 {
+		d := s.jittered(30 * time.Second)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo < 27*time.Second || hi > 33*time.Second {
+		t.Fatalf("jittered 30 s spans %s..%s, outside ±10 %%", lo, hi)
+	}
+	if hi-lo < 5*time.Second {
+		t.Fatalf("jittered 30 s spans only %s..%s: not spread", lo, hi)
+	}
+	// First probes of a cold start's peers spread over the whole sweep.
+	s.setPeers(t0, peersOf(1000))
+	var first, last time.Time
+	for _, e := range s.due {
+		if first.IsZero() || e.due.Before(first) {
+			first = e.due
+		}
+		if e.due.After(last) {
+			last = e.due
+		}
+	}
+	if first.Sub(t0) > time.Second || last.Sub(t0) < 25*time.Second || last.Sub(t0) > 30*time.Second {
+		t.Fatalf("first probes span +%s..+%s, want spread over the 30 s sweep", first.Sub(t0), last.Sub(t0))
+	}
+}
+
+func TestStateMachine(t *testing.T) {
+	var h health
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	if back := h.answered(8*time.Millisecond, at(1)); back || h.state != Reachable || !h.since.Equal(at(1)) {
+		t.Fatalf("first answer: state %s since %s back %v", h.state, h.since, back)
+	}
+	h.answered(16*time.Millisecond, at(2))
+	if h.srtt != 9*time.Millisecond || h.lastRTT != 16*time.Millisecond {
+		t.Fatalf("smoothed RTT %s last %s, want 9ms (8 + (16-8)/8) and 16ms", h.srtt, h.lastRTT)
+	}
+	for i, want := range []bool{false, false, true, false} {
+		if down := h.lostOne(3, at(3+i)); down != want {
+			t.Fatalf("loss %d: down %v, want %v", i+1, down, want)
+		}
+	}
+	if h.state != Unreachable || !h.since.Equal(at(5)) || h.losses != 4 || h.lost != 4 {
+		t.Fatalf("after 4 losses: %s since %s, %d in a row, %d lost", h.state, h.since, h.losses, h.lost)
+	}
+	if back := h.answered(time.Millisecond, at(9)); !back || h.state != Reachable || h.losses != 0 || !h.since.Equal(at(9)) {
+		t.Fatalf("answer after being down: back %v state %s losses %d", back, h.state, h.losses)
+	}
+	// A peer never answering goes from unknown to unreachable.
+	var n health
+	n.lostOne(2, at(1))
+	if n.state != Unknown {
+		t.Fatalf("one loss of a new peer: %s", n.state)
+	}
+	if !n.lostOne(2, at(2)) || n.state != Unreachable {
+		t.Fatalf("two losses of a new peer: %s", n.state)
+	}
+}
+
+func TestSettingsCheck(t *testing.T) {
+	for _, tc := range []struct {
+		set Settings
+		ok  bool
+	}{
+		{Settings{Sweep: 30 * time.Second, Rate: 100}, true},
+		{Settings{Sweep: time.Millisecond, Rate: 100}, false},
+		{Settings{Sweep: time.Second, Rate: 0}, false},
+		{Settings{Sweep: time.Second, Rate: MaxRate + 1}, false},
+	} {
+		if err := tc.set.Check(); (err == nil) != tc.ok {
+			t.Errorf("%+v: %v", tc.set, err)
+		}
+	}
+}

@@ -12,7 +12,9 @@ import (
 	"github.com/overlaynet/overlay/internal/doctor"
 	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/printer"
+	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
+	"github.com/overlaynet/overlay/subnet/kube"
 )
 
 // defaultCNIConfDir is where container runtimes read CNI network configs.
@@ -21,6 +23,7 @@ const defaultCNIConfDir = "/etc/cni/net.d"
 func newDoctorCommand(g *GlobalFlags) *cobra.Command {
 	var (
 		h          hostFlags
+		k          kubeFlags
 		cfg        daemon.Config // built by PreRunE
 		confDir    string
 		healthAddr string
@@ -40,36 +43,33 @@ One line per finding: ok, note (not applicable, or not fully visible), or
 problem with what to do. Exits 0 when there is no problem, 1 otherwise.
 Give it the host flags 'overlayd run' has (--iface, --public-ip,
 --node-name, --subnet-file; or the same OVERLAY_* variables). It changes
-nothing, on the host or in etcd.`,
+nothing, on the host or in etcd.
+
+In kube mode (--kube-subnet-mgr, with run's --kubeconfig-file or
+--kube-api-url, --kube-annotation-prefix and --net-config-path) the network
+config is the file and the leases are the Nodes' podCIDRs and annotations,
+read with one listing of the Nodes (get and list on nodes: the manifest's
+ClusterRole grants them); no etcd is used.`,
 		Args: cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) (err error) {
-			cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr())
-			return err
+			if cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			return k.check(cmd.Flags(), cfg.NodeName)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sess, err := g.open(cmd, true)
+			ctx := cmd.Context()
+			nc, snap, err := doctorLeases(cmd, g, &k, &cfg)
 			if err != nil {
 				return err
 			}
-			defer sess.close()
-			nc, _, err := sess.reg.GetConfig(sess.ctx)
-			switch {
-			case errors.Is(err, etcdv3.ErrNoConfig):
-				return fmt.Errorf("%w: store one with `overlayd config put -f FILE` (or check --prefix)", err)
-			case err != nil:
-				return g.etcdHint(err)
-			}
-			snap, err := sess.reg.List(sess.ctx)
-			if err != nil {
-				return g.etcdHint(err)
-			}
 			facts, err := daemon.Diagnose(cfg, nc, snap, daemon.DiagnoseOptions{CNIConfDir: confDir,
-				Health: statusHealth{ctx: sess.ctx, addr: healthAddr, timeout: g.DialTimeout}})
+				Health: statusHealth{ctx: ctx, addr: healthAddr, timeout: g.DialTimeout}})
 			if err != nil {
 				return err
 			}
 			findings := doctor.Run(&facts)
-			if err := printer.Write(cmd.OutOrStdout(), sess.format, doctorOutput(findings)); err != nil {
+			if err := printer.Write(cmd.OutOrStdout(), g.out, doctorOutput(findings)); err != nil {
 				return err
 			}
 			if n := problems(findings); n > 0 {
@@ -85,7 +85,35 @@ nothing, on the host or in etcd.`,
 	fromEnv(c.Flags(), "health-addr") // the local daemon's, as run reads it
 	c.Flags().StringVar(&confDir, "cni-conf-dir", defaultCNIConfDir, "the container runtime's CNI config directory, whose first config must be overlay's")
 	checkFlag(c.Flags(), "cni-conf-dir", absDir)
+	k.register(c, false)
 	return usesEtcd(c)
+}
+
+// doctorLeases reads the network config and every lease: from etcd, or in
+// kube mode from the config file and the Nodes (subnet/kube.Read).
+func doctorLeases(cmd *cobra.Command, g *GlobalFlags, k *kubeFlags, cfg *daemon.Config) (*subnet.Config, subnet.Snapshot, error) {
+	if k.enabled {
+		ctx, cancel := context.WithTimeout(cmd.Context(), g.DialTimeout) // one request, as each of etcd's
+		defer cancel()
+		return kube.Read(ctx, k.config(cfg))
+	}
+	sess, err := g.open(cmd, true)
+	if err != nil {
+		return nil, subnet.Snapshot{}, err
+	}
+	defer sess.close()
+	nc, _, err := sess.reg.GetConfig(sess.ctx)
+	switch {
+	case errors.Is(err, etcdv3.ErrNoConfig):
+		return nil, subnet.Snapshot{}, fmt.Errorf("%w: store one with `overlayd config put -f FILE` (or check --prefix)", err)
+	case err != nil:
+		return nil, subnet.Snapshot{}, g.etcdHint(err)
+	}
+	snap, err := sess.reg.List(sess.ctx)
+	if err != nil {
+		return nil, subnet.Snapshot{}, g.etcdHint(err)
+	}
+	return nc, snap, nil
 }
 
 func problems(fs []doctor.Finding) int {

@@ -142,6 +142,15 @@ var badFlags = []badFlag{
 	{[]string{"run", "--kube-subnet-mgr", "--node-name", "n1"}, "etcd-prefix", "/example.com/network", "etcd's settings"},
 	{[]string{"run"}, "kube-api-url", "https://10.0.0.1:6443", "is kube mode's: add --kube-subnet-mgr"},
 	{[]string{"run"}, "kube-annotation-prefix", "example.com/net", "is kube mode's: add --kube-subnet-mgr"},
+	// doctor reads kube mode's leases with run's flags (but writes no
+	// condition: no --set-node-network-unavailable).
+	{[]string{"doctor"}, "kube-subnet-mgr", "maybe", "want true or false"},
+	{[]string{"doctor"}, "kube-api-url", "10.0.0.1:6443", "want the API server's URL"},
+	{[]string{"doctor"}, "kubeconfig-file", "/nonexistent/kubeconfig", "want a readable file"},
+	{[]string{"doctor"}, "kube-annotation-prefix", "a/b/c", "at most one '/'"},
+	{[]string{"doctor"}, "net-config-path", "net-conf.json", "want an absolute file path"},
+	{[]string{"doctor"}, "net-config-path", "/etc/kube-overlay/net-conf.json", "is kube mode's: add --kube-subnet-mgr"},
+	{[]string{"doctor", "--kube-subnet-mgr", "--node-name", "n1"}, "endpoints", "https://10.0.0.1:2379", "etcd's settings"},
 	// and flags with no equivalent.
 	{[]string{"run"}, "subnet-lease-renew-margin", "60", "--lease-ttl"},
 	{[]string{"run"}, "iptables-resync", "5", "nftables"},

@@ -33,29 +33,57 @@ var kubeOnlyFlags = []string{"kubeconfig-file", "kube-api-url", "kube-annotation
 // etcdOnlyFlags are the flags that mean something with etcd only.
 var etcdOnlyFlags = []string{"endpoints", "prefix", "cacert", "cert", "key", "user", "password", "lease-ttl", "lease-resync"}
 
-func (k *kubeFlags) register(c *cobra.Command) {
+// register adds kube mode's flags to run (daemon) or doctor (!daemon,
+// which writes nothing, so it has no --set-node-network-unavailable).
+func (k *kubeFlags) register(c *cobra.Command, daemon bool) {
 	f := c.Flags()
 	f.BoolVar(&k.enabled, "kube-subnet-mgr", false, "take this node's subnet from its Node's spec.podCIDRs and publish its VTEP in the Node's annotations, as flanneld --kube-subnet-mgr does: no etcd (Documentation/kubernetes.md, \"Kube mode\")")
 	f.StringVar(&k.kubeconfig, "kubeconfig-file", "", "kube mode: kubeconfig to reach the API server (default: the pod's service account)")
 	f.StringVar(&k.apiURL, "kube-api-url", "", "kube mode: the API server's URL (default: the kubeconfig's, or in-cluster)")
 	f.StringVar(&k.prefix, "kube-annotation-prefix", nodes.DefaultPrefix, "kube mode: prefix of the Node annotations (flanneld's)")
 	f.StringVar(&k.conf, "net-config-path", DefaultNetConfPath, "kube mode: the network config file (net-conf.json), checked as `overlayd config put` checks one")
-	f.BoolVar(&k.setUnavailable, "set-node-network-unavailable", true, "kube mode: set the Node's NetworkUnavailable condition to false once the data path is up")
 	checkFlag(f, "kube-subnet-mgr", boolean)
 	checkFlag(f, "kubeconfig-file", readableFile)
 	checkFlag(f, "kube-api-url", apiURL)
 	checkFlag(f, "kube-annotation-prefix", func(s string) error { _, err := nodes.NewAnnotations(s); return err })
 	checkFlag(f, "net-config-path", absFile)
-	checkFlag(f, "set-node-network-unavailable", boolean)
-	fromEnv(f, append([]string{"kube-subnet-mgr"}, kubeOnlyFlags...)...)
+	names := []string{"kube-subnet-mgr", "kubeconfig-file", "kube-api-url", "kube-annotation-prefix", "net-config-path"}
+	if daemon {
+		f.BoolVar(&k.setUnavailable, "set-node-network-unavailable", true, "kube mode: set the Node's NetworkUnavailable condition to false once the data path is up")
+		checkFlag(f, "set-node-network-unavailable", boolean)
+		names = append(names, "set-node-network-unavailable")
+	}
+	fromEnv(f, names...)
 }
 
 // source sets cfg.Source to the Kubernetes lease source in kube mode; in
 // etcd mode it refuses kube mode's flags, and in kube mode etcd's.
 func (k *kubeFlags) source(fs *pflag.FlagSet, cfg *daemon.Config) error {
+	if err := k.check(fs, cfg.NodeName); err != nil || !k.enabled {
+		return err
+	}
+	cfg.Source = kube.NewSource(k.config(cfg))
+	return nil
+}
+
+// config is the Kubernetes lease source's configuration for cfg's node.
+func (k *kubeFlags) config(cfg *daemon.Config) kube.Config {
+	return kube.Config{Kubeconfig: k.kubeconfig, APIURL: k.apiURL, NodeName: cfg.NodeName,
+		AnnotationPrefix: k.prefix, NetConfPath: k.conf, SetNetworkUnavailable: k.setUnavailable, Logger: cfg.Logger}
+}
+
+// changed: the command has flag name and it was set.
+func changed(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && f.Changed
+}
+
+// check refuses, in etcd mode, kube mode's flags; in kube mode, etcd's
+// and a missing node name.
+func (k *kubeFlags) check(fs *pflag.FlagSet, nodeName string) error {
 	if !k.enabled {
 		for _, name := range kubeOnlyFlags {
-			if fs.Lookup(name).Changed {
+			if changed(fs, name) {
 				return usagef("--%s is kube mode's: add --kube-subnet-mgr, or drop it (with etcd the network config is <prefix>/config: `overlayd config put -f FILE`)%s", name, envNote(fs, name))
 			}
 		}
@@ -63,7 +91,7 @@ func (k *kubeFlags) source(fs *pflag.FlagSet, cfg *daemon.Config) error {
 	}
 	var etcd []string
 	for _, name := range etcdOnlyFlags {
-		if fs.Lookup(name).Changed {
+		if changed(fs, name) {
 			etcd = append(etcd, name)
 		}
 	}
@@ -71,11 +99,9 @@ func (k *kubeFlags) source(fs *pflag.FlagSet, cfg *daemon.Config) error {
 		return usagef("--%s: etcd's settings, but --kube-subnet-mgr takes the subnets from the Kubernetes API: drop them, or --kube-subnet-mgr%s",
 			strings.Join(etcd, ", --"), envNote(fs, append(etcd, "kube-subnet-mgr")...))
 	}
-	if cfg.NodeName == "" {
+	if nodeName == "" {
 		return usagef("--kube-subnet-mgr needs this node's name: set NODE_NAME (from the pod's spec.nodeName) or --node-name")
 	}
-	cfg.Source = kube.NewSource(kube.Config{Kubeconfig: k.kubeconfig, APIURL: k.apiURL, NodeName: cfg.NodeName,
-		AnnotationPrefix: k.prefix, NetConfPath: k.conf, SetNetworkUnavailable: k.setUnavailable, Logger: cfg.Logger})
 	return nil
 }
 

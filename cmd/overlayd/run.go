@@ -181,7 +181,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 	checkFlag(c.Flags(), "vxlan-guard", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
 	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "vxlan-guard", "health-addr", "adopt-flannel")
-	k.register(c)
+	k.register(c, true)
 	registerFlanneldFlags(c)
 	return usesEtcd(c)
 }

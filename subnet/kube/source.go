@@ -152,30 +152,78 @@ func (s *Source) Name() string { return "kubernetes" }
 // node, and starts the informer on Nodes.
 func (s *Source) Connect(ctx context.Context) error {
 	if s.cli == nil {
-		ann, err := nodes.NewAnnotations(s.cfg.AnnotationPrefix)
+		cli, ann, err := newClient(s.cfg)
 		if err != nil {
-			return fmt.Errorf("%w: --kube-annotation-prefix: %w", ErrSettings, err)
+			return err
 		}
-		s.ann = ann
-		rc := s.cfg.REST
-		if rc == nil {
-			if rc, err = clientcmd.BuildConfigFromFlags(s.cfg.APIURL, s.cfg.Kubeconfig); err != nil {
-				return fmt.Errorf("%w: %w: set --kubeconfig-file or --kube-api-url, or run in a pod with a service account", ErrSettings, err)
-			}
-		}
-		rc = rest.CopyConfig(rc)
-		rc.UserAgent = "overlayd"
-		cli, err := typedcore.NewForConfig(rc)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrSettings, err)
-		}
-		s.cli = cli
+		s.cli, s.ann = cli, ann
 	}
 	if _, err := s.cli.Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("get node %s: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.startInformer()
 	return nil
+}
+
+// newClient builds the API client and the annotations cfg names.
+func newClient(cfg Config) (typedcore.CoreV1Interface, nodes.Annotations, error) {
+	ann, err := nodes.NewAnnotations(cfg.AnnotationPrefix)
+	if err != nil {
+		return nil, ann, fmt.Errorf("%w: --kube-annotation-prefix: %w", ErrSettings, err)
+	}
+	rc := cfg.REST
+	if rc == nil {
+		if rc, err = clientcmd.BuildConfigFromFlags(cfg.APIURL, cfg.Kubeconfig); err != nil {
+			return nil, ann, fmt.Errorf("%w: %w: set --kubeconfig-file or --kube-api-url, or run in a pod with a service account", ErrSettings, err)
+		}
+	}
+	rc = rest.CopyConfig(rc)
+	rc.UserAgent = "overlayd"
+	cli, err := typedcore.NewForConfig(rc)
+	if err != nil {
+		return nil, ann, fmt.Errorf("%w: %w", ErrSettings, err)
+	}
+	return cli, ann, nil
+}
+
+// Read returns, read only, the network config (cfg.NetConfPath, checked as
+// Config checks it) and every Node's lease as one listing of the Nodes
+// judges them (this node's included, when its annotations make it one),
+// for `overlayd doctor`: it lists nodes and writes nothing.
+func Read(ctx context.Context, cfg Config) (*subnet.Config, subnet.Snapshot, error) {
+	if cfg.AnnotationPrefix == "" {
+		cfg.AnnotationPrefix = nodes.DefaultPrefix
+	}
+	_, netCfg, err := readConfig(cfg.NetConfPath)
+	if err != nil {
+		return nil, subnet.Snapshot{}, err
+	}
+	codec, err := codecs.For(netCfg.Backend)
+	if err != nil {
+		return nil, subnet.Snapshot{}, err
+	}
+	cli, ann, err := newClient(cfg)
+	if err != nil {
+		return nil, subnet.Snapshot{}, err
+	}
+	// ResourceVersion "0": the API server answers from its cache.
+	list, err := cli.Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		h := hint(err)
+		if h == "" {
+			h = " (check that the API server answers at the address --kubeconfig-file or --kube-api-url names)"
+		}
+		return nil, subnet.Snapshot{}, fmt.Errorf("list the Nodes: %w%s", err, h)
+	}
+	all := make([]nodes.Node, 0, len(list.Items))
+	var rev int64
+	for i := range list.Items {
+		all = append(all, *view(&list.Items[i]))
+		rev = max(rev, nodes.Revision(list.Items[i].ResourceVersion))
+	}
+	snap := nodes.NewTracker(ann, netCfg, codec, "").Reset(all)
+	snap.Revision = rev
+	return netCfg, snap, nil
 }
 
 // hint says what to do about an API error.

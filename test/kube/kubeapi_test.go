@@ -417,6 +417,23 @@ func TestKubeSource(t *testing.T) {
 	case <-time.After(2 * time.Second):
 	}
 
+	// What `overlayd doctor --kube-subnet-mgr` reads: one listing, every
+	// node's lease (this node's too), the hostile one invalid.
+	nc, all, err := kube.Read(ctx, kube.Config{REST: a.rest("overlay-token"), NodeName: "self", NetConfPath: netConf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range all.Leases {
+		got = append(got, l.Subnets().String()+" "+l.Attrs.PublicIP)
+	}
+	for _, inv := range all.Invalid {
+		got = append(got, "invalid "+inv.Key)
+	}
+	if want := "10.244.4.0/24 198.18.0.2; 10.244.3.0/24 198.18.0.33; 10.244.1.0/24 198.18.0.1; invalid node/hostile"; strings.Join(got, "; ") != want || nc.Network.String() != "10.244.0.0/16" {
+		t.Errorf("kube.Read: network %s, leases %q, want 10.244.0.0/16 and %q", nc.Network, strings.Join(got, "; "), want)
+	}
+
 	// Least privilege: overlayd's user may not read what it does not need.
 	if _, err := a.core("overlay-token").Pods("").List(ctx, metav1.ListOptions{}); err == nil {
 		t.Error("overlayd's user can list pods; the manifest's ClusterRole grants more than nodes")

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // The lab's addresses. The underlay is lab's 198.18.0.0/24 bridge; its
@@ -79,6 +81,11 @@ type cluster struct {
 	// service ranges, kubelet's node IPs, kube-proxy's cluster CIDRs all
 	// list IPv6 first, so a node's status.hostIP is its IPv6 address).
 	ipv6First bool
+	// netConf, when set, is kube mode's network config (net-conf.json):
+	// kube-controller-manager allocates each node's podCIDRs from its
+	// networks and subnet lengths (--allocate-node-cidrs), and the control
+	// plane runs no etcd for the overlay.
+	netConf string
 
 	mu      sync.Mutex
 	cleanup []func() error // run in reverse order by close
@@ -117,13 +124,16 @@ const (
 // hasIPv6: the cluster's networks carry IPv6 (dual-stack or IPv6-only).
 func (c *cluster) hasIPv6() bool { return c.dualStack || c.ipv6Only }
 
-func newCluster(t testing.TB, nodes int, families stack) *cluster {
+// newCluster builds a lab of nodes nodes for the families; netConf "":
+// etcd mode (the overlay's etcd in the control plane), else kube mode with
+// that network config (see cluster.netConf).
+func newCluster(t testing.TB, nodes int, families stack, netConf string) *cluster {
 	t.Helper()
 	testenv.RequireRoot(t)
 	root := testenv.RepoRoot(t)
 	c := &cluster{t: t, root: root, kubeBin: filepath.Join(root, "bin", "kube"), tokens: map[string]string{}, kcfg: map[string]string{},
 		dualStack: families == stackDual || families == stackDualIPv6First, ipv6First: families == stackDualIPv6First,
-		ipv6Only: families == stackIPv6}
+		ipv6Only: families == stackIPv6, netConf: netConf}
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(c.kubeBin, b)); err != nil {
 			testenv.Unavailable(t, "%s is missing: run `make kube` (a cold build takes ~30 minutes): %v", filepath.Join(c.kubeBin, b), err)
@@ -358,6 +368,7 @@ func (c *cluster) startControlPlane() {
 	fmt.Fprintf(&tokens, "%s,system:kube-controller-manager,kcm,system:masters\n", c.token("system:kube-controller-manager"))
 	fmt.Fprintf(&tokens, "%s,system:kube-scheduler,sched\n", c.token("system:kube-scheduler"))
 	fmt.Fprintf(&tokens, "%s,system:kube-proxy,kube-proxy\n", c.token("system:kube-proxy"))
+	fmt.Fprintf(&tokens, "%s,%s,%s\n", c.token(doctorUser), doctorUser, doctorUser)
 	for i := 1; i <= 9; i++ {
 		user := "system:node:k" + strconv.Itoa(i)
 		fmt.Fprintf(&tokens, "%s,%s,k%d,system:nodes\n", c.token(user), user, i)
@@ -390,12 +401,14 @@ func (c *cluster) startControlPlane() {
 		"--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
 		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
 		"--initial-cluster=api=http://127.0.0.1:2380", "--log-level=warn", "--unsafe-no-fsync")
-	start("etcd-overlay", bin("etcd"), "--name=overlay", "--data-dir="+filepath.Join(dir, "etcd-overlay"),
-		fmt.Sprintf("--listen-client-urls=https://%s:%d", cpIP, overlayEtcd),
-		fmt.Sprintf("--advertise-client-urls=https://%s:%d", cpIP, overlayEtcd),
-		"--cert-file="+etcdCert, "--key-file="+etcdKey,
-		"--listen-peer-urls=http://127.0.0.1:2480", "--initial-advertise-peer-urls=http://127.0.0.1:2480",
-		"--initial-cluster=overlay=http://127.0.0.1:2480", "--log-level=warn", "--unsafe-no-fsync")
+	if c.netConf == "" {
+		start("etcd-overlay", bin("etcd"), "--name=overlay", "--data-dir="+filepath.Join(dir, "etcd-overlay"),
+			fmt.Sprintf("--listen-client-urls=https://%s:%d", cpIP, overlayEtcd),
+			fmt.Sprintf("--advertise-client-urls=https://%s:%d", cpIP, overlayEtcd),
+			"--cert-file="+etcdCert, "--key-file="+etcdKey,
+			"--listen-peer-urls=http://127.0.0.1:2480", "--initial-advertise-peer-urls=http://127.0.0.1:2480",
+			"--initial-cluster=overlay=http://127.0.0.1:2480", "--log-level=warn", "--unsafe-no-fsync")
+	}
 	start("kube-apiserver", bin("kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address="+bind, "--advertise-address="+advertise, fmt.Sprintf("--secure-port=%d", apiPort),
@@ -406,11 +419,11 @@ func (c *cluster) startControlPlane() {
 		"--service-cluster-ip-range="+serviceRanges,
 		"--kubelet-preferred-address-types=InternalIP", "--allow-privileged=true",
 		"--profiling=false", "--cert-dir="+filepath.Join(dir, "apiserver-certs"))
-	start("kube-controller-manager", bin("kube-controller-manager"),
-		"--kubeconfig="+c.kubeconfig("system:kube-controller-manager"), "--leader-elect=false",
-		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CACert,
-		"--cluster-signing-cert-file="+c.pki.CACert, "--cluster-signing-key-file="+c.pki.CAKey,
-		"--allocate-node-cidrs=false", "--bind-address=127.0.0.1", "--profiling=false")
+	start("kube-controller-manager", append([]string{bin("kube-controller-manager"),
+		"--kubeconfig=" + c.kubeconfig("system:kube-controller-manager"), "--leader-elect=false",
+		"--service-account-private-key-file=" + c.pki.SAKey, "--root-ca-file=" + c.pki.CACert,
+		"--cluster-signing-cert-file=" + c.pki.CACert, "--cluster-signing-key-file=" + c.pki.CAKey,
+		"--bind-address=127.0.0.1", "--profiling=false"}, c.nodeCIDRFlags()...)...)
 	start("kube-scheduler", bin("kube-scheduler"),
 		"--kubeconfig="+c.kubeconfig("system:kube-scheduler"), "--leader-elect=false",
 		"--bind-address=127.0.0.1", "--profiling=false")
@@ -419,6 +432,9 @@ func (c *cluster) startControlPlane() {
 		_, err := c.kubectl(context.Background(), nil, "get", "--raw", "/readyz")
 		return err
 	})
+	if c.netConf != "" {
+		return
+	}
 	testenv.Eventually(t, time.Minute, "the overlay's etcd to answer", func() error {
 		c.procsAlive(c.cpSup)
 		_, err := c.overlayCLI(context.Background(), "config", "get")
@@ -427,6 +443,53 @@ func (c *cluster) startControlPlane() {
 		}
 		return err
 	})
+}
+
+// nodeCIDRFlags are kube-controller-manager's flags for the nodes'
+// podCIDRs: in etcd mode none are allocated (each node leases its subnet
+// from the overlay's etcd); in kube mode they are, from the network
+// config's networks (--cluster-cidr) in lengths of its subnets
+// (--node-cidr-mask-size, of each family on a dual-stack cluster), as
+// Documentation/kubernetes.md ("Kube mode") tells a user to set them.
+func (c *cluster) nodeCIDRFlags() []string {
+	if c.netConf == "" {
+		return []string{"--allocate-node-cidrs=false"}
+	}
+	nc := c.kubeNetwork()
+	var cidrs []string
+	masks := map[string]int{}
+	for _, p := range []struct {
+		on   bool
+		pool subnet.Pool
+		flag string
+	}{{nc.EnableIPv4, nc.Pool, "--node-cidr-mask-size-ipv4"}, {nc.EnableIPv6, nc.IPv6, "--node-cidr-mask-size-ipv6"}} {
+		if p.on {
+			cidrs = append(cidrs, p.pool.Network.String())
+			masks[p.flag] = p.pool.SubnetLen
+		}
+	}
+	if c.ipv6First {
+		slices.Reverse(cidrs)
+	}
+	flags := []string{"--allocate-node-cidrs=true", "--cluster-cidr=" + strings.Join(cidrs, ",")}
+	if len(masks) == 1 {
+		for _, m := range masks {
+			return append(flags, "--node-cidr-mask-size="+strconv.Itoa(m))
+		}
+	}
+	for _, f := range slices.Sorted(maps.Keys(masks)) {
+		flags = append(flags, f+"="+strconv.Itoa(masks[f]))
+	}
+	return flags
+}
+
+// kubeNetwork is kube mode's network config, parsed.
+func (c *cluster) kubeNetwork() *subnet.Config {
+	nc, err := subnet.ParseConfig([]byte(c.netConf))
+	if err != nil {
+		c.t.Fatalf("net-conf.json %s: %v", c.netConf, err)
+	}
+	return nc
 }
 
 // procsAlive fails the test if a program of sup has exited.

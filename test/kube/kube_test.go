@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/internal/testing/testenv"
+	"github.com/overlaynet/overlay/subnet"
 )
 
 // networkConfig is the overlay network the lab stores in the overlay's
@@ -55,6 +56,10 @@ type pass struct {
 	// (a node's status.hostIP, which the DaemonSet passes to overlayd as
 	// its public address, is then its IPv6 address).
 	ipv6First bool
+	// kubeMode: overlay in kube mode (deploy/kubernetes/overlay-kube.yaml):
+	// kube-controller-manager allocates the nodes' podCIDRs, and there is
+	// no etcd for the overlay.
+	kubeMode bool
 }
 
 // stack is the families of the pass's cluster.
@@ -90,6 +95,8 @@ var passes = []pass{
 	{name: "iptables-dual-stack-forward-drop", proxyMode: "iptables", forward: "drop+accept", dualStack: true, services: "RequireDualStack"},
 	{name: "iptables-dual-stack-ipv6-first", proxyMode: "iptables", dualStack: true, ipv6First: true, services: "RequireDualStack"},
 	{name: "iptables-ipv6-only", proxyMode: "iptables", ipv6Only: true},
+	{name: "iptables-kube-mode", proxyMode: "iptables", kubeMode: true},
+	{name: "nftables-dual-stack-kube-mode", proxyMode: "nftables", dualStack: true, services: "RequireDualStack", kubeMode: true},
 }
 
 // TestKubernetes builds the lab, deploys overlay with the shipped
@@ -107,6 +114,9 @@ func TestKubernetes(t *testing.T) {
 	for _, p := range passes {
 		t.Run(p.name, func(t *testing.T) {
 			c := deploy(t, p)
+			if p.kubeMode {
+				c.checkKubeMode(t)
+			}
 			m := newMatrix(c, p.name, p.services)
 			m.setup()
 			if p.rolling {
@@ -150,7 +160,11 @@ func TestKubernetes(t *testing.T) {
 // every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
-	c := newCluster(t, 3, p.stack())
+	var netConf string
+	if p.kubeMode {
+		netConf = kubeNetConf(t, p.stack())
+	}
+	c := newCluster(t, 3, p.stack(), netConf)
 	archive := c.buildImages(t)
 	for _, n := range c.nodes {
 		c.waitContainerd(n)
@@ -163,12 +177,14 @@ func deploy(t *testing.T, p pass) *cluster {
 			}
 		}
 	}
-	netFile := filepath.Join(c.dir, "net.json")
-	if err := os.WriteFile(netFile, []byte(networkConfig(p.stack())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {
-		t.Fatalf("store the network config: %v\n%s", err, out)
+	if !p.kubeMode {
+		netFile := filepath.Join(c.dir, "net.json")
+		if err := os.WriteFile(netFile, []byte(networkConfig(p.stack())), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := c.overlayCLI(context.Background(), "config", "put", "-f", netFile); err != nil {
+			t.Fatalf("store the network config: %v\n%s", err, out)
+		}
 	}
 	for _, n := range c.nodes {
 		c.startKube(n, p.proxyMode)
@@ -181,27 +197,81 @@ func deploy(t *testing.T, p pass) *cluster {
 	return c
 }
 
-// manifest is deploy/kubernetes/overlay.yaml with what a user sets: the
-// etcd endpoints, the Secret's CA and the image name. Each must be found
-// exactly where the manifest says, or the test fails: the lab applies the
-// shipped manifest, never a second one.
-func (c *cluster) manifest() []byte {
-	t := c.t
-	data, err := os.ReadFile(filepath.Join(c.root, "deploy", "kubernetes", "overlay.yaml"))
+// The shipped manifests (deploy/kubernetes), and the image they name.
+const (
+	etcdManifest  = "overlay.yaml"
+	kubeManifest  = "overlay-kube.yaml"
+	shippedImage  = "image: ghcr.io/overlaynet/overlay:latest"
+	netConfHeader = "  net-conf.json: |\n    "
+)
+
+// shippedManifest returns deploy/kubernetes/<name> and a function that
+// replaces in it what a user sets: each text must be found exactly count
+// times, or the test fails (the lab applies the shipped manifest, never a
+// second one).
+func shippedManifest(t testing.TB, root, name string) (text *string, replace func(old, new string, count int)) {
+	data, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", name))
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := string(data)
+	return &s, func(old, new string, count int) {
+		t.Helper()
+		if n := strings.Count(s, old); n != count {
+			t.Fatalf("deploy/kubernetes/%s: %q found %d times, want %d (the lab sets it)", name, old, n, count)
+		}
+		s = strings.ReplaceAll(s, old, new)
+	}
+}
+
+// kubeNetConf is the network config of a kube-mode pass: overlay-kube.yaml's
+// net-conf.json as shipped on an IPv4 cluster (whose Network must be the
+// lab's pod network), else the pass's own (networkConfig), which a user
+// writes there.
+func kubeNetConf(t testing.TB, families stack) string {
+	text, _ := shippedManifest(t, testenv.RepoRoot(t), kubeManifest)
+	line := shippedNetConf(t, *text)
+	if families != stackIPv4 {
+		return networkConfig(families)
+	}
+	nc, err := subnet.ParseConfig([]byte(line))
+	if err != nil {
+		t.Fatalf("deploy/kubernetes/%s: net-conf.json: %v", kubeManifest, err)
+	}
+	if nc.Network.String() != podNetwork {
+		t.Fatalf("deploy/kubernetes/%s: net-conf.json's Network is %s, the lab's pod network %s", kubeManifest, nc.Network, podNetwork)
+	}
+	return line
+}
+
+// shippedNetConf is the net-conf.json line of overlay-kube.yaml's text.
+func shippedNetConf(t testing.TB, text string) string {
+	_, rest, ok := strings.Cut(text, netConfHeader)
+	line, _, _ := strings.Cut(rest, "\n")
+	if !ok || line == "" {
+		t.Fatalf("deploy/kubernetes/%s: no net-conf.json line after %q (the lab reads it)", kubeManifest, netConfHeader)
+	}
+	return line
+}
+
+// manifest is the shipped manifest of the cluster's mode with what a user
+// sets. etcd mode's overlay.yaml: the etcd endpoints, the Secret's CA and
+// the image name; kube mode's overlay-kube.yaml: the image name, and
+// net-conf.json where the cluster's is not the shipped one.
+func (c *cluster) manifest() []byte {
+	t := c.t
+	if c.netConf != "" {
+		text, replace := shippedManifest(t, c.root, kubeManifest)
+		if shipped := shippedNetConf(t, *text); shipped != c.netConf {
+			replace(netConfHeader+shipped+"\n", netConfHeader+c.netConf+"\n", 1)
+		}
+		replace(shippedImage, "image: "+overlayImage, 2)
+		return []byte(*text)
+	}
+	text, replace := shippedManifest(t, c.root, etcdManifest)
 	ca, err := os.ReadFile(c.etcdCA)
 	if err != nil {
 		t.Fatal(err)
-	}
-	text := string(data)
-	replace := func(old, new string, count int) {
-		t.Helper()
-		if n := strings.Count(text, old); n != count {
-			t.Fatalf("deploy/kubernetes/overlay.yaml: %q found %d times, want %d (the lab sets it)", old, n, count)
-		}
-		text = strings.ReplaceAll(text, old, new)
 	}
 	replace(`OVERLAY_ENDPOINTS: "https://10.0.0.11:2379,https://10.0.0.12:2379,https://10.0.0.13:2379"`,
 		fmt.Sprintf(`OVERLAY_ENDPOINTS: "https://%s:%d"`, c.cp.IP, overlayEtcd), 1)
@@ -211,14 +281,18 @@ func (c *cluster) manifest() []byte {
 		indented.WriteString("    " + line + "\n")
 	}
 	replace(placeholder, indented.String(), 1)
-	replace("image: ghcr.io/overlaynet/overlay:latest", "image: "+overlayImage, 2)
-	return []byte(text)
+	replace(shippedImage, "image: "+overlayImage, 2)
+	return []byte(*text)
 }
 
 func (c *cluster) applyManifest() {
+	name := etcdManifest
+	if c.netConf != "" {
+		name = kubeManifest
+	}
 	out, err := c.kubectl(context.Background(), c.manifest(), "apply", "-f", "-")
 	if err != nil {
-		c.t.Fatalf("kubectl apply -f deploy/kubernetes/overlay.yaml: %v\n%s", err, out)
+		c.t.Fatalf("kubectl apply -f deploy/kubernetes/%s: %v\n%s", name, err, out)
 	}
 	c.t.Logf("kubectl apply:\n%s", strings.TrimSpace(out))
 }

@@ -4,15 +4,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -150,4 +153,95 @@ func readyz(h *lab.Host) error {
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
+}
+
+// checkKubeMode checks, on a cluster deployed in kube mode, what flanneld's
+// kube subnet manager leaves on every Node and what its peers rely on:
+// podCIDRs allocated by kube-controller-manager and taken by overlayd as
+// its lease (subnet.env), the NetworkUnavailable condition false, and
+// exactly flanneld's annotations with this node's VTEP MAC and public
+// address of each family the network carries.
+func (c *cluster) checkKubeMode(t *testing.T) {
+	t.Helper()
+	var nl struct {
+		Items []corev1.Node `json:"items"`
+	}
+	if err := c.kubeGet(&nl, "nodes"); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*corev1.Node{}
+	for i := range nl.Items {
+		byName[nl.Items[i].Name] = &nl.Items[i]
+	}
+	nc := c.kubeNetwork()
+	for _, kn := range c.nodes {
+		n := byName[kn.Name]
+		if n == nil {
+			t.Errorf("no Node %s", kn.Name)
+			continue
+		}
+		if !networkAvailable(n) {
+			t.Errorf("%s: NetworkUnavailable is not False: %+v", kn.Name, n.Status.Conditions)
+		}
+		var want []string
+		for _, v6 := range []bool{false, true} {
+			if (v6 && !c.hasIPv6()) || (!v6 && c.ipv6Only) {
+				continue
+			}
+			_, vtep := c.nodeAddrs(kn, v6)
+			bits := nc.SubnetLen
+			if v6 {
+				bits = nc.IPv6.SubnetLen
+			}
+			want = append(want, netip.PrefixFrom(vtep, bits).String())
+		}
+		got := slices.Clone(n.Spec.PodCIDRs)
+		slices.SortFunc(got, func(a, b string) int { return cmpFamily(a) - cmpFamily(b) })
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: podCIDRs %v, but overlayd's lease (subnet.env) is %v", kn.Name, n.Spec.PodCIDRs, want)
+		}
+		wantAnn := map[string]string{ann + "kube-subnet-manager": "true", ann + "backend-type": "vxlan"}
+		if !c.ipv6Only {
+			maps.Copy(wantAnn, flannelAnnotations(kn.IP.String(), vtepMAC(t, kn, "overlay.1")))
+		}
+		if c.hasIPv6() {
+			wantAnn[ann+"public-ipv6"] = kn.IPv6.String()
+			wantAnn[ann+"backend-v6-data"] = `{"VNI":1,"VtepMAC":"` + vtepMAC(t, kn, "overlay-v6.1") + `"}`
+		}
+		gotAnn := map[string]string{}
+		for k, v := range n.Annotations {
+			if strings.HasPrefix(k, ann) {
+				gotAnn[k] = v
+			}
+		}
+		if !maps.Equal(gotAnn, wantAnn) {
+			t.Errorf("%s: annotations %v, want flanneld's %v", kn.Name, gotAnn, wantAnn)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("kube mode: %d nodes with podCIDRs from kube-controller-manager as their leases, NetworkUnavailable False, flanneld's annotations", len(c.nodes))
+	}
+}
+
+// cmpFamily orders a CIDR's family: IPv4 first.
+func cmpFamily(cidr string) int {
+	if strings.Contains(cidr, ":") {
+		return 1
+	}
+	return 0
+}
+
+// vtepMAC is the MAC of device name in node n's namespace.
+func vtepMAC(t *testing.T, n *kubeNode, name string) string {
+	t.Helper()
+	h, err := netlink.NewHandleAt(n.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("%s: %s: %v", n.Name, name, err)
+	}
+	return l.Attrs().HardwareAddr.String()
 }

@@ -2,6 +2,7 @@ package kubee2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -160,30 +161,18 @@ func readyz(h *lab.Host) error {
 // podCIDRs allocated by kube-controller-manager and taken by overlayd as
 // its lease (subnet.env), the NetworkUnavailable condition false, and
 // exactly flanneld's annotations with this node's VTEP MAC and public
-// address of each family the network carries.
+// address of each family the network carries. overlayd patches the
+// condition once its data path is up, which may follow its readiness by a
+// moment: the Nodes are read until all of it holds, for a minute at most.
 func (c *cluster) checkKubeMode(t *testing.T) {
 	t.Helper()
-	var nl struct {
-		Items []corev1.Node `json:"items"`
-	}
-	if err := c.kubeGet(&nl, "nodes"); err != nil {
-		t.Fatal(err)
-	}
-	byName := map[string]*corev1.Node{}
-	for i := range nl.Items {
-		byName[nl.Items[i].Name] = &nl.Items[i]
-	}
 	nc := c.kubeNetwork()
+	want := map[string]struct {
+		podCIDRs    []string
+		annotations map[string]string
+	}{}
 	for _, kn := range c.nodes {
-		n := byName[kn.Name]
-		if n == nil {
-			t.Errorf("no Node %s", kn.Name)
-			continue
-		}
-		if !networkAvailable(n) {
-			t.Errorf("%s: NetworkUnavailable is not False: %+v", kn.Name, n.Status.Conditions)
-		}
-		var want []string
+		w := want[kn.Name]
 		for _, v6 := range []bool{false, true} {
 			if (v6 && !c.hasIPv6()) || (!v6 && c.ipv6Only) {
 				continue
@@ -193,34 +182,57 @@ func (c *cluster) checkKubeMode(t *testing.T) {
 			if v6 {
 				bits = nc.IPv6.SubnetLen
 			}
-			want = append(want, netip.PrefixFrom(vtep, bits).String())
+			w.podCIDRs = append(w.podCIDRs, netip.PrefixFrom(vtep, bits).String())
 		}
-		got := slices.Clone(n.Spec.PodCIDRs)
-		slices.SortFunc(got, func(a, b string) int { return cmpFamily(a) - cmpFamily(b) })
-		if !slices.Equal(got, want) {
-			t.Errorf("%s: podCIDRs %v, but overlayd's lease (subnet.env) is %v", kn.Name, n.Spec.PodCIDRs, want)
-		}
-		wantAnn := map[string]string{ann + "kube-subnet-manager": "true", ann + "backend-type": "vxlan"}
+		w.annotations = map[string]string{ann + "kube-subnet-manager": "true", ann + "backend-type": "vxlan"}
 		if !c.ipv6Only {
-			maps.Copy(wantAnn, flannelAnnotations(kn.IP.String(), vtepMAC(t, kn, "overlay.1")))
+			maps.Copy(w.annotations, flannelAnnotations(kn.IP.String(), vtepMAC(t, kn, "overlay.1")))
 		}
 		if c.hasIPv6() {
-			wantAnn[ann+"public-ipv6"] = kn.IPv6.String()
-			wantAnn[ann+"backend-v6-data"] = `{"VNI":1,"VtepMAC":"` + vtepMAC(t, kn, "overlay-v6.1") + `"}`
+			w.annotations[ann+"public-ipv6"] = kn.IPv6.String()
+			w.annotations[ann+"backend-v6-data"] = `{"VNI":1,"VtepMAC":"` + vtepMAC(t, kn, "overlay-v6.1") + `"}`
 		}
-		gotAnn := map[string]string{}
-		for k, v := range n.Annotations {
-			if strings.HasPrefix(k, ann) {
-				gotAnn[k] = v
+		want[kn.Name] = w
+	}
+	testenv.Eventually(t, time.Minute, "every Node as flanneld's kube subnet manager leaves it", func() error {
+		var nl struct {
+			Items []corev1.Node `json:"items"`
+		}
+		if err := c.kubeGet(&nl, "nodes"); err != nil {
+			return err
+		}
+		var errs []error
+		seen := 0
+		for _, n := range nl.Items {
+			w, ok := want[n.Name]
+			if !ok {
+				continue
+			}
+			seen++
+			if !networkAvailable(&n) {
+				errs = append(errs, fmt.Errorf("%s: NetworkUnavailable is not False: %+v", n.Name, n.Status.Conditions))
+			}
+			got := slices.Clone(n.Spec.PodCIDRs)
+			slices.SortFunc(got, func(a, b string) int { return cmpFamily(a) - cmpFamily(b) })
+			if !slices.Equal(got, w.podCIDRs) {
+				errs = append(errs, fmt.Errorf("%s: podCIDRs %v, but overlayd's lease (subnet.env) is %v", n.Name, n.Spec.PodCIDRs, w.podCIDRs))
+			}
+			gotAnn := map[string]string{}
+			for k, v := range n.Annotations {
+				if strings.HasPrefix(k, ann) {
+					gotAnn[k] = v
+				}
+			}
+			if !maps.Equal(gotAnn, w.annotations) {
+				errs = append(errs, fmt.Errorf("%s: annotations %v, want flanneld's %v", n.Name, gotAnn, w.annotations))
 			}
 		}
-		if !maps.Equal(gotAnn, wantAnn) {
-			t.Errorf("%s: annotations %v, want flanneld's %v", kn.Name, gotAnn, wantAnn)
+		if seen != len(want) {
+			errs = append(errs, fmt.Errorf("%d of the %d Nodes listed", seen, len(want)))
 		}
-	}
-	if !t.Failed() {
-		t.Logf("kube mode: %d nodes with podCIDRs from kube-controller-manager as their leases, NetworkUnavailable False, flanneld's annotations", len(c.nodes))
-	}
+		return errors.Join(errs...)
+	})
+	t.Logf("kube mode: %d nodes with podCIDRs from kube-controller-manager as their leases, NetworkUnavailable False, flanneld's annotations", len(c.nodes))
 }
 
 // cmpFamily orders a CIDR's family: IPv4 first.

@@ -95,7 +95,7 @@ func (s *Source) checkLiveness(ctx context.Context) {
 	if !failing {
 		return
 	}
-	if _, err := s.cli.Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{}); err == nil || !errors.Is(err, context.Canceled) {
+	if _, err := s.cli.get(ctx, s.cfg.NodeName); err == nil || !errors.Is(err, context.Canceled) {
 		s.mu.Lock()
 		s.liveErr = err
 		s.mu.Unlock()
@@ -121,7 +121,7 @@ func (s *Source) markAvailable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.cli.Nodes().PatchStatus(ctx, s.cfg.NodeName, patch); err != nil {
+	if err := s.cli.patch(ctx, s.cfg.NodeName, "status", types.StrategicMergePatchType, patch); err != nil {
 		return fmt.Errorf("set node %s's NetworkUnavailable condition to false: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.cfg.Logger.Info("set the node's NetworkUnavailable condition to false", "node", s.cfg.NodeName)
@@ -265,7 +265,7 @@ func (s *Source) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{s.ann.Managed: nil}}})
-	_, err := s.cli.Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "overlayd"})
+	err := s.cli.patch(ctx, s.cfg.NodeName, "", types.MergePatchType, patch)
 	if err == nil {
 		s.created = false
 	}

@@ -33,7 +33,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	typedcore "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -87,7 +86,7 @@ var (
 type Source struct {
 	cfg Config
 	ann nodes.Annotations
-	cli typedcore.CoreV1Interface
+	cli *nodeClient
 
 	informer cache.SharedIndexInformer
 	stop     context.CancelFunc
@@ -165,13 +164,13 @@ func (s *Source) Connect(ctx context.Context) error {
 		}
 		rc = rest.CopyConfig(rc)
 		rc.UserAgent = "overlayd"
-		cli, err := typedcore.NewForConfig(rc)
+		cli, err := newNodeClient(rc)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrSettings, err)
 		}
 		s.cli = cli
 	}
-	if _, err := s.cli.Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{}); err != nil {
+	if _, err := s.cli.get(ctx, s.cfg.NodeName); err != nil {
 		return fmt.Errorf("get node %s: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.startInformer()
@@ -196,13 +195,13 @@ func (s *Source) startInformer() {
 	if s.informer != nil {
 		return
 	}
-	nodesAPI := s.cli.Nodes()
+	cli := s.cli
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return nodesAPI.List(ctx, o)
+			return cli.list(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return nodesAPI.Watch(ctx, o)
+			return cli.watch(ctx, o)
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
@@ -461,8 +460,7 @@ func (s *Source) publish(ctx context.Context, n nodes.Node) error {
 	if err != nil || changed == nil {
 		return err
 	}
-	_, err = s.cli.Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, nodes.MergePatch(changed), metav1.PatchOptions{FieldManager: "overlayd"})
-	if err != nil {
+	if err := s.cli.patch(ctx, s.cfg.NodeName, "", types.MergePatchType, nodes.MergePatch(changed)); err != nil {
 		return fmt.Errorf("patch node %s's annotations: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.cfg.Logger.Info("published this node's lease in its annotations", "node", s.cfg.NodeName, "annotations", len(changed))

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -102,10 +101,10 @@ func (s *Source) checkLiveness(ctx context.Context) {
 	}
 }
 
-func networkAvailable(n *corev1.Node) bool {
+func networkAvailable(n *node) bool {
 	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeNetworkUnavailable {
-			return c.Status == corev1.ConditionFalse
+		if c.Type == condNetworkUnavailable {
+			return c.Status == condFalse
 		}
 	}
 	return false
@@ -115,9 +114,9 @@ func networkAvailable(n *corev1.Node) bool {
 // strategic merge patch of nodes/status: conditions merge by type).
 func (s *Source) markAvailable(ctx context.Context) error {
 	now := metav1.Now()
-	cond := corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse,
+	cond := nodeCondition{Type: condNetworkUnavailable, Status: condFalse,
 		Reason: "OverlayIsUp", Message: "overlayd runs on this node", LastTransitionTime: now, LastHeartbeatTime: now}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []nodeCondition{cond}}})
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -204,7 +203,7 @@ func (s *Source) startInformer() {
 			return cli.watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(lw, &node{}, 0, cache.Indexers{})
 	ours := strings.TrimSuffix(s.ann.Managed, "kube-subnet-manager")
 	_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, ours), nil })
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
@@ -249,12 +248,12 @@ func (s *Source) startInformer() {
 // NetworkUnavailable condition. With thousands of nodes, the rest (images,
 // managed fields, addresses) would be most of the daemon's memory.
 func slim(obj any, ours string) any {
-	n, ok := obj.(*corev1.Node)
+	n, ok := obj.(*node)
 	if !ok {
 		return obj
 	}
-	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID},
-		Spec: corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}}
+	out := &node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID},
+		Spec: nodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}}
 	for k, v := range n.Annotations {
 		if strings.HasPrefix(k, ours) {
 			if out.Annotations == nil {
@@ -264,7 +263,7 @@ func slim(obj any, ours string) any {
 		}
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeNetworkUnavailable {
+		if c.Type == condNetworkUnavailable {
 			out.Status.Conditions = append(out.Status.Conditions, c)
 		}
 	}
@@ -279,17 +278,17 @@ func poke(c chan struct{}) {
 }
 
 // node returns node name as the informer holds it (nil: none).
-func (s *Source) node(name string) *corev1.Node {
+func (s *Source) node(name string) *node {
 	obj, found, err := s.informer.GetStore().GetByKey(name)
 	if err != nil || !found {
 		return nil
 	}
-	n, _ := obj.(*corev1.Node)
+	n, _ := obj.(*node)
 	return n
 }
 
 // view is the codec's view of n (nil: nil).
-func view(n *corev1.Node) *nodes.Node {
+func view(n *node) *nodes.Node {
 	if n == nil {
 		return nil
 	}
@@ -418,7 +417,7 @@ func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, er
 	var all []nodes.Node
 	var rev int64
 	for _, obj := range s.informer.GetStore().List() {
-		if n, ok := obj.(*corev1.Node); ok {
+		if n, ok := obj.(*node); ok {
 			all = append(all, *view(n))
 			rev = max(rev, nodes.Revision(n.ResourceVersion))
 		}

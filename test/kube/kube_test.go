@@ -107,7 +107,10 @@ var passes = []pass{
 // families (single-stack Services of each family with kube-proxy in
 // iptables mode, RequireDualStack Services in nftables mode, and
 // RequireDualStack Services on nodes whose FORWARD policy is drop in both
-// families), and on an IPv6-only cluster. Every matrix is logged as a
+// families), on an IPv6-only cluster, and in kube mode (overlay-kube.yaml,
+// no overlay etcd: IPv4 with kube-proxy in iptables mode, and dual-stack
+// with RequireDualStack Services in nftables mode), where checkKubeMode
+// also checks each Node as flanneld leaves it. Every matrix is logged as a
 // table and written as JSON to $KUBE_MATRIX.
 func TestKubernetes(t *testing.T) {
 	var out []map[string]any
@@ -156,8 +159,9 @@ func TestKubernetes(t *testing.T) {
 }
 
 // deploy builds a three-node lab for pass p, stores the network config in
-// the overlay's etcd and applies the shipped manifest; it returns once
-// every node is Ready and overlayd ready on each.
+// the overlay's etcd (in kube mode: none, kube-controller-manager
+// allocates the podCIDRs) and applies the shipped manifest of the pass's
+// mode; it returns once every node is Ready and overlayd ready on each.
 func deploy(t *testing.T, p pass) *cluster {
 	start := time.Now()
 	var netConf string

@@ -334,7 +334,7 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 		if had {
 			prev = old[j]
 		}
-		if res.failed[w.Subnet] || conflicts[w.Subnet] {
+		if res.peerFailed(w.Subnet, i) || conflicts[w.Subnet] {
 			if next == nil {
 				next = append(make([]Peer, 0, len(want)), want[:i]...)
 			}
@@ -351,7 +351,7 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 			continue
 		}
 		switch {
-		case !res.touched[w.Subnet]:
+		case !res.peerTouched(w.Subnet, i):
 			adopted++ // found in place
 		case had:
 			nUpdated++

@@ -307,6 +307,9 @@ func (rec *reconciler) finish(start time.Time, gen uint64, want []Peer, err erro
 			s.LastSuccess = now
 		}
 	})
+	if f := rec.cfg.OnPass; f != nil {
+		f()
+	}
 	return err
 }
 

@@ -8,8 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -141,6 +143,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 			cfg.VXLANGuard = vxlanGuard
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
+			cfg.AfterFirstPass = startProcs()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			defer ignoreHangup(ctx, cfg.Logger)()
@@ -230,6 +233,24 @@ func tuneGC() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 	}
+}
+
+// startProcs runs the cold start on one P (GOMAXPROCS=1) unless GOMAXPROCS
+// is set, and returns what puts the runtime's default back (which follows
+// the CPUs and the cgroup's quota): the daemon calls it once every data
+// plane's first pass is over. A cold start is a chain of steps that wait on
+// etcd and the kernel in turn; with a second P, the runtime spent CPU
+// during those waits on idle-priority GC mark workers and threads spinning
+// for work, a tenth of the daemon's CPU at 5,000 peers
+// (Documentation/benchmarks.md, issue 33). After the start the default
+// returns, so lease events are not queued behind a resync pass or the
+// prober.
+func startProcs() (restore func()) {
+	if _, set := os.LookupEnv("GOMAXPROCS"); set {
+		return nil
+	}
+	runtime.GOMAXPROCS(1)
+	return sync.OnceFunc(runtime.SetDefaultGOMAXPROCS)
 }
 
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {

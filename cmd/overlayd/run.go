@@ -143,7 +143,6 @@ drops no packets; 'overlayd teardown' removes it.`,
 			cfg.VXLANGuard = vxlanGuard
 			cfg.SubnetFileFormat = subnet.EnvFormat(strings.ToLower(cmd.Flags().Lookup("subnet-file-format").Value.String()))
 			tuneGC()
-			cfg.AfterFirstPass = startProcs()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			defer ignoreHangup(ctx, cfg.Logger)()
@@ -251,6 +250,18 @@ func startProcs() (restore func()) {
 	}
 	runtime.GOMAXPROCS(1)
 	return sync.OnceFunc(runtime.SetDefaultGOMAXPROCS)
+}
+
+// runTuned is daemon.Run as the program runs it: with the start-up on one
+// P (startProcs). A process-wide setting, so it is the program's, not the
+// library's, and not made by tests that hand the command a runner of
+// their own.
+func runTuned(ctx context.Context, cfg daemon.Config) error {
+	if restore := startProcs(); restore != nil {
+		defer restore() // a start that ends before any pass
+		cfg.AfterFirstPass = restore
+	}
+	return daemon.Run(ctx, cfg)
 }
 
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -243,6 +244,8 @@ func TestBatchesThatChangeNoPeerAreNotHandedToThePlanes(t *testing.T) {
 		{"an invalid value", subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: bad}}}, nil, 1},
 		{"the same peer again", subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, nil, 1},
 		{"a re-list", subnet.Batch{Resync: true, Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, []int{1}, 1},
+		{"a value the source could not read", subnet.Batch{Invalid: []subnet.Invalid{{Key: "node-2", Subnets: subnet.Subnets{IPv4: peer2.Subnet}, ModRevision: 6, Err: errors.New("bad annotation")}}}, []int{0}, 1},
+		{"the peer is back", subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, []int{1}, 1},
 		{"the peer leaves", subnet.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: peer2}}}, []int{0}, 1},
 	} {
 		plane.sets = nil

@@ -116,7 +116,10 @@ func (d *daemon) onBatch(b subnet.Batch) {
 	}
 	logEvents(d.log, b, d.lease.Subnets(), before, d.peers)
 	d.m.rejected(rejected, d.log)
-	if b.Resync || !maps.Equal(before, d.peers.programmed(b)) {
+	// A re-list, and values the source could not read (which drop the
+	// peers on their subnets), are handed over in any case; otherwise the
+	// peers the batch's events name tell whether the set changed.
+	if b.Resync || len(b.Invalid) > 0 || len(b.Deleted) > 0 || !maps.Equal(before, d.peers.programmed(b)) {
 		d.publishPeers()
 		return
 	}

@@ -13,7 +13,8 @@ import (
 // consumes only this interface (and the types below), so a second store —
 // the Kubernetes API, where a Node's podCIDR is its lease — is a second
 // implementation, not a change to the daemon's loop. subnet/etcdv3.Source
-// is the etcd one (flannel's schema).
+// is the etcd one (flannel's schema), subnet/kube.Source the Kubernetes
+// API's (flanneld's kube subnet manager).
 //
 // Start-up calls, in order, each until it succeeds or fails with an error
 // waiting cannot fix (IsFatal): Connect, Config, then — once the daemon
@@ -54,7 +55,10 @@ type Source interface {
 	// the lease set that seeds the peers and Watch.
 	Acquire(ctx context.Context) (Lease, Snapshot, error)
 	// Keep keeps the lease until ctx ends (returning nil) or it is lost
-	// for good (the error says why).
+	// for good (the error says why). The daemon calls it once the data
+	// path is in place (the devices up, subnet.env written): a store
+	// that is told so does it here (Kubernetes: the Node's
+	// NetworkUnavailable condition set to false).
 	Keep(ctx context.Context) error
 	// Watch follows every lease after snap (Acquire's), delivering batches
 	// until ctx ends; then the channel closes.

@@ -132,7 +132,8 @@ type Config struct {
 	// not block.
 	OnPass func()
 	// Gate, if set, is told the desired peers' public addresses in every
-	// pass: Admit before the pass writes, Settle after a pass whose
+	// pass: Admit before the pass writes (a failure holds back the peers
+	// it may not have admitted: AdmitError), Settle after a pass whose
 	// writes all succeeded (see backend.Gate). The VXLAN guard is one.
 	Gate backend.Gate
 

@@ -361,6 +361,9 @@ func applyEnv(cmd *cobra.Command, environ []string, warn io.Writer) error {
 			err = setFlagFromEnv(f, env(f.Name), v)
 		}
 	})
+	if err == nil {
+		err = applyNodeName(cmd.Flags(), vars) // kube mode's NODE_NAME
+	}
 	if err != nil {
 		return err
 	}

@@ -52,12 +52,9 @@ var flanneldFlags = []flanneldFlag{
 	{name: "healthz-ip", sets: "health-addr", check: healthzIP},
 	{name: "healthz-port", sets: "health-addr", check: intIn(0, 65535)},
 
-	{name: "kube-subnet-mgr", boolean: true, noop: "false", why: "overlayd leases subnets from etcd only, as flanneld does without it; keep flanneld where the Kubernetes API assigns them"},
-	{name: "kube-api-url", why: kubeOnly},
-	{name: "kubeconfig-file", why: kubeOnly},
-	{name: "kube-annotation-prefix", why: kubeOnly},
-	{name: "set-node-network-unavailable", boolean: true, why: kubeOnly},
-	{name: "net-config-path", why: "overlayd reads the network config from etcd, <prefix>/config, as flanneld does without --kube-subnet-mgr: store a file there with `overlayd config put -f FILE`"},
+	// Kube mode (kube_flags.go): overlayd's flags of the same name.
+	{name: "kube-subnet-mgr"}, {name: "kube-api-url"}, {name: "kubeconfig-file"},
+	{name: "kube-annotation-prefix"}, {name: "set-node-network-unavailable"}, {name: "net-config-path"},
 	{name: "subnet-lease-renew-margin", why: "overlayd keeps its lease alive continuously (etcd KeepAlive), so there is no renewal margin; --lease-ttl sets the lease's TTL"},
 	{name: "iptables-resync", why: "overlayd masquerades with an nftables table of its own, which it re-checks every 30s; --ip-masq turns it on or off"},
 	{name: "iptables-forward-rules", boolean: true, noop: "false", why: "overlayd adds no forward rules (an accept of its own cannot undo another chain's drop): accept the cluster network in the host firewall's forward chain, which overlayd warns about at start if it drops by policy; --iptables-forward-rules=false is accepted"},
@@ -68,7 +65,6 @@ var flanneldFlags = []flanneldFlag{
 }
 
 const (
-	kubeOnly = "it serves flanneld's Kubernetes subnet manager (--kube-subnet-mgr), which overlayd does not have: overlayd leases subnets from etcd"
 	logFlags = "overlayd logs with log/slog: use --log-level (debug, info, warn, error) and --log-format"
 )
 

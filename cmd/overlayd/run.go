@@ -107,6 +107,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 	var (
 		h                         hostFlags
+		k                         kubeFlags
 		cfg                       daemon.Config // built by PreRunE
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
@@ -124,13 +125,17 @@ func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 logged and ignored).
 
 It leases a subnet from etcd (adopting this host's existing lease or
-reservation), creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
+reservation) — or, with --kube-subnet-mgr, takes its Node's podCIDR from the
+Kubernetes API as flanneld does —, creates the VXLAN device overlay.<VNI>, keeps a neighbour, FDB
 entry and route for every other host's lease, and writes subnet.env for
 overlay-cni. On SIGTERM it exits leaving the data path in place, so a restart
 drops no packets; 'overlayd teardown' removes it.`,
 		Args: cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			if err := k.source(cmd.Flags(), &cfg); err != nil {
 				return err
 			}
 			return checkHealthAddr(cmd.Flags(), healthAddr)
@@ -178,6 +183,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 	checkFlag(c.Flags(), "vxlan-guard", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
 	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "vxlan-guard", "health-addr", "adopt-flannel")
+	k.register(c)
 	registerFlanneldFlags(c)
 	return usesEtcd(c)
 }

@@ -60,9 +60,12 @@ type applyResult struct {
 	// more CPU than any other user-space step of the pass
 	// (Documentation/benchmarks.md, issue 33).
 	want    []Peer
-	failed  []bool  // nil until a write fails
-	touched []bool  // nil until a write succeeds
-	removed []Route // stale routes removed
+	failed  []bool // nil until a write fails
+	touched []bool // nil until a write succeeds
+	// failedOther are peers marked failed (fail) that the plan does not
+	// hold; nil but for a caller's mistake.
+	failedOther map[netip.Prefix]bool
+	removed     []Route // stale routes removed
 }
 
 // index returns the position of the peer with subnet s in r.want, or -1.
@@ -86,7 +89,23 @@ func (r *applyResult) index(s netip.Prefix, hint int) int {
 // successful one.
 func (r *applyResult) peerFailed(s netip.Prefix, hint int) bool {
 	i := r.index(s, hint)
-	return r.failed != nil && i >= 0 && r.failed[i]
+	return r.failed != nil && i >= 0 && r.failed[i] || r.failedOther[s]
+}
+
+// fail marks the peer on subnet s failed without a write of its own
+// failing (the guard held it back).
+func (r *applyResult) fail(s netip.Prefix) {
+	if i := r.index(s, -1); i >= 0 {
+		if r.failed == nil {
+			r.failed = make([]bool, len(r.want))
+		}
+		r.failed[i] = true
+		return
+	}
+	if r.failedOther == nil {
+		r.failedOther = map[netip.Prefix]bool{}
+	}
+	r.failedOther[s] = true
 }
 
 func (r *applyResult) peerTouched(s netip.Prefix, hint int) bool {

@@ -47,6 +47,15 @@ func TestApplyResultByIndex(t *testing.T) {
 		t.Errorf("removed = %v, want [%v]", r.removed, gone)
 	}
 
+	// The guard holds peers back without a write failing: by subnet, in
+	// the plan or (a caller's mistake) not.
+	r.fail(want[0].Subnet)
+	outside := netip.MustParsePrefix("10.244.8.0/24")
+	r.fail(outside)
+	if !r.peerFailed(want[0].Subnet, 9) || !r.peerFailed(outside, 0) || r.peerFailed(want[2].Subnet, 2) {
+		t.Errorf("after fail: failed %v/%v/%v, want true/true/false", r.peerFailed(want[0].Subnet, 9), r.peerFailed(outside, 0), r.peerFailed(want[2].Subnet, 2))
+	}
+
 	// A prune is held as an op, not an index: its peer is found by subnet.
 	p := plan{want: want}
 	p.add(op{kind: opFDBPrune, peer: want[2].Subnet})

@@ -161,10 +161,7 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		// admits every peer again, and the diff finds the held ones.
 		// Settle waits for a pass whose Admit succeeded.
 		for _, h := range admitErr.Held {
-			if res.failed == nil {
-				res.failed = make(map[netip.Prefix]bool, len(admitErr.Held))
-			}
-			res.failed[h.Subnet] = true
+			res.fail(h.Subnet)
 		}
 		werr, rec.view = admitErr, nil
 		if res.err != nil {

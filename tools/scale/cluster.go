@@ -30,19 +30,8 @@ func startCluster() (*cluster, error) {
 		return nil, err
 	}
 	cl := &cluster{dir: dir, procs: make([]*exec.Cmd, 3)}
-	// Free loopback ports for the peers: all three are held open until
-	// picked, so they differ, then released for the members.
-	var lns []net.Listener
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		cl.ports = append(cl.ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
+	if cl.ports, err = freePorts(3); err != nil {
+		return nil, err
 	}
 	for i := range 3 {
 		cl.eps = append(cl.eps, "unix://"+filepath.Join(dir, memberName(i)+".sock"))
@@ -58,6 +47,27 @@ func startCluster() (*cluster, error) {
 		}
 	}
 	return cl, nil
+}
+
+// freePorts returns n free loopback ports: all are held open until
+// picked, so they differ, then released for the processes that use them.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 func (cl *cluster) start(i int, state string) error {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,7 +30,7 @@ func startCluster() (*cluster, error) {
 		return nil, err
 	}
 	cl := &cluster{dir: dir, procs: make([]*exec.Cmd, 3)}
-	if cl.ports, err = freePorts(3); err != nil {
+	if cl.ports, err = etcdtest.FreePorts(3); err != nil {
 		return nil, err
 	}
 	for i := range 3 {
@@ -47,27 +47,6 @@ func startCluster() (*cluster, error) {
 		}
 	}
 	return cl, nil
-}
-
-// freePorts returns n free loopback ports: all are held open until
-// picked, so they differ, then released for the processes that use them.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func (cl *cluster) start(i int, state string) error {

@@ -25,6 +25,7 @@ import (
 	typedrbac "k8s.io/client-go/kubernetes/typed/rbac/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	"github.com/overlaynet/overlay/internal/testing/kubepki"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
@@ -99,7 +100,7 @@ func startKubeAPI(bin string) (*kubeAPI, error) {
 	if err := os.WriteFile(tokens, fmt.Appendf(nil, "%s,admin,admin,system:masters\n%s,%s,overlay,%q\n", adminToken, hostToken, hostUser, hostGroups), 0o600); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3)
+	ports, err := etcdtest.FreePorts(3)
 	if err != nil {
 		return nil, err
 	}

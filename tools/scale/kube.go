@@ -387,9 +387,9 @@ func nodesResource(l map[string]string) bool {
 	return l["group"] == "" && (l["resource"] == "nodes" || l["kind"] == "Node")
 }
 
-// steadyKube samples the steady state of the hosts alone, then with
-// every Node's status reported every -kubelet-status (kubeletReports, which
-// go on until ctx ends).
+// steadyKube samples the steady state of the hosts alone and measures
+// joins, then the same with every Node's status reported every
+// -kubelet-status (kubeletReports, which go on until ctx ends).
 func (m *atN) steadyKube(ctx context.Context) error {
 	if err := m.settle(); err != nil {
 		return err
@@ -402,11 +402,18 @@ func (m *atN) steadyKube(ctx context.Context) error {
 		return err
 	}
 	m.addSimMemory(s)
+	if err := m.joins(); err != nil {
+		return err
+	}
 	if m.c.cfg.KubeletStatus <= 0 {
 		return nil
 	}
 	go m.kapi.kubeletReports(ctx, m.n, m.c.cfg.KubeletStatus)
-	return m.window("kubelet status " + m.c.cfg.KubeletStatus.String())
+	what := "kubelet status " + m.c.cfg.KubeletStatus.String()
+	if err := m.window(what); err != nil {
+		return err
+	}
+	return m.joinsNamed("join seen by all, " + what)
 }
 
 // kubeletReports updates each simulated Node's Ready condition (its
@@ -444,12 +451,14 @@ func (m *atN) window(what string) error {
 		return err
 	}
 	cpu0, _ := m.kapi.usage()
+	sim0 := m.workersCPU()
 	time.Sleep(m.c.cfg.Steady)
 	c1, err := m.kapi.counters(names...)
 	if err != nil {
 		return err
 	}
 	cpu1, rss := m.kapi.usage()
+	sim1 := m.workersCPU()
 	secs, n := m.c.cfg.Steady.Seconds(), float64(m.n)
 	reqs, byVerb := delta(c0, c1, names[0], nodesResource, func(l map[string]string) string {
 		return strings.TrimSuffix(strings.ToLower(l["verb"])+" "+l["subresource"], " ") + " " + l["code"]
@@ -466,7 +475,17 @@ func (m *atN) window(what string) error {
 	m.add(what+": apiserver rss", "MB", mb(rss[1:]), "")
 	m.add(what+": apiserver's etcd cpu", "cores", []float64{(cpu1[0] - cpu0[0]) / secs}, "")
 	m.add(what+": apiserver's etcd rss", "MB", mb(rss[:1]), "")
+	m.add(what+": simulated hosts' cpu", "cores", []float64{(sim1 - sim0) / secs}, "")
 	return nil
+}
+
+// workersCPU is the CPU seconds the worker processes used so far.
+func (m *atN) workersCPU() float64 {
+	var s float64
+	for _, w := range m.ws {
+		s += procCPU(w.cmd.Process.Pid)
+	}
+	return s
 }
 
 // settle waits until the hosts' start has died down: the API server sends
@@ -521,9 +540,6 @@ func (c *coordinator) measureKube(n int) error {
 	reports, stop := context.WithCancel(context.Background())
 	defer stop()
 	if err := m.steadyKube(reports); err != nil {
-		return err
-	}
-	if err := m.joins(); err != nil {
 		return err
 	}
 	if c.cfg.Scenarios != "" {

@@ -349,7 +349,10 @@ func (m *atN) addSimMemory(s sum) {
 
 // joins writes -runs joining hosts' leases, one at a time, and notes when
 // each reached every host.
-func (m *atN) joins() error {
+func (m *atN) joins() error { return m.joinsNamed("join seen by all") }
+
+// joinsNamed is joins with the figures named what.
+func (m *atN) joinsNamed(what string) error {
 	var p50, p99, pmax []float64
 	for r := range m.c.cfg.Runs {
 		lat, missing, err := m.join(10000 + r)
@@ -361,8 +364,8 @@ func (m *atN) joins() error {
 		}
 		p50, p99, pmax = append(p50, pct(lat, 0.5)), append(p99, pct(lat, 0.99)), append(pmax, pct(lat, 1))
 	}
-	m.add("join seen by all: p50", "ms", p50, "")
-	m.add("join seen by all: p99", "ms", p99, "")
-	m.add("join seen by all: max", "ms", pmax, "")
+	m.add(what+": p50", "ms", p50, "")
+	m.add(what+": p99", "ms", p99, "")
+	m.add(what+": max", "ms", pmax, "")
 	return nil
 }

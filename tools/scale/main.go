@@ -207,7 +207,9 @@ func (c *coordinator) record(r result) error {
 		Time       string `json:"time"`
 		CPUs       int    `json:"cpus"`
 		WorkerGOGC int    `json:"worker_gogc"`
-	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), c.cfg.WorkerGOGC}
+		// Source is "kube" for -source kube (etcd's lines have none).
+		Source string `json:"source,omitempty"`
+	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), c.cfg.WorkerGOGC, map[bool]string{true: "kube"}[c.cfg.Source == "kube"]}
 	err = json.NewEncoder(f).Encode(line)
 	if cerr := f.Close(); err == nil {
 		err = cerr

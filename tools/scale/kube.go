@@ -413,7 +413,7 @@ func (m *atN) steadyKube(ctx context.Context) error {
 	if err := m.window(what); err != nil {
 		return err
 	}
-	return m.joinsNamed("join seen by all, " + what)
+	return m.joinsNamed("join seen by all, "+what, 10100)
 }
 
 // kubeletReports updates each simulated Node's Ready condition (its

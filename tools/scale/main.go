@@ -351,13 +351,15 @@ func (m *atN) addSimMemory(s sum) {
 
 // joins writes -runs joining hosts' leases, one at a time, and notes when
 // each reached every host.
-func (m *atN) joins() error { return m.joinsNamed("join seen by all") }
+func (m *atN) joins() error { return m.joinsNamed("join seen by all", 10000) }
 
-// joinsNamed is joins with the figures named what.
-func (m *atN) joinsNamed(what string) error {
+// joinsNamed is joins with the figures named what and the probes
+// numbered from first: each series of joins needs probes of its own, as a
+// host notes when it first saw a subnet.
+func (m *atN) joinsNamed(what string, first int) error {
 	var p50, p99, pmax []float64
 	for r := range m.c.cfg.Runs {
-		lat, missing, err := m.join(10000 + r)
+		lat, missing, err := m.join(first + r)
 		if err != nil {
 			return err
 		}

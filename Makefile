@@ -188,8 +188,8 @@ scale:
 
 # Kube mode's control plane at N hosts (Documentation/scale.md): the same
 # simulated hosts running subnet/kube.Source against a kube-apiserver and
-# its etcd from `make kube`'s build, on loopback ports. About 20 minutes a
-# N with the default 8-minute windows; SCALEFLAGS as for scale. Heavy like
+# its etcd from `make kube`'s build, on loopback ports. About 20-30 minutes
+# at 1,000 hosts with the 8-minute windows; SCALEFLAGS as for scale. Heavy like
 # the Kubernetes lab: run it as `flock /tmp/kube-lab.lock make scale-kube`.
 scale-kube: kube
 	$(GO) build -o $(BIN)/overlay-scale ./tools/scale

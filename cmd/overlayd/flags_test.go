@@ -69,6 +69,7 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
 	{[]string{"run"}, "vxlan-guard", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
+	{[]string{"run"}, "flannel-subnet-file", "run/flannel/subnet.env", "want an absolute file path"},
 	{[]string{"run"}, "peer-probe", "often", "want true or false"},
 	{[]string{"run"}, "peer-probe-sweep", "10ms", "want 100ms or more"},
 	{[]string{"run"}, "peer-probe-sweep", "hourly", "want a duration"},

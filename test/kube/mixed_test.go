@@ -36,12 +36,7 @@ import (
 // flanneld does.
 func TestKubeModeMixedWithFlanneld(t *testing.T) {
 	k := newKubeModeLab(t, "kmix")
-	k1 := k.addNode("k1", 1, "10.244.1.0/24")
-	k2 := k.addNode("k2", 2, "10.244.2.0/24")
-	fl := k.flanneldNode(k2, "10.244.2.0/24")
-
-	k.waitReady(k1, k.startOverlayd(k1, "overlayd"))
-	k.flanneldSeesPeer(fl, k2, k1, "10.244.1.0/24")
+	k1, k2, fl := k.overlaydAndFlanneld()
 
 	cni := k.cni()
 	p1 := k.overlayPod(cni, k1, "p1", "")
@@ -63,11 +58,7 @@ func TestKubeModeMixedWithFlanneld(t *testing.T) {
 // touches nothing.
 func TestKubeModeAdoptFlannel(t *testing.T) {
 	k := newKubeModeLab(t, "kadopt")
-	k1 := k.addNode("k1", 1, "10.244.1.0/24")
-	k2 := k.addNode("k2", 2, "10.244.2.0/24")
-	fl := k.flanneldNode(k2, "10.244.2.0/24")
-	k.waitReady(k1, k.startOverlayd(k1, "overlayd"))
-	k.flanneldSeesPeer(fl, k2, k1, "10.244.1.0/24")
+	k1, k2, fl := k.overlaydAndFlanneld()
 	dev, err := linkIndex(k2.NS, flannelhost.DeviceName(1))
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +167,19 @@ func TestKubeModeAdoptFlannel(t *testing.T) {
 	}
 }
 
+// overlaydAndFlanneld makes the two nodes of a mixed cluster: k1
+// (podCIDR 10.244.1.0/24) running overlayd --kube-subnet-mgr, ready, and
+// k2 (10.244.2.0/24) as flanneld in kube mode left it, with k1 for a peer.
+func (k *kubeModeLab) overlaydAndFlanneld() (k1, k2 *lab.Host, fl flannelhost.Host) {
+	k.t.Helper()
+	k1 = k.addNode("k1", 1, "10.244.1.0/24")
+	k2 = k.addNode("k2", 2, "10.244.2.0/24")
+	fl = k.flanneldNode(k2, "10.244.2.0/24")
+	k.waitReady(k1, k.startOverlayd(k1, "overlayd"))
+	k.flanneldSeesPeer(fl, k2, k1, "10.244.1.0/24")
+	return k1, k2, fl
+}
+
 // flanneldNode builds on h what flanneld --kube-subnet-mgr (v0.28, vxlan,
 // --ip-masq) leaves, for h's Node with podCIDR, and puts flanneld's
 // annotations and NetworkUnavailable=False on the Node, as flanneld
@@ -259,15 +263,7 @@ func (k *kubeModeLab) overlayPod(cni *libcni.CNIConfig, h *lab.Host, name, flann
 // bridge plugin with podConf, the delegate config it renders.
 func flannelPod(t *testing.T, cni *libcni.CNIConfig, h *lab.Host, name string, podConf []byte) *nsPod {
 	t.Helper()
-	var conf map[string]any
-	if err := json.Unmarshal(podConf, &conf); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	list, err := libcni.ConfListFromBytes(raw)
+	list, err := flannelhost.PodConfList(podConf)
 	if err != nil {
 		t.Fatal(err)
 	}

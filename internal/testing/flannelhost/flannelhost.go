@@ -43,6 +43,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -260,6 +261,21 @@ func (h Host) PodConfig(name, ipamDataDir string) []byte {
 			"routes": []map[string]string{{"dst": h.Network.String()}}},
 	})
 	return conf
+}
+
+// PodConfList is podConf, a config PodConfig made, as a runtime runs it
+// when flannel's plugin hands it on: a conflist of that one plugin, with
+// its name and cniVersion.
+func PodConfList(podConf []byte) (*libcni.NetworkConfigList, error) {
+	var conf map[string]any
+	if err := json.Unmarshal(podConf, &conf); err != nil {
+		return nil, fmt.Errorf("flannel's pod config: %w", err)
+	}
+	raw, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromBytes(raw)
 }
 
 // WriteCache writes flannel's cache entry of a pod, conf as PodConfig

@@ -124,9 +124,9 @@ GOVULNDB ?= https://vuln.go.dev
 # doctor's judgements (internal/doctor: facts in, findings out) link no
 # netlink, nftables or prometheus.
 layering:
-	@# Ours only: client-go's own tools/ are its client's parts (and its typed
-	@# clients link its fake-client package k8s.io/client-go/testing, upstream's
-	@# choice), none of them stdlib testing, which is still refused.
+	@# Ours only: client-go's own tools/ are its client's parts (subnet/kube
+	@# links rest and tools/cache, not the typed clients), none of them stdlib
+	@# testing, which is still refused.
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|^github.com/overlaynet/overlay/(internal/testing|tools)/'); \
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \

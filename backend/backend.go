@@ -170,8 +170,10 @@ type Plane interface {
 //     gate reads its own state back too, repairing drift; in a pass woken
 //     by a change of the peers only those that came (the others were
 //     admitted by the passes that wrote them). Admit only adds. If it
-//     fails the pass writes nothing and fails (retried with backoff, as a
-//     full pass).
+//     fails, the pass holds back the peers of its argument whose
+//     addresses this host does not send VXLAN to yet (nothing of theirs
+//     is written or removed), goes on with the others (departures,
+//     repairs) and fails (retried with backoff, as a full pass).
 //   - Settle after a full pass, or one in which peers left or changed,
 //     whose writes all succeeded, with every desired peer (keep) and, in
 //     a pass that was not full, the peers that left or changed since the

@@ -128,7 +128,8 @@ type Config struct {
 	// pass that found it already there. It must not block.
 	OnPeerProgrammed func(p backend.Peer, at time.Time)
 	// Gate, if set, is told the desired peers' public addresses in every
-	// pass: Admit before the pass writes, Settle after a pass whose
+	// pass: Admit before the pass writes (a failure holds back the peers
+	// it may not have admitted: AdmitError), Settle after a pass whose
 	// writes all succeeded (see backend.Gate). The VXLAN guard is one.
 	Gate backend.Gate
 

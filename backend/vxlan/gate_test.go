@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -166,6 +167,8 @@ func TestGateAdmitsBeforeTheFDBEntryAndSettlesAfterItIsGone(t *testing.T) {
 	checkState(t, f, dev, golden(cfg, peers(2, 4)))
 }
 
+// On a cold start no peer's address receives this host's VXLAN traffic
+// yet: a failed Admit holds every peer back, and nothing is written.
 func TestGateFailingAdmitWritesNothing(t *testing.T) {
 	_, b, g := gatedHost(t)
 	g.failWith = syscall.ENOBUFS
@@ -303,5 +306,140 @@ func TestGateFailedSettleMakesTheNextPassFull(t *testing.T) {
 	waitSynced(t, b, 3)
 	if got, want := g.set(), []string{"198.18.0.2", "198.18.0.4", "198.18.0.5"}; !slices.Equal(got, want) {
 		t.Errorf("admitted %q after the next lease event, want %q: the departed peer stays admitted until the resync", got, want)
+	}
+}
+
+// A failed Admit holds back only the peers whose addresses may not be
+// admitted: a peer that joins, and one that moved to a new address (which
+// keeps its old entries). Meanwhile a peer that left is removed and a
+// drifted entry of an admitted peer is repaired; the pass fails, naming
+// the held peers, and the retry programs them, admitted first.
+func TestGateFailingAdmitHoldsBackOnlyThePeersItDidNotAdmit(t *testing.T) {
+	f, b, g := gatedHost(t)
+	_, cfg := fakeHost(t)
+	b.SetPeers(peers(2, 3, 5))
+	reconcile(t, b)
+	g.takeEvents()
+
+	// Drift: peer 2's route deleted by someone else.
+	routes, err := f.RouteList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(routes, func(r vxlan.Route) bool { return r.Dst == peer(2).Subnet })
+	if i < 0 {
+		t.Fatalf("no route to peer 2 in %v", routes)
+	}
+	if err := f.External(false).RouteDel(routes[i]); err != nil {
+		t.Fatal(err)
+	}
+	// Peer 3 leaves, peer 4 joins, peer 5 moves to 198.18.0.55; the
+	// guard fails.
+	moved := withIP(peer(5), "198.18.0.55")
+	g.mu.Lock()
+	g.moved = map[string]string{"0e:00:00:00:00:05": "198.18.0.55"}
+	g.failWith = syscall.ENOBUFS
+	g.mu.Unlock()
+	b.SetPeers([]backend.Peer{peer(2), peer(4), moved})
+	err = b.Reconcile(t.Context())
+	var ae *vxlan.AdmitError
+	if !errors.Is(err, syscall.ENOBUFS) || !errors.As(err, &ae) {
+		t.Fatalf("Reconcile = %v, want an AdmitError wrapping the gate's error", err)
+	}
+	var held []string
+	for _, h := range ae.Held {
+		held = append(held, h.Subnet.String()+" "+h.PublicIP.String())
+	}
+	if want := []string{"10.244.4.0/24 198.18.0.4", "10.244.5.0/24 198.18.0.55"}; !slices.Equal(held, want) {
+		t.Errorf("held back %q, want %q", held, want)
+	}
+	if got, want := g.takeEvents(), []string{"admit failed", "FDBDel 198.18.0.3 admitted"}; !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q: the departure removed, no FDB entry for an address not admitted", got, want)
+	}
+	// Peer 2 repaired, peer 3 gone, peer 4 absent, peer 5 as it was.
+	checkState(t, f, dev, golden(cfg, peers(2, 5)))
+	s := b.Status()
+	if s.InSync || s.PeersProgrammed != 1 {
+		t.Errorf("status: in sync %v, %d programmed; want not in sync, 1 (peer 2)", s.InSync, s.PeersProgrammed)
+	}
+	if s.LastError == nil || !strings.Contains(s.LastError.Error(), "2 peers held back until the guard admits their addresses (first 10.244.4.0/24 at 198.18.0.4)") {
+		t.Errorf("status error %v does not say which peers wait", s.LastError)
+	}
+
+	g.mu.Lock()
+	g.failWith = nil
+	g.mu.Unlock()
+	reconcile(t, b)
+	if got, want := g.takeEvents(), []string{"admit", "FDBSet 198.18.0.4 admitted", "FDBSet 198.18.0.55 admitted", "settle"}; !slices.Equal(got, want) {
+		t.Errorf("retry: events %q, want %q", got, want)
+	}
+	checkState(t, f, dev, golden(cfg, []backend.Peer{peer(2), peer(4), moved}))
+	if got, want := g.set(), []string{"198.18.0.2", "198.18.0.4", "198.18.0.55"}; !slices.Equal(got, want) {
+		t.Errorf("admitted %q after the retry, want %q", got, want)
+	}
+	if s := b.Status(); !s.InSync || s.PeersProgrammed != 3 {
+		t.Errorf("status after the retry: in sync %v, %d programmed; want in sync, 3", s.InSync, s.PeersProgrammed)
+	}
+}
+
+// DirectRouting peers are routed over the underlay, not VXLAN: a failed
+// Admit does not hold them back.
+func TestGateFailingAdmitDoesNotHoldBackDirectPeers(t *testing.T) {
+	f, cfg := fakeHost(t)
+	cfg.DirectRouting = true
+	g := newFakeGate()
+	g.failWith = syscall.EIO
+	cfg.Gate = g
+	b := newBackend(t, cfg, f)
+	far := withIP(peer(9), "198.19.0.9") // not on the underlay's subnet: VXLAN
+	b.SetPeers([]backend.Peer{peer(2), far})
+	err := b.Reconcile(t.Context())
+	var ae *vxlan.AdmitError
+	if !errors.As(err, &ae) || len(ae.Held) != 1 || ae.Held[0] != far {
+		t.Fatalf("Reconcile = %v, want an AdmitError holding back %v only", err, far.Subnet)
+	}
+	checkState(t, f, dev, goldenWith(cfg, peers(2), []netip.Prefix{peer(2).Subnet}, nil))
+}
+
+// Through Run: a lease event alone (an incremental pass) with the guard
+// failing removes the peer that left and holds back the one that came;
+// the failing retries log one warning between them, not one per pass,
+// and the first retry after the guard recovers programs the held peer.
+func TestGateFailingAdmitInRunRetriesAndLogsOnce(t *testing.T) {
+	f, cfg := fakeHost(t)
+	log, lb := newLogger(t)
+	cfg.Logger = log
+	g := newFakeGate()
+	cfg.Gate = g
+	cfg.RetryMin, cfg.RetryMax = time.Millisecond, 10*time.Millisecond
+	b := newBackend(t, cfg, f)
+	run(t, b)
+	b.SetPeers(peers(2, 3))
+	waitSynced(t, b, 2)
+
+	g.mu.Lock()
+	g.failWith = syscall.ENOBUFS
+	g.mu.Unlock()
+	errs := b.Status().Errors
+	b.SetPeers(peers(2, 4))
+	waitState(t, f, dev, golden(cfg, peers(2)))
+	waitFor(t, "5 failed passes", func() bool { return b.Status().Errors >= errs+5 })
+	if n := lb.count("reconcile pass failed; retrying with backoff"); n != 1 {
+		t.Errorf("%d warnings over %d failed passes, want 1", n, b.Status().Errors-errs)
+	}
+	if err := b.Status().LastError; err == nil || !strings.Contains(err.Error(), "peer 10.244.4.0/24 at 198.18.0.4 held back until the guard admits its address") {
+		t.Errorf("status error %v does not name the held peer", err)
+	}
+
+	g.mu.Lock()
+	g.failWith = nil
+	g.mu.Unlock()
+	waitSynced(t, b, 2)
+	checkState(t, f, dev, golden(cfg, peers(2, 4)))
+	if got, want := g.set(), []string{"198.18.0.2", "198.18.0.4"}; !slices.Equal(got, want) {
+		t.Errorf("admitted %q, want %q", got, want)
+	}
+	if n := lb.count("back in sync"); n != 1 {
+		t.Errorf("%d \"back in sync\" lines, want 1", n)
 	}
 }

@@ -121,16 +121,18 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 	// otherwise) before any write, and lets the leaving ones go once
 	// theirs are removed (settle).
 	settle := full || len(gone) > 0
+	var admitErr *AdmitError
 	if gate := rec.cfg.Gate; gate != nil {
 		admit := want
 		if !full {
 			admit = come
 		}
 		if err := gate.Admit(admit, full); err != nil {
-			// Nothing is written: a peer's entries never go in while
-			// its traffic to us would be dropped.
-			rec.view = nil
-			return full, rec.finish(start, gen, want, fmt.Errorf("VXLAN guard: admit the peers' addresses: %w", err), nil, nil)
+			// Only the peers that may not be admitted wait: a peer's
+			// FDB entry never goes in while its traffic to us would be
+			// dropped, but departures and the others' repairs do not
+			// wait for the guard.
+			admitErr = &AdmitError{Err: err, Held: rec.holdBack(&p, admit)}
 		}
 	}
 	res := rec.apply(&p)
@@ -152,17 +154,33 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 	conflicts := rec.noteConflicts(p.conflicts, full)
 
 	var werr error
-	if res.err != nil {
+	switch {
+	case admitErr != nil:
+		// The held-back peers count as failed (they keep the version
+		// the kernel has, if any). The next pass is full: the gate
+		// admits every peer again, and the diff finds the held ones.
+		// Settle waits for a pass whose Admit succeeded.
+		for _, h := range admitErr.Held {
+			if res.failed == nil {
+				res.failed = make(map[netip.Prefix]bool, len(admitErr.Held))
+			}
+			res.failed[h.Subnet] = true
+		}
+		werr, rec.view = admitErr, nil
+		if res.err != nil {
+			werr = fmt.Errorf("%w; and %w", admitErr, res.err)
+		}
+	case res.err != nil:
 		// The next pass must retry the peers that failed, which only a
 		// diff of every peer finds.
 		werr, rec.view = res.err, nil
-	} else if gate := rec.cfg.Gate; gate != nil && settle {
+	case rec.cfg.Gate != nil && settle:
 		// Every entry of a peer that left is gone: so may its address.
 		var left []Peer // nil after a full pass: anything may be stale
 		if !full {
 			left = gone
 		}
-		if err := gate.Settle(want, left); err != nil {
+		if err := rec.cfg.Gate.Settle(want, left); err != nil {
 			// The next pass must be full: an incremental one would not
 			// look at the peers that left again, and their addresses
 			// would stay admitted until the resync.

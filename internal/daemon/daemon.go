@@ -247,8 +247,8 @@ func lockError(err error) error {
 // steps after it, the loop and the shutdown. Its fields are set once, in
 // start-up order, by run's goroutine.
 type daemon struct {
-	// refusedSeen are the VXLAN guards' refused sources already logged.
-	refusedSeen map[netip.Addr]bool
+	// refusedLog remembers the VXLAN guards' refused sources logged.
+	refusedLog *refusedLog
 
 	cfg    Config
 	log    *slog.Logger

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/overlaynet/overlay/backend/codecs"
+	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/subnet"
 )
 
@@ -232,18 +233,23 @@ func (d *daemon) podMTU() int {
 // refused sources.
 const refusedCheckInterval = 10 * time.Second
 
-// refusedMsg is logged once for each refused source.
+// refusedMsg is logged once for each refused source (see refusedLog).
 const refusedMsg = "the VXLAN guard drops datagrams to the VXLAN port from an address no peer's lease publishes; " +
 	"if a cluster host sends VXLAN from it, the public IP in its lease is another address of it: " +
 	"its --public-ip (flanneld's or overlayd's) must be the address its VXLAN datagrams leave from (its --iface address), " +
 	"or run overlayd with --vxlan-guard=false until it is; otherwise the source holds no lease and the drop is intended"
 
 // checkRefused reads the VXLAN guards' refused sources into the status,
-// and logs each source once when it first shows up (again if it comes
-// back after it expired from the guard's set).
+// logs each source the first time it shows up in this daemon's lifetime,
+// and at most once an hour reminds that some still send (refusedLog).
 func (d *daemon) checkRefused() {
+	now := time.Now()
+	if d.refusedLog == nil {
+		d.refusedLog = newRefusedLog(refusedRemembered, guard.RefusedTimeout)
+	}
 	var all []string
-	seen := map[netip.Addr]bool{}
+	var sources []netip.Addr
+	families := map[netip.Addr]string{}
 	for _, fp := range d.planes {
 		if fp.guard == nil {
 			continue
@@ -254,13 +260,16 @@ func (d *daemon) checkRefused() {
 			continue
 		}
 		for _, a := range refused {
-			seen[a] = true
 			all = append(all, a.String())
-			if !d.refusedSeen[a] {
-				d.log.Warn(refusedMsg, "source", a, "family", fp.family)
-			}
+			families[a] = fp.family.String()
 		}
+		sources = append(sources, refused...)
 	}
-	d.refusedSeen = seen
+	for _, a := range d.refusedLog.note(now, sources) {
+		d.log.Warn(refusedMsg, "source", a, "family", families[a])
+	}
+	if n, some, ok := d.refusedLog.reminder(now, refusedRemind, refusedShown); ok {
+		d.log.Warn(refusedReminderMsg, "sources", n, "some", some, "within", refusedRemind)
+	}
 	d.st.set(func(p *probe) { p.refused = all })
 }

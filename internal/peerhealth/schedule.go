@@ -24,8 +24,12 @@ type Settings struct {
 	Timeout time.Duration
 	// Threshold is the number of probes lost in a row that makes a peer
 	// Unreachable (default 3). After a loss the peer is probed again at
-	// once (within the rate) rather than a sweep later, so a dead peer
-	// is reported within a sweep plus Threshold timeouts.
+	// once (within the rate) rather than a sweep later, and a peer's
+	// probes are never more than a period apart (jitter only shortens
+	// it), so a peer that goes dark is reported within one period (the
+	// sweep, or longer with more peers than the rate allows in it) plus
+	// Threshold timeouts of going dark, and the rate's spacing of those
+	// probes.
 	Threshold int
 }
 
@@ -42,9 +46,11 @@ const (
 	MinSweep = 100 * time.Millisecond
 )
 
-// jitter is the spread of each peer's period, ±10 %, so probes of peers
+// jitter is the spread of each peer's period, 10 %, so probes of peers
 // that arrived together (a cold start) drift apart and no two hosts probe
-// in lock step.
+// in lock step. It only shortens the period (90 to 100 % of it): a
+// longer one would stretch the detection bound (see Threshold) by as
+// much, and the average rate stays well under the bound (headroom).
 const jitter = 0.1
 
 // headroom is how far below the rate bound a sweep's average rate stays
@@ -115,9 +121,9 @@ func (s *schedule) period() time.Duration {
 	return max(s.set.Sweep, need)
 }
 
-// jittered is d spread by ±jitter.
+// jittered is d shortened by up to jitter: between (1-jitter)×d and d.
 func (s *schedule) jittered(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (1 - jitter + 2*jitter*s.rnd.Float64()))
+	return time.Duration(float64(d) * (1 - jitter*s.rnd.Float64()))
 }
 
 // setPeers makes peers the set probed: new ones are first probed at a

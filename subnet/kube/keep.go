@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -95,17 +94,17 @@ func (s *Source) checkLiveness(ctx context.Context) {
 	if !failing {
 		return
 	}
-	if _, err := s.cli.Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{}); err == nil || !errors.Is(err, context.Canceled) {
+	if _, err := s.cli.get(ctx, s.cfg.NodeName); err == nil || !errors.Is(err, context.Canceled) {
 		s.mu.Lock()
 		s.liveErr = err
 		s.mu.Unlock()
 	}
 }
 
-func networkAvailable(n *corev1.Node) bool {
+func networkAvailable(n *node) bool {
 	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeNetworkUnavailable {
-			return c.Status == corev1.ConditionFalse
+		if c.Type == condNetworkUnavailable {
+			return c.Status == condFalse
 		}
 	}
 	return false
@@ -115,13 +114,13 @@ func networkAvailable(n *corev1.Node) bool {
 // strategic merge patch of nodes/status: conditions merge by type).
 func (s *Source) markAvailable(ctx context.Context) error {
 	now := metav1.Now()
-	cond := corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse,
+	cond := nodeCondition{Type: condNetworkUnavailable, Status: condFalse,
 		Reason: "OverlayIsUp", Message: "overlayd runs on this node", LastTransitionTime: now, LastHeartbeatTime: now}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []nodeCondition{cond}}})
 	if err != nil {
 		return err
 	}
-	if _, err := s.cli.Nodes().PatchStatus(ctx, s.cfg.NodeName, patch); err != nil {
+	if err := s.cli.patch(ctx, s.cfg.NodeName, "status", types.StrategicMergePatchType, patch); err != nil {
 		return fmt.Errorf("set node %s's NetworkUnavailable condition to false: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.cfg.Logger.Info("set the node's NetworkUnavailable condition to false", "node", s.cfg.NodeName)
@@ -265,7 +264,7 @@ func (s *Source) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{s.ann.Managed: nil}}})
-	_, err := s.cli.Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "overlayd"})
+	err := s.cli.patch(ctx, s.cfg.NodeName, "", types.MergePatchType, patch)
 	if err == nil {
 		s.created = false
 	}

@@ -27,13 +27,11 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	typedcore "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -87,7 +85,7 @@ var (
 type Source struct {
 	cfg Config
 	ann nodes.Annotations
-	cli typedcore.CoreV1Interface
+	cli *nodeClient
 
 	informer cache.SharedIndexInformer
 	stop     context.CancelFunc
@@ -165,13 +163,13 @@ func (s *Source) Connect(ctx context.Context) error {
 		}
 		rc = rest.CopyConfig(rc)
 		rc.UserAgent = "overlayd"
-		cli, err := typedcore.NewForConfig(rc)
+		cli, err := newNodeClient(rc)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrSettings, err)
 		}
 		s.cli = cli
 	}
-	if _, err := s.cli.Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{}); err != nil {
+	if _, err := s.cli.get(ctx, s.cfg.NodeName); err != nil {
 		return fmt.Errorf("get node %s: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.startInformer()
@@ -196,16 +194,16 @@ func (s *Source) startInformer() {
 	if s.informer != nil {
 		return
 	}
-	nodesAPI := s.cli.Nodes()
+	cli := s.cli
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return nodesAPI.List(ctx, o)
+			return cli.list(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return nodesAPI.Watch(ctx, o)
+			return cli.watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(lw, &node{}, 0, cache.Indexers{})
 	ours := strings.TrimSuffix(s.ann.Managed, "kube-subnet-manager")
 	_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, ours), nil })
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
@@ -250,12 +248,12 @@ func (s *Source) startInformer() {
 // NetworkUnavailable condition. With thousands of nodes, the rest (images,
 // managed fields, addresses) would be most of the daemon's memory.
 func slim(obj any, ours string) any {
-	n, ok := obj.(*corev1.Node)
+	n, ok := obj.(*node)
 	if !ok {
 		return obj
 	}
-	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID},
-		Spec: corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}}
+	out := &node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID},
+		Spec: nodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}}
 	for k, v := range n.Annotations {
 		if strings.HasPrefix(k, ours) {
 			if out.Annotations == nil {
@@ -265,7 +263,7 @@ func slim(obj any, ours string) any {
 		}
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeNetworkUnavailable {
+		if c.Type == condNetworkUnavailable {
 			out.Status.Conditions = append(out.Status.Conditions, c)
 		}
 	}
@@ -280,17 +278,17 @@ func poke(c chan struct{}) {
 }
 
 // node returns node name as the informer holds it (nil: none).
-func (s *Source) node(name string) *corev1.Node {
+func (s *Source) node(name string) *node {
 	obj, found, err := s.informer.GetStore().GetByKey(name)
 	if err != nil || !found {
 		return nil
 	}
-	n, _ := obj.(*corev1.Node)
+	n, _ := obj.(*node)
 	return n
 }
 
 // view is the codec's view of n (nil: nil).
-func view(n *corev1.Node) *nodes.Node {
+func view(n *node) *nodes.Node {
 	if n == nil {
 		return nil
 	}
@@ -419,7 +417,7 @@ func (s *Source) Acquire(ctx context.Context) (subnet.Lease, subnet.Snapshot, er
 	var all []nodes.Node
 	var rev int64
 	for _, obj := range s.informer.GetStore().List() {
-		if n, ok := obj.(*corev1.Node); ok {
+		if n, ok := obj.(*node); ok {
 			all = append(all, *view(n))
 			rev = max(rev, nodes.Revision(n.ResourceVersion))
 		}
@@ -461,8 +459,7 @@ func (s *Source) publish(ctx context.Context, n nodes.Node) error {
 	if err != nil || changed == nil {
 		return err
 	}
-	_, err = s.cli.Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, nodes.MergePatch(changed), metav1.PatchOptions{FieldManager: "overlayd"})
-	if err != nil {
+	if err := s.cli.patch(ctx, s.cfg.NodeName, "", types.MergePatchType, nodes.MergePatch(changed)); err != nil {
 		return fmt.Errorf("patch node %s's annotations: %w%s", s.cfg.NodeName, err, hint(err))
 	}
 	s.cfg.Logger.Info("published this node's lease in its annotations", "node", s.cfg.NodeName, "annotations", len(changed))

@@ -21,6 +21,7 @@ import (
 	"github.com/overlaynet/overlay/backend"
 	"github.com/overlaynet/overlay/backend/guard"
 	"github.com/overlaynet/overlay/internal/doctor"
+	"github.com/overlaynet/overlay/internal/peerhealth"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/lab/labtest"
 )
@@ -460,5 +461,86 @@ func TestDoctorOnIPv6Networks(t *testing.T) {
 			}
 			wantProblem(t, h1, confDir, "kernel-entries", tc.dev+": route "+own2.String(), "for the peer "+own2.String())
 		})
+	}
+}
+
+// A peer whose VXLAN traffic the underlay drops is, once the prober has
+// found it unreachable, the doctor's one problem on another host: the
+// peer-health check names that peer (its subnet and public address), and
+// only it, with what to do, and the doctor exits 1; once the underlay
+// carries the traffic again and the prober finds the peer reachable, the
+// doctor is clean.
+func TestDoctorFindsAnUnreachablePeer(t *testing.T) {
+	t.Parallel()
+	l := labtest.New(t, lab.Config{RunArgs: []string{"--peer-probe-sweep=" + healthSweep.String()}})
+	hosts := labtest.Hosts(t, l, 3)
+	h1, h3 := hosts[0], hosts[2]
+	labtest.AddPod(t, h1, "p1") // the bridge plugin turns forwarding on, as on a host with pods
+	confDir := t.TempDir()
+	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"overlay","plugins":[{"type":"overlay-cni","subnetFile":%q}]}`, h1.SubnetFile)
+	if err := os.WriteFile(filepath.Join(confDir, "10-overlay.conflist"), []byte(conflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	leases := map[*lab.Node]netip.Prefix{}
+	for _, n := range hosts {
+		leases[n] = lease(t, n)
+	}
+	// states waits until h1's prober reports every peer reachable but
+	// h3, which it reports as h3State.
+	states := func(h3State peerhealth.State) func() error {
+		return func() error {
+			ph, err := peerHealth(h1)
+			if err != nil {
+				return err
+			}
+			got := map[string]peerhealth.State{}
+			for _, p := range ph.Peers {
+				got[p.Peer] = p.State
+			}
+			want := map[string]peerhealth.State{leases[hosts[1]].String(): peerhealth.Reachable, leases[h3].String(): h3State}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("h1 reports %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	labtest.Eventually(t, 2*healthDetect, "h1 finding every peer reachable", states(peerhealth.Reachable))
+	if rep, code := runDoctor(t, h1, confDir); code != 0 {
+		t.Fatalf("doctor with every peer reachable: exit %d, problems %+v", code, rep.problems(""))
+	}
+
+	rules := blockVXLAN(t, l.Underlay.NS, "v-"+h3.Name)
+	labtest.Eventually(t, healthDetect+healthSlack, "h1 finding h3 unreachable", states(peerhealth.Unreachable))
+	if rules.dropped(t) == 0 {
+		t.Fatal("the underlay rule dropped nothing: the test did not block h3")
+	}
+	rep, code := runDoctor(t, h1, confDir)
+	got := rep.problems("peer-health")
+	if code != 1 || len(got) != 1 || len(rep.problems("")) != 1 {
+		t.Fatalf("doctor with h3 unreachable: exit %d, problems %+v; want exit 1 and one peer-health problem", code, rep.problems(""))
+	}
+	p := got[0]
+	for _, want := range []string{"peer " + leases[h3].String() + " IPv4 at " + h3.IP.String() + " is unreachable through the overlay since ", "probes lost in a row"} {
+		if !strings.Contains(p.Message, want) {
+			t.Errorf("peer-health problem %q does not say %q", p.Message, want)
+		}
+	}
+	if !strings.Contains(p.Subject, leases[h3].String()) {
+		t.Errorf("peer-health problem's subject %q does not name %s", p.Subject, leases[h3])
+	}
+	if !strings.Contains(p.Fix, "UDP to the VXLAN port") || !strings.Contains(p.Fix, "run `overlayd doctor` on the peer") {
+		t.Errorf("peer-health problem's fix %q does not say what to check", p.Fix)
+	}
+
+	rules.remove(t)
+	labtest.Eventually(t, healthDetect+healthSlack, "h1 finding h3 reachable again", states(peerhealth.Reachable))
+	rep, code = runDoctor(t, h1, confDir)
+	if code != 0 {
+		t.Fatalf("doctor with h3 reachable again: exit %d, problems %+v", code, rep.problems(""))
+	}
+	for _, f := range rep.Findings {
+		if f.Check == "peer-health" && f.Status != doctor.OK {
+			t.Errorf("peer-health with every peer reachable: %+v, want ok", f)
+		}
 	}
 }

@@ -29,13 +29,14 @@ import (
 )
 
 // The sweep and the probe timeout the test runs with: a peer that goes
-// dark is reported within one sweep (and its 10 % jitter) plus 3
-// timeouts (operations.md); the waits add healthSlack for a loaded
-// machine (the status command's start among it).
+// dark is reported within one sweep plus 3 timeouts (operations.md;
+// peerhealth's TestScheduleDetectsWithinOneSweepOfGoingDark); the waits
+// add healthSlack for a loaded machine (the status command's start and
+// the probes' 10 ms spacing among it).
 const (
 	healthSweep   = 2 * time.Second
 	healthTimeout = time.Second // peerhealth.DefaultTimeout, under healthSweep/2
-	healthDetect  = healthSweep*11/10 + peerhealth.DefaultThreshold*healthTimeout
+	healthDetect  = healthSweep + peerhealth.DefaultThreshold*healthTimeout
 	healthSlack   = 2 * time.Second
 )
 

@@ -52,8 +52,9 @@ func TestKubeModeMixedWithFlanneld(t *testing.T) {
 // probes that pod 20 times a second: no probe lost, the pod not
 // restarted, the Node's annotations now overlayd's with the MAC of the
 // device it adopted (same ifindex), flanneld's routes and masquerade
-// replaced by overlayd's, and a new pod gets a fresh address of the same
-// podCIDR. Before that, a takeover whose flanneld subnet.env names another
+// replaced by overlayd's, a restart with --adopt-flannel still set (the
+// DaemonSet keeps it) loses nothing either, and a new pod gets a fresh
+// address of the same podCIDR. Before that, a takeover whose flanneld subnet.env names another
 // subnet than the Node's podCIDR is refused with an error saying so, and
 // touches nothing.
 func TestKubeModeAdoptFlannel(t *testing.T) {
@@ -114,18 +115,30 @@ func TestKubeModeAdoptFlannel(t *testing.T) {
 	}
 
 	// The takeover, with flanneld's own subnet.env and its --ip-masq.
-	k.waitReady(k2, k.startOverlayd(k2, "overlayd", "--adopt-flannel", "--flannel-subnet-file", fl.SubnetFile))
-	seenAt := s.Stats().Sent
-	testenv.Eventually(t, 50*interval+10*time.Second, "2.5 s of traffic after the takeover", func() error {
-		if sent := s.Stats().Sent; sent < seenAt+50 {
-			return fmt.Errorf("%d probes since ready", sent-seenAt)
-		}
-		return nil
-	})
+	ovl := k.startOverlayd(k2, "overlayd", "--adopt-flannel", "--flannel-subnet-file", fl.SubnetFile)
+	k.waitReady(k2, ovl)
+	twoAndAHalfSeconds := func(what string) {
+		t.Helper()
+		seenAt := s.Stats().Sent
+		testenv.Eventually(t, 50*interval+10*time.Second, "2.5 s of traffic after "+what, func() error {
+			if sent := s.Stats().Sent; sent < seenAt+50 {
+				return fmt.Errorf("%d probes since ready", sent-seenAt)
+			}
+			return nil
+		})
+	}
+	twoAndAHalfSeconds("the takeover")
+	// The DaemonSet keeps --adopt-flannel: a restart (a rolling update)
+	// finds flannel.1 overlayd's own, with the podCIDR, and drops nothing.
+	if err := k.sups[k2.Name].StopProc(ovl, testenv.Deadline(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	k.waitReady(k2, k.startOverlayd(k2, "overlayd-restarted", "--adopt-flannel", "--flannel-subnet-file", fl.SubnetFile))
+	twoAndAHalfSeconds("the restart")
 	if st := s.Stop(); st.Sent == 0 || len(st.Lost) > 0 || st.Received != st.Sent {
-		t.Errorf("%s -> %s across the takeover: %s; want every probe answered", p1, old, st)
+		t.Errorf("%s -> %s across the takeover and a restart: %s; want every probe answered", p1, old, st)
 	} else {
-		t.Logf("%s -> %s across the takeover: %s", p1, old, st)
+		t.Logf("%s -> %s across the takeover and a restart: %s", p1, old, st)
 	}
 
 	// The Node's annotations are overlayd's, with the adopted device's MAC.

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/overlaynet/overlay/backend/masq"
 	"github.com/overlaynet/overlay/backend/vxlan"
 	"github.com/overlaynet/overlay/internal/testing/flannelhost"
 	"github.com/overlaynet/overlay/internal/testing/lab"
@@ -112,6 +113,26 @@ func TestKubeModeAdoptFlannel(t *testing.T) {
 	}
 	if present, err := flannelhost.MasqPresent(k2.NS); err != nil || !present {
 		t.Fatalf("the refused takeover removed flanneld's masquerade (%v)", err)
+	}
+
+	// The documented step before flanneld stops: overlay's masquerade,
+	// for the network of the file kube mode reads.
+	install, err := k.sups[k2.Name].Start("masquerade-install", filepath.Join(k.dir(k2), "masquerade-install.log"), testenv.ProgramEnv(),
+		k.overlayd, "masquerade", "install", "--net-config-path", k.netConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "overlayd masquerade install to exit", func() error {
+		if done, _ := install.Exited(); !done {
+			return errors.New("still running")
+		}
+		return nil
+	})
+	if _, how := install.Exited(); how != "exit status 0" || !strings.Contains(tail(install.Log, 5), "installed nftables table inet overlay for 10.244.0.0/16") {
+		t.Fatalf("overlayd masquerade install --net-config-path: %s, output:\n%s", how, tail(install.Log, 5))
+	}
+	if rules, err := masqRules(k2.NS); err != nil || !strings.Contains(strings.Join(rules, "\n"), `oifname "flannel.1"`) {
+		t.Fatalf("overlay's table after masquerade install: %v, %v; want its rules on flannel.1", rules, err)
 	}
 
 	// The takeover, with flanneld's own subnet.env and its --ip-masq.
@@ -356,6 +377,16 @@ func (p *nsPod) reach(to *nsPod) error {
 		return fmt.Errorf("%s -> %s: the destination saw source %s (NAT between pods)", p, to, seen)
 	}
 	return nil
+}
+
+// masqRules lists overlay's masquerade table in ns.
+func masqRules(ns netns.NsHandle) ([]string, error) {
+	m, err := masq.New(netip.MustParsePrefix("10.244.0.0/16"), masq.WithNetNS(ns))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return m.Rules()
 }
 
 func linkIndex(ns netns.NsHandle, name string) (int, error) {

@@ -55,9 +55,11 @@ func TestKubeModeMixedWithFlanneld(t *testing.T) {
 // device it adopted (same ifindex), flanneld's routes and masquerade
 // replaced by overlayd's, a restart with --adopt-flannel still set (the
 // DaemonSet keeps it) loses nothing either, and a new pod gets a fresh
-// address of the same podCIDR. Before that, a takeover whose flanneld subnet.env names another
-// subnet than the Node's podCIDR is refused with an error saying so, and
-// touches nothing.
+// address of the same podCIDR. Before that, a takeover whose flanneld
+// subnet.env names another subnet than the Node's podCIDR is refused with
+// an error saying so, and touches nothing; and `overlayd masquerade
+// install --net-config-path` puts overlay's masquerade beside flanneld's,
+// as the migration's steps say.
 func TestKubeModeAdoptFlannel(t *testing.T) {
 	k := newKubeModeLab(t, "kadopt")
 	k1, k2, fl := k.overlaydAndFlanneld()

@@ -131,7 +131,7 @@ func (d *daemon) checkFlannelSubnets() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s, but this host's lease is %s (%s): the pods flanneld attached hold addresses of the subnet it served, which no host would route here any more. "+
-		"Give this host that subnet back (kube mode: the Node's podCIDR is fixed when it registers), or drain it, delete flanneld's device (`ip link delete %s`) and start overlayd without --adopt-flannel",
+		"Give this host that subnet back (kube mode: the Node's podCIDR is fixed when it registers), or drain it, delete flanneld's device (`ip link delete %s`) and the pods' bridge (`ip link delete cni0`: the bridge plugin refuses one with another subnet's address), and start overlayd again",
 		ErrFlannelSubnet, strings.Join(problems, "; "), d.lease.Subnets(), d.src.LeaseName(d.lease.Subnets()), d.flannelNames())
 }
 

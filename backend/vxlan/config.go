@@ -127,6 +127,10 @@ type Config struct {
 	// kernel for the first time: after the pass that wrote it, or the first
 	// pass that found it already there. It must not block.
 	OnPeerProgrammed func(p backend.Peer, at time.Time)
+	// OnPass, if set, is called after every pass, successful or not, from
+	// the goroutine that ran it (Run's, or a caller of Reconcile). It must
+	// not block.
+	OnPass func()
 	// Gate, if set, is told the desired peers' public addresses in every
 	// pass: Admit before the pass writes (a failure holds back the peers
 	// it may not have admitted: AdmitError), Settle after a pass whose

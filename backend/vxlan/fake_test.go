@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -492,6 +493,27 @@ func TestFakePeerProgrammedHook(t *testing.T) {
 	reconcile(t, b)
 	if d := cmp.Diff([]string{"10.244.2.0/24 198.18.0.2 0e:00:00:00:99:07"}, take()); d != "" {
 		t.Errorf("after a MAC change (-want +got):\n%s", d)
+	}
+}
+
+// OnPass follows every pass, failed ones too: the daemon ends its start-up
+// settings after the first, whatever its outcome.
+func TestFakePassHook(t *testing.T) {
+	f, cfg := fakeHost(t)
+	var passes atomic.Int32
+	cfg.OnPass = func() { passes.Add(1) }
+	b := newBackend(t, cfg, f)
+	b.SetPeers(peers(2))
+	f.Inject(vxlantest.Fault{Op: "RouteReplace", Match: "10.244.2.0/24", Err: syscall.EBUSY, Times: 1})
+	if err := b.Reconcile(context.Background()); err == nil {
+		t.Fatal("the pass with a failing route write succeeded")
+	}
+	if n := passes.Load(); n != 1 {
+		t.Errorf("after a failed pass, OnPass called %d times; want 1", n)
+	}
+	reconcile(t, b)
+	if n := passes.Load(); n != 2 {
+		t.Errorf("after a second pass, OnPass called %d times; want 2", n)
 	}
 }
 

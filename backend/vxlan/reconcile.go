@@ -161,10 +161,7 @@ func (rec *reconciler) pass(want []Peer, gen uint64, onlyPeers bool) (full bool,
 		// admits every peer again, and the diff finds the held ones.
 		// Settle waits for a pass whose Admit succeeded.
 		for _, h := range admitErr.Held {
-			if res.failed == nil {
-				res.failed = make(map[netip.Prefix]bool, len(admitErr.Held))
-			}
-			res.failed[h.Subnet] = true
+			res.fail(h.Subnet)
 		}
 		werr, rec.view = admitErr, nil
 		if res.err != nil {
@@ -325,6 +322,9 @@ func (rec *reconciler) finish(start time.Time, gen uint64, want []Peer, err erro
 			s.LastSuccess = now
 		}
 	})
+	if f := rec.cfg.OnPass; f != nil {
+		f()
+	}
 	return err
 }
 
@@ -352,7 +352,7 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 		if had {
 			prev = old[j]
 		}
-		if res.failed[w.Subnet] || conflicts[w.Subnet] {
+		if res.peerFailed(w.Subnet, i) || conflicts[w.Subnet] {
 			if next == nil {
 				next = append(make([]Peer, 0, len(want)), want[:i]...)
 			}
@@ -369,7 +369,7 @@ func (rec *reconciler) track(want []Peer, res *applyResult, conflicts map[netip.
 			continue
 		}
 		switch {
-		case !res.touched[w.Subnet]:
+		case !res.peerTouched(w.Subnet, i):
 			adopted++ // found in place
 		case had:
 			nUpdated++

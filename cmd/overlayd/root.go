@@ -78,7 +78,7 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
-	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: daemon.Run})
+	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: runTuned})
 }
 
 // executeProgram runs the command line args with p and returns the exit

@@ -8,8 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -240,6 +242,36 @@ func tuneGC() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 	}
+}
+
+// startProcs runs the cold start on one P (GOMAXPROCS=1) unless GOMAXPROCS
+// is set, and returns what puts the runtime's default back (which follows
+// the CPUs and the cgroup's quota): the daemon calls it once every data
+// plane's first pass is over. A cold start is a chain of steps that wait on
+// etcd and the kernel in turn; with a second P, the runtime spent CPU
+// during those waits on idle-priority GC mark workers and threads spinning
+// for work, a tenth of the daemon's CPU at 5,000 peers
+// (Documentation/benchmarks.md, issue 33). After the start the default
+// returns, so lease events are not queued behind a resync pass or the
+// prober.
+func startProcs() (restore func()) {
+	if _, set := os.LookupEnv("GOMAXPROCS"); set {
+		return nil
+	}
+	runtime.GOMAXPROCS(1)
+	return sync.OnceFunc(runtime.SetDefaultGOMAXPROCS)
+}
+
+// runTuned is daemon.Run as the program runs it: with the start-up on one
+// P (startProcs). A process-wide setting, so it is the program's, not the
+// library's, and not made by tests that hand the command a runner of
+// their own.
+func runTuned(ctx context.Context, cfg daemon.Config) error {
+	if restore := startProcs(); restore != nil {
+		defer restore() // a start that ends before any pass
+		cfg.AfterFirstPass = restore
+	}
+	return daemon.Run(ctx, cfg)
 }
 
 func newTeardownCommand(g *GlobalFlags) *cobra.Command {

@@ -115,6 +115,12 @@ type Config struct {
 	// or not, after every goroutine using it has ended.
 	Source subnet.Source
 
+	// AfterFirstPass, if set, is called once, when every data plane has
+	// finished its first reconcile pass (successful or not): the cold
+	// start's burst of kernel writes is over. The program ends its
+	// start-up settings there (cmd/overlayd: GOMAXPROCS). It must not block.
+	AfterFirstPass func()
+
 	Logger *slog.Logger
 }
 

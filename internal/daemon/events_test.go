@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -202,5 +203,58 @@ func TestListedArrivalsEndOnceAndYieldToEvents(t *testing.T) {
 	}
 	if m.listed.keys != nil || m.listed.done != nil {
 		t.Errorf("the listing's arrivals are kept once none is pending: %d keys", len(m.listed.keys))
+	}
+}
+
+// countingPlane counts the peer sets handed to it.
+type countingPlane struct {
+	backend.Plane
+	sets []int // the size of each set handed over
+}
+
+func (p *countingPlane) SetPeers(peers []backend.Peer) { p.sets = append(p.sets, len(peers)) }
+
+// A batch that changes no peer — this host's own lease, as at every cold
+// start while the first pass runs, a reservation, a value skipped before
+// and after — leaves the planes' set alone, and still updates the counts;
+// a batch that changes one hands the whole set over.
+func TestBatchesThatChangeNoPeerAreNotHandedToThePlanes(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}
+	st := &probe{}
+	plane := &countingPlane{}
+	d := &daemon{log: slog.New(slog.DiscardHandler), st: st, m: newMetrics(st),
+		lease: subnet.Lease{Subnet: own.IPv4}, peers: newPeerSet(cfg, testCodec(t, cfg.Backend), own, prefixed),
+		planes: []*familyPlane{{family: backend.IPv4, plane: plane}}}
+	peer2 := lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)
+	reserved := subnet.Lease{Subnet: netip.MustParsePrefix("10.244.3.0/24"), Reserved: true, ModRevision: 3, Attrs: subnet.LeaseAttrs{PublicIP: "198.18.0.3"}}
+	bad := lease("10.244.4.0/24", "198.18.0.4", "00:00:00:00:00:00", 4)
+	for _, c := range []struct {
+		name     string
+		b        subnet.Batch
+		sets     []int // handed over by this batch
+		reserved int   // the counts after it
+	}{
+		{"a peer arrives", subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: peer2}}}, []int{1}, 0},
+		{"our own lease", subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: lease("10.244.1.0/24", "198.18.0.1", "0e:00:00:00:00:01", 5)}}}, nil, 0},
+		{"a reservation", subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: reserved}}}, nil, 1},
+		{"an invalid value", subnet.Batch{Events: []subnet.Event{{Type: subnet.Added, Lease: bad}}}, nil, 1},
+		{"the same peer again", subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, nil, 1},
+		{"a re-list", subnet.Batch{Resync: true, Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, []int{1}, 1},
+		{"a value the source could not read", subnet.Batch{Invalid: []subnet.Invalid{{Key: "node-2", Subnets: subnet.Subnets{IPv4: peer2.Subnet}, ModRevision: 6, Err: errors.New("bad annotation")}}}, []int{0}, 1},
+		{"the peer is back", subnet.Batch{Events: []subnet.Event{{Type: subnet.Changed, Lease: peer2}}}, []int{1}, 1},
+		{"the peer leaves", subnet.Batch{Events: []subnet.Event{{Type: subnet.Removed, Lease: peer2}}}, []int{0}, 1},
+	} {
+		plane.sets = nil
+		d.onBatch(c.b)
+		if !slices.Equal(plane.sets, c.sets) {
+			t.Errorf("%s: sets of %v peers handed to the plane, want %v", c.name, plane.sets, c.sets)
+		}
+		if got := st.counts.reserved; got != c.reserved {
+			t.Errorf("%s: status counts %d reservations, want %d", c.name, got, c.reserved)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -116,7 +117,19 @@ func (d *daemon) onBatch(b subnet.Batch) {
 	}
 	logEvents(d.log, b, d.lease.Subnets(), before, d.peers)
 	d.m.rejected(rejected, d.log)
-	d.publishPeers()
+	// A re-list, and values the source could not read (which drop the
+	// peers on their subnets), are handed over in any case; otherwise the
+	// peers the batch's events name tell whether the set changed.
+	if b.Resync || len(b.Invalid) > 0 || len(b.Deleted) > 0 || !maps.Equal(before, d.peers.programmed(b)) {
+		d.publishPeers()
+		return
+	}
+	// No peer changed (this host's own lease, a reservation, a value
+	// skipped before and after): the planes and the prober keep the set
+	// they have. Handing it over again would make each validate and sort
+	// every peer for nothing; at a cold start the watch delivers this
+	// host's own new lease while the first pass runs.
+	d.publishCounts()
 }
 
 // publishPeers hands the peer set to the backends and records its size.
@@ -128,6 +141,12 @@ func (d *daemon) publishPeers() {
 			d.prober.SetPeers(fp.family, peers)
 		}
 	}
+	d.publishCounts()
+}
+
+// publishCounts updates the status and the metrics with the peer set's
+// counts.
+func (d *daemon) publishCounts() {
 	valid, c, own := d.peers.size(), d.peers.counts(), d.peers.ownProblem()
 	d.st.set(func(p *probe) { p.peers, p.counts, p.own = valid, c, own })
 	m := d.m

@@ -42,6 +42,9 @@ type PlaneSpec struct {
 	// OnPeerProgrammed, if set, is called when a peer's current lease is
 	// fully in the kernel for the first time (see vxlan.Config).
 	OnPeerProgrammed func(backend.Peer, time.Time)
+	// OnPass, if set, is called after each of the plane's reconcile passes
+	// (see vxlan.Config); it must not block.
+	OnPass func()
 	// Gate, if set, is the VXLAN guard of Family, which the plane drives
 	// in its passes (see backend.Gate).
 	Gate backend.Gate
@@ -59,7 +62,7 @@ func (spec PlaneSpec) vxlanConfig() vxlan.Config {
 	return vxlan.Config{VNI: b.VNI, Port: b.Port, DirectRouting: b.DirectRouting, MTU: b.MTU,
 		Underlay: spec.Underlay, LocalIP: spec.LocalIP, OwnSubnet: own, NodeID: spec.NodeID,
 		DeviceName: spec.Device, VtepMAC: spec.MAC, ResyncInterval: spec.Resync, Logger: spec.Logger,
-		OnPeerProgrammed: spec.OnPeerProgrammed, Gate: spec.Gate}
+		OnPeerProgrammed: spec.OnPeerProgrammed, OnPass: spec.OnPass, Gate: spec.Gate}
 }
 
 // ownRouteProtocol is the route protocol number of the routes the planes

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/overlaynet/overlay/backend"
@@ -164,6 +165,7 @@ func (d *daemon) releaseUnserved() {
 func (d *daemon) startDataPlane(ctx context.Context) error {
 	d.st.setPhase(phaseDevices)
 	nc := d.netCfg
+	onPass := firstPasses(len(d.planes), d.cfg.AfterFirstPass)
 	for i, fp := range d.planes {
 		// Event latency is measured on the first plane: a peer's subnets
 		// arrive in one event, named by its primary subnet.
@@ -171,7 +173,7 @@ func (d *daemon) startDataPlane(ctx context.Context) error {
 		if i == 0 {
 			onProgrammed = d.m.programmed
 		}
-		if err := d.buildPlane(ctx, fp, onProgrammed); err != nil {
+		if err := d.buildPlane(ctx, fp, onProgrammed, onPass[i]); err != nil {
 			return err
 		}
 	}
@@ -343,7 +345,7 @@ func (d *daemon) removeOldGuardFamily(fam backend.Family) {
 // for the lease's subnet of that family, and sets up its device:
 // flanneld's device, if one is being taken over, with the routes flanneld
 // left on it.
-func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed func(backend.Peer, time.Time)) error {
+func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed func(backend.Peer, time.Time), onPass func()) error {
 	nc := d.netCfg
 	var gate backend.Gate
 	if d.cfg.VXLANGuard {
@@ -358,7 +360,7 @@ func (d *daemon) buildPlane(ctx context.Context, fp *familyPlane, onProgrammed f
 	be, closePlane, err := d.cfg.Kernel.Plane(PlaneSpec{
 		Backend: nc.Backend, Family: fp.family, Underlay: d.ul.Iface, LocalIP: d.ul.localIP(fp.family),
 		OwnSubnet: ownSubnet(d.lease, fp.family), NodeID: d.nodeID, Device: fp.flannel.name, MAC: fp.flannel.mac,
-		Resync: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed, Gate: gate,
+		Resync: d.cfg.KernelResync, Logger: d.log, OnPeerProgrammed: onProgrammed, OnPass: onPass, Gate: gate,
 	})
 	if err != nil {
 		return err
@@ -488,4 +490,25 @@ func (s stepper) run(ctx context.Context, what string, b *backoff.Backoff, fn fu
 // duplicate node ID, a stranded lease).
 func (s stepper) fatalAtStart(err error) bool {
 	return errors.Is(err, subnet.ErrOutOfSubnets) || s.fatal != nil && s.fatal(err)
+}
+
+// firstPasses returns one OnPass hook for each of n planes: once every
+// plane's hook has been called, done is called, once. Nil hooks if done is
+// nil.
+func firstPasses(n int, done func()) []func() {
+	hooks := make([]func(), n)
+	if done == nil {
+		return hooks
+	}
+	var left atomic.Int32
+	left.Store(int32(n))
+	for i := range hooks {
+		var passed atomic.Bool
+		hooks[i] = func() {
+			if !passed.Swap(true) && left.Add(-1) == 0 {
+				done()
+			}
+		}
+	}
+	return hooks
 }

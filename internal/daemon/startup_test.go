@@ -193,3 +193,26 @@ func TestSignalEndsEveryStartupPhaseCleanly(t *testing.T) {
 	waitReadyz(t, get, testenv.Slack, http.StatusServiceUnavailable, "startup: duplicate node ID")
 	h4.stopPromptly(t, "while waiting for a duplicate node ID's key")
 }
+
+// The start-up settings end once every plane has passed, whichever passes
+// first and however often.
+func TestFirstPassesCallsDoneOnceAfterEveryPlane(t *testing.T) {
+	calls := 0
+	hooks := firstPasses(2, func() { calls++ })
+	hooks[1]()
+	hooks[1]()
+	if calls != 0 {
+		t.Fatalf("done called %d times before the first plane passed", calls)
+	}
+	hooks[0]()
+	hooks[0]()
+	hooks[1]()
+	if calls != 1 {
+		t.Errorf("done called %d times after both planes passed (repeatedly); want once", calls)
+	}
+	for i, h := range firstPasses(2, nil) {
+		if h != nil {
+			t.Errorf("hook %d without done is set; want nil (no work per pass)", i)
+		}
+	}
+}

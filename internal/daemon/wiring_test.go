@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,6 +122,7 @@ func (k *fakeKernel) Plane(spec PlaneSpec) (backend.Plane, func(), error) {
 		mac = spec.MAC
 	}
 	p := fakeplane.New(spec.Family, backend.Device{Name: name, Index: 10 + int(spec.Family), MAC: mac, MTU: mtu}, spec.OnPeerProgrammed)
+	p.OnPass = spec.OnPass
 	k.mu.Lock()
 	k.planes[name] = p
 	k.specs = append(k.specs, spec)
@@ -574,10 +576,18 @@ func TestWiringDualStackCountsEachPeerOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var firstPass atomic.Int32 // AfterFirstPass calls: once both planes have passed
 	w := startWiring(t, srv, func(c *Config) {
 		c.Kernel.(*fakeKernel).setIPv6("fd18::1")
+		c.AfterFirstPass = func() { firstPass.Add(1) }
 	})
 	testenv.Eventually(t, testenv.Slack, "the daemon to become ready", w.ready)
+	testenv.Eventually(t, testenv.Slack, "AfterFirstPass to be called", func() error {
+		if n := firstPass.Load(); n != 1 {
+			return fmt.Errorf("AfterFirstPass called %d times, want once", n)
+		}
+		return nil
+	})
 	testenv.Eventually(t, testenv.Slack, "both peers programmed and counted once", func() error {
 		var st Status
 		if err := getJSON(w.health+"/status", &st); err != nil {
@@ -595,6 +605,9 @@ func TestWiringDualStackCountsEachPeerOnce(t *testing.T) {
 		}
 		return nil
 	})
+	if n := firstPass.Load(); n != 1 {
+		t.Errorf("after more passes, AfterFirstPass was called %d times; want once", n)
+	}
 }
 
 func getBody(url string) (string, error) {

@@ -139,7 +139,12 @@ func (s *schedule) setPeers(now time.Time, peers map[Key]netip.Addr) {
 			delete(s.peers, k)
 		}
 	}
-	var added []*entry
+	if len(s.peers) == 0 && len(peers) > 0 {
+		// The first set (a cold start's thousands): sized once rather
+		// than grown entry by entry.
+		s.peers = make(map[Key]*entry, len(peers))
+	}
+	added := make([]*entry, 0, max(0, len(peers)-len(s.peers)))
 	for k, pub := range peers {
 		if e, ok := s.peers[k]; ok {
 			e.public = pub
@@ -152,8 +157,20 @@ func (s *schedule) setPeers(now time.Time, peers map[Key]netip.Addr) {
 	p := s.period() // with the new peers counted
 	for _, e := range added {
 		e.due = now.Add(time.Duration(s.rnd.Float64() * float64(p)))
-		heap.Push(&s.due, e)
 	}
+	if len(added) <= len(s.due) {
+		for _, e := range added {
+			heap.Push(&s.due, e)
+		}
+		return
+	}
+	// More new peers than queued ones: order them all at once, in linear
+	// time, instead of pushing each.
+	for _, e := range added {
+		e.index = len(s.due)
+		s.due = append(s.due, e)
+	}
+	heap.Init(&s.due)
 }
 
 // next is the peer whose probe is due first and when it may be sent (its

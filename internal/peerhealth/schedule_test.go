@@ -344,3 +344,38 @@ func TestSettingsCheck(t *testing.T) {
 		}
 	}
 }
+
+// A cold start's thousands are ordered at once, later arrivals one by
+// one: either way every peer is queued once, at its place, and probes go
+// out in the order they are due.
+func TestScheduleSetPeersInBulkKeepsTheQueueOrdered(t *testing.T) {
+	s := newSchedule(Settings{Sweep: time.Minute, Rate: 1000}, rand.New(rand.NewPCG(3, 4)))
+	s.setPeers(t0, peersOf(500)) // bulk: more new than queued
+	more := peersOf(510)
+	s.setPeers(t0.Add(time.Second), more) // 10 more, pushed
+	if len(s.due) != 510 || len(s.peers) != 510 {
+		t.Fatalf("%d queued, %d known; want 510 and 510", len(s.due), len(s.peers))
+	}
+	for i, e := range s.due {
+		if e.index != i {
+			t.Fatalf("entry at %d says it is at %d", i, e.index)
+		}
+	}
+	seen := map[Key]bool{}
+	var last time.Time
+	for range 510 {
+		e, _ := s.next()
+		if e == nil {
+			t.Fatal("queue ran dry early")
+		}
+		if e.due.Before(last) {
+			t.Fatalf("%s due %s after one due %s: out of order", e.key.Subnet, e.due, last)
+		}
+		last = e.due
+		seen[e.key] = true
+		s.sent(e, e.due)
+	}
+	if len(seen) != 510 {
+		t.Errorf("%d distinct peers probed, want 510", len(seen))
+	}
+}

@@ -20,6 +20,10 @@ import (
 
 // Plane is a fake data plane of one family. Create it with New.
 type Plane struct {
+	// OnPass, if set before Run, is called after each pass (as
+	// vxlan.Config.OnPass).
+	OnPass func()
+
 	family       backend.Family
 	dev          backend.Device
 	onProgrammed func(backend.Peer, time.Time)
@@ -149,6 +153,9 @@ func (p *Plane) pass() {
 		for _, peer := range fresh {
 			p.onProgrammed(peer, now)
 		}
+	}
+	if p.OnPass != nil {
+		p.OnPass()
 	}
 }
 

@@ -25,7 +25,7 @@ FUZZ_EXECS := FuzzPluginMain=1500 FuzzParseConf=40000 FuzzVerbs=3000 FuzzCorrupt
               FuzzParseReply=60000
 FUZZTIME  ?=
 
-.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale demo demo-down clean deps
+.PHONY: all build plugins test test-stress unit e2e runtime-deps runtime-e2e kube kube-deps kube-e2e fuzz layering lint bench scale scale-kube demo demo-down clean deps
 
 all: build plugins
 
@@ -185,3 +185,12 @@ SCALEFLAGS ?=
 scale:
 	$(GO) build -o $(BIN)/overlay-scale ./tools/scale
 	$(BIN)/overlay-scale $(SCALEFLAGS)
+
+# Kube mode's control plane at N hosts (Documentation/scale.md): the same
+# simulated hosts running subnet/kube.Source against a kube-apiserver and
+# its etcd from `make kube`'s build, on loopback ports. About 20-30 minutes
+# at 1,000 hosts with the 8-minute windows; SCALEFLAGS as for scale. Heavy like
+# the Kubernetes lab: run it as `flock /tmp/kube-lab.lock make scale-kube`.
+scale-kube: kube
+	$(GO) build -o $(BIN)/overlay-scale ./tools/scale
+	$(BIN)/overlay-scale -source kube -kube-bin $(BIN)/kube -n 100,1000 -runs 3 -steady 8m $(SCALEFLAGS)

@@ -23,6 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/overlaynet/overlay/internal/testing/kubepki"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 )
@@ -57,7 +58,7 @@ type cluster struct {
 	root    string // the repository
 	kubeBin string // bin/kube
 	run     string // namespace prefix
-	pki     *pki
+	pki     *kubepki.PKI
 	ul      *lab.Underlay
 	cp      *lab.Host
 	cpSup   *nodeSupervisor
@@ -169,7 +170,7 @@ func newCluster(t testing.TB, nodes int, families stack) *cluster {
 		}
 		return os.RemoveAll(c.dir)
 	})
-	if c.pki, err = newPKI(filepath.Join(c.dir, "pki")); err != nil {
+	if c.pki, err = kubepki.New(filepath.Join(c.dir, "pki")); err != nil {
 		t.Fatal(err)
 	}
 	c.etcdCA = c.pki.CACert
@@ -339,14 +340,14 @@ func (c *cluster) startControlPlane() {
 	}
 	c.onClose(c.cpSup.Stop)
 	cpIP := c.cp.IP.String()
-	apiCert, apiKey, err := c.pki.serving("apiserver",
+	apiCert, apiKey, err := c.pki.Serving("apiserver",
 		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
 		net.ParseIP(cpIP), net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1"),
 		c.cp.IPv6.AsSlice(), net.ParseIP("fd00:10:96::1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	etcdCert, etcdKey, err := c.pki.serving("overlay-etcd", nil, net.ParseIP(cpIP))
+	etcdCert, etcdKey, err := c.pki.Serving("overlay-etcd", nil, net.ParseIP(cpIP))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/overlaynet/overlay/backend/vxlan/leasedata"
+	"github.com/overlaynet/overlay/internal/testing/kubepki"
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
 	"github.com/overlaynet/overlay/subnet"
@@ -40,7 +41,7 @@ type apiServer struct {
 	ns      netns.NsHandle
 	sup     *nodeSupervisor
 	dir     string
-	pki     *pki
+	pki     *kubepki.PKI
 	tokens  string
 	apiProc *proc
 	argv    []string
@@ -101,10 +102,10 @@ func startAPIServer(t *testing.T, ns netns.NsHandle, ip string) *apiServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(a.dir) })
-	if a.pki, err = newPKI(filepath.Join(a.dir, "pki")); err != nil {
+	if a.pki, err = kubepki.New(filepath.Join(a.dir, "pki")); err != nil {
 		t.Fatal(err)
 	}
-	cert, key, err := a.pki.serving("apiserver", []string{"localhost"}, net.ParseIP(ip))
+	cert, key, err := a.pki.Serving("apiserver", []string{"localhost"}, net.ParseIP(ip))
 	if err != nil {
 		t.Fatal(err)
 	}

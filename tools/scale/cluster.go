@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/overlaynet/overlay/internal/testing/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,19 +30,8 @@ func startCluster() (*cluster, error) {
 		return nil, err
 	}
 	cl := &cluster{dir: dir, procs: make([]*exec.Cmd, 3)}
-	// Free loopback ports for the peers: all three are held open until
-	// picked, so they differ, then released for the members.
-	var lns []net.Listener
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		cl.ports = append(cl.ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
+	if cl.ports, err = etcdtest.FreePorts(3); err != nil {
+		return nil, err
 	}
 	for i := range 3 {
 		cl.eps = append(cl.eps, "unix://"+filepath.Join(dir, memberName(i)+".sock"))

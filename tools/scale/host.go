@@ -117,10 +117,14 @@ func (r *recorder) apply(b subnet.Batch) {
 
 // simHost is one host's control plane: overlayd's lease source
 // (etcdv3.Source: its own etcd client, the node-ID claim, the lease,
-// liveness key, keepalives and own-key watch, the lease journal), its
-// watch of all leases and the config watch, as internal/daemon wires them.
+// liveness key, keepalives and own-key watch, the lease journal; or
+// kube.Source: its own API client, the informer on Nodes, the annotations
+// and the NetworkUnavailable condition), its watch of all leases and the
+// config watch, as internal/daemon wires them.
 type simHost struct {
-	idx    int
+	idx int
+	// source builds the host's lease source (etcdSource, kubeSource).
+	source func(*simHost) subnet.Source
 	eps    []string
 	cnt    *rpcCounter
 	rec    *recorder
@@ -136,14 +140,27 @@ type simHost struct {
 // host is this simulated host as its lease names it in the network cfg.
 func (h *simHost) host(cfg *subnet.Config) subnet.Host {
 	ip := netip.AddrFrom4([4]byte{100, 64 + byte(h.idx>>16), byte(h.idx >> 8), byte(h.idx)})
-	name := fmt.Sprintf("sim-%05d", h.idx)
+	name := simName(h.idx)
 	mac := net.HardwareAddr{0x02, 0x5c, 0, byte(h.idx >> 16), byte(h.idx >> 8), byte(h.idx)}
 	return subnet.Host{NodeID: name, Hostname: name, PublicIP: ip, Previous: subnet.Subnets{IPv4: h.lease}}.
 		Publishing(cfg, leasedata.Codec{VNI: 1}.Encode(mac), nil)
 }
 
-// start connects and acquires the lease through etcdv3.Source, the lease
-// source overlayd runs, each step timed (lap) and retried as overlayd
+// etcdSource is the etcd lease source as overlayd builds it: its own
+// client with overlayd's settings (gRPC keepalive, reconnect backoff) and
+// the host's lease journal.
+func etcdSource(h *simHost) subnet.Source {
+	dial := func(ctx context.Context) (*clientv3.Client, error) {
+		return etcdclient.Connect(ctx, etcdclient.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, DialOptions: h.cnt.dialOptions()})
+	}
+	return etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: h.eps, Dial: dial, Prefix: prefix, JournalFile: h.journal, ConfigRetry: time.Second, Logger: h.log})
+}
+
+// simName is host i's node ID (etcd) or Node name (Kubernetes).
+func simName(i int) string { return fmt.Sprintf("sim-%05d", i) }
+
+// start connects and acquires the lease through the host's lease source
+// (etcdv3.Source or kube.Source, as overlayd runs them), each step timed (lap) and retried as overlayd
 // retries it; the host then runs in the background until stop.
 func (h *simHost) start(ctx context.Context) error {
 	t := time.Now()
@@ -151,11 +168,7 @@ func (h *simHost) start(ctx context.Context) error {
 		stepTime[i].Add(int64(time.Since(t)))
 		t = time.Now()
 	}
-	// overlayd's own client settings (gRPC keepalive, reconnect backoff).
-	dial := func(ctx context.Context) (*clientv3.Client, error) {
-		return etcdclient.Connect(ctx, etcdclient.Config{Endpoints: h.eps, DialTimeout: 30 * time.Second, DialOptions: h.cnt.dialOptions()})
-	}
-	src := etcdv3.NewSource(etcdv3.SourceConfig{Endpoints: h.eps, Dial: dial, Prefix: prefix, JournalFile: h.journal, ConfigRetry: time.Second, Logger: h.log})
+	src := h.source(h)
 	// Each step is retried as overlayd retries it at start-up.
 	step := func(f func(ctx context.Context) error) error {
 		b := daemon.StartupBackoff()

@@ -37,6 +37,14 @@ type config struct {
 	Plot      string
 	// WorkerGOGC is the workers' garbage-collection target (debug.SetGCPercent).
 	WorkerGOGC int
+	// Source is the lease source the hosts run: etcd (etcdv3.Source
+	// against three members) or kube (kube.Source against a
+	// kube-apiserver and its etcd from bin/kube).
+	Source  string
+	KubeBin string
+	// KubeletStatus is how often each simulated Node's status is
+	// reported as a kubelet reports it (0: never).
+	KubeletStatus time.Duration
 }
 
 func main() {
@@ -51,6 +59,9 @@ func main() {
 	gogc := flag.Int("gogc", 50, "internal: the worker's garbage-collection target")
 	ns := flag.String("n", "1000", "numbers of simulated hosts, comma-separated")
 	var c config
+	flag.StringVar(&c.Source, "source", "etcd", "the simulated hosts' lease source: etcd (three etcd members) or kube (a kube-apiserver and its etcd, from -kube-bin; the scenarios are etcd's and are not run)")
+	flag.StringVar(&c.KubeBin, "kube-bin", "bin/kube", "with -source kube: the directory of `make kube`'s etcd and kube-apiserver")
+	flag.DurationVar(&c.KubeletStatus, "kubelet-status", 5*time.Minute, "with -source kube: after a steady window of the hosts alone, a second one with each Node's status reported this often, as a kubelet does (its nodeStatusReportFrequency; 0: no second window); the joins are measured with these reports going on")
 	flag.IntVar(&c.Runs, "runs", 3, "repetitions of each join measurement")
 	flag.IntVar(&c.Per, "per", 2500, "hosts per worker process (each host holds 3 connections; the open-files limit is per process)")
 	flag.DurationVar(&c.Steady, "steady", 30*time.Second, "steady-state sampling window")
@@ -67,9 +78,11 @@ func main() {
 	case *role == "member":
 		err = runMember(*dir, *idx, parseInts(*ports), *state)
 	case *role == "worker":
-		err = runWorker(flag.Args(), *first, *end, *proxied, *dir, *gogc)
+		err = runWorker(c.Source, flag.Args(), *first, *end, *proxied, *dir, *gogc)
 	case *from != "":
 		err = replot(c, *from)
+	case c.Source != "etcd" && c.Source != "kube":
+		err = fmt.Errorf("-source %q: want etcd or kube", c.Source)
 	default:
 		c.Ns = parseInts(*ns)
 		err = run(c)
@@ -194,7 +207,9 @@ func (c *coordinator) record(r result) error {
 		Time       string `json:"time"`
 		CPUs       int    `json:"cpus"`
 		WorkerGOGC int    `json:"worker_gogc"`
-	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), c.cfg.WorkerGOGC}
+		// Source is "kube" for -source kube (etcd's lines have none).
+		Source string `json:"source,omitempty"`
+	}{r, time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), c.cfg.WorkerGOGC, map[bool]string{true: "kube"}[c.cfg.Source == "kube"]}
 	err = json.NewEncoder(f).Encode(line)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -205,11 +220,18 @@ func (c *coordinator) record(r result) error {
 // atN is one N's measurement: its cluster, its hosts' workers, and the
 // numbering of the probe leases written so far.
 type atN struct {
-	c     *coordinator
-	n     int
+	c *coordinator
+	n int
+	// eps and dir tell the workers where the control plane is and where
+	// the run's files are.
+	eps []string
+	dir string
+	// cl, admin and reg are etcd's (-source etcd); kapi is the API
+	// server's (-source kube).
 	cl    *cluster
 	admin *clientv3.Client
 	reg   *etcdv3.Registry
+	kapi  *kubeAPI
 	ws    []*workerProc
 	probe int
 }
@@ -217,6 +239,9 @@ type atN struct {
 // measure runs everything at N hosts on a fresh cluster: the hosts' start,
 // the steady state, joins, then the scenarios.
 func (c *coordinator) measure(n int) error {
+	if c.cfg.Source == "kube" {
+		return c.measureKube(n)
+	}
 	fmt.Printf("== N=%d: starting a 3-member etcd cluster\n", n)
 	cl, err := startCluster()
 	if err != nil {
@@ -228,7 +253,7 @@ func (c *coordinator) measure(n int) error {
 		return err
 	}
 	defer admin.Close()
-	m := &atN{c: c, n: n, cl: cl, admin: admin, reg: etcdv3.NewRegistry(admin, prefix), probe: 20000}
+	m := &atN{c: c, n: n, eps: cl.eps, dir: cl.dir, cl: cl, admin: admin, reg: etcdv3.NewRegistry(admin, prefix), probe: 20000}
 	if _, err := m.reg.PutConfig(context.Background(), []byte(`{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}`)); err != nil {
 		return err
 	}
@@ -250,12 +275,12 @@ func (m *atN) add(figure, unit string, vals []float64, note string) {
 func (m *atN) startHosts() error {
 	// Proxies only where a scenario cuts them: they copy every byte.
 	proxied := 0.0
-	if strings.Contains(m.c.cfg.Scenarios, "partition") || strings.Contains(m.c.cfg.Scenarios, "compact") {
+	if m.cl != nil && (strings.Contains(m.c.cfg.Scenarios, "partition") || strings.Contains(m.c.cfg.Scenarios, "compact")) {
 		proxied = m.c.cfg.Proxied
 	}
 	t0 := time.Now()
 	for from := 0; from < m.n; from += m.c.cfg.Per {
-		w, err := startWorker(m.cl.eps, from, min(m.n, from+m.c.cfg.Per), proxied, m.cl.dir, m.c.cfg.WorkerGOGC)
+		w, err := startWorker(m.c.cfg.Source, m.eps, from, min(m.n, from+m.c.cfg.Per), proxied, m.dir, m.c.cfg.WorkerGOGC)
 		if err != nil {
 			return err
 		}
@@ -314,17 +339,27 @@ func (m *atN) steady() error {
 	m.add("steady rpcs per host", "1/s", []float64{total}, strings.Join(detail, " "))
 	m.add("steady etcd cpu (3 members)", "cores", []float64{cpuSince(cpu0, cpu1, secs)}, "")
 	m.add("steady etcd rss per member", "MB", mb(rss), "")
-	m.add("sim heap per host", "KB", []float64{s1.heap / n / 1024}, "")
-	m.add("sim rss per host", "KB", []float64{s1.rss / n / 1024}, "")
+	m.addSimMemory(s1)
 	return nil
+}
+
+// addSimMemory adds what the simulated hosts hold, per host.
+func (m *atN) addSimMemory(s sum) {
+	m.add("sim heap per host", "KB", []float64{s.heap / float64(m.n) / 1024}, "")
+	m.add("sim rss per host", "KB", []float64{s.rss / float64(m.n) / 1024}, "")
 }
 
 // joins writes -runs joining hosts' leases, one at a time, and notes when
 // each reached every host.
-func (m *atN) joins() error {
+func (m *atN) joins() error { return m.joinsNamed("join seen by all", 10000) }
+
+// joinsNamed is joins with the figures named what and the probes
+// numbered from first: each series of joins needs probes of its own, as a
+// host notes when it first saw a subnet.
+func (m *atN) joinsNamed(what string, first int) error {
 	var p50, p99, pmax []float64
 	for r := range m.c.cfg.Runs {
-		lat, missing, err := m.join(10000 + r)
+		lat, missing, err := m.join(first + r)
 		if err != nil {
 			return err
 		}
@@ -333,8 +368,8 @@ func (m *atN) joins() error {
 		}
 		p50, p99, pmax = append(p50, pct(lat, 0.5)), append(p99, pct(lat, 0.99)), append(pmax, pct(lat, 1))
 	}
-	m.add("join seen by all: p50", "ms", p50, "")
-	m.add("join seen by all: p99", "ms", p99, "")
-	m.add("join seen by all: max", "ms", pmax, "")
+	m.add(what+": p50", "ms", p50, "")
+	m.add(what+": p99", "ms", p99, "")
+	m.add(what+": max", "ms", pmax, "")
 	return nil
 }

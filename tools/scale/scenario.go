@@ -112,7 +112,10 @@ func (m *atN) untilCurrent(sc string, from time.Time) ([]float64, int, error) {
 // later one where a simulated host holds that subnet), retrying until etcd
 // commits it, and returns its subnet and when the write that succeeded began.
 func (m *atN) writeProbe(k int) (netip.Prefix, time.Time, error) {
-	attrs := subnet.NewAttrs(netip.MustParseAddr("192.0.2.1"), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{2, 0, 0, 0, 0, 1}), fmt.Sprintf("probe-%d", k), "probe")
+	if m.kapi != nil {
+		return m.kapi.writeProbe(k)
+	}
+	attrs := probeAttrs(k)
 	// Bounded: a cluster that does not commit within a minute is a result.
 	for give := time.Now().Add(time.Minute); time.Now().Before(give); {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + k/10000), byte(k % 256), 0}), 24)
@@ -132,6 +135,14 @@ func (m *atN) writeProbe(k int) (netip.Prefix, time.Time, error) {
 	}
 	return netip.Prefix{}, time.Time{}, errors.New("write a joining host's lease: etcd did not commit it within a minute")
 }
+
+// probeAttrs is the lease value of the k-th joining host.
+func probeAttrs(k int) subnet.LeaseAttrs {
+	return subnet.NewAttrs(netip.MustParseAddr("192.0.2.1"), subnet.DefaultBackendType, leasedata.Codec{VNI: 1}.Encode(net.HardwareAddr{2, 0, 0, 0, 0, 1}), probeName(k), "probe")
+}
+
+// probeName is the k-th joining host's node ID or Node name.
+func probeName(k int) string { return fmt.Sprintf("probe-%d", k) }
 
 // isolated cuts the proxied hosts off, writes the lease of a joining host
 // (seen only by the others), compacts etcd's history to the present when
@@ -184,7 +195,11 @@ func (m *atN) join(k int) ([]float64, int, error) {
 	// The probe is removed again so the next one starts from the same set.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = m.reg.Delete(ctx, subnet.Subnets{IPv4: p})
+	if m.kapi != nil {
+		m.kapi.removeProbe(ctx, p)
+	} else {
+		_, _ = m.reg.Delete(ctx, subnet.Subnets{IPv4: p})
+	}
 	return lat, missing, err
 }
 

@@ -93,7 +93,7 @@ type worker struct {
 // runWorker runs hosts [from, to). The hosts whose index ends in a digit
 // below proxied×10 reach the members through proxies of their own (sockets
 // in dir), which the "partition" command turns into blackholes.
-func runWorker(eps []string, from, to int, proxied float64, dir string, gogc int) error {
+func runWorker(source string, eps []string, from, to int, proxied float64, dir string, gogc int) error {
 	// Each host holds every lease: the simulator's memory grows as N², so
 	// by default garbage is collected sooner than Go's default (-worker-gogc).
 	debug.SetGCPercent(gogc)
@@ -113,10 +113,13 @@ func runWorker(eps []string, from, to int, proxied float64, dir string, gogc int
 		}
 	}
 	for i := from; i < to; i++ {
-		h := &simHost{idx: i, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}},
+		h := &simHost{idx: i, source: etcdSource, eps: eps, cnt: w.cnt, log: log, rec: &recorder{seen: map[netip.Prefix]int64{}},
 			journal: filepath.Join(dir, fmt.Sprintf("host-%05d.leases", i))}
 		if i%10 < cut {
 			h.eps = viaProxies
+		}
+		if source == "kube" {
+			h.source = kubeSource(eps[0], dir)
 		}
 		w.hosts = append(w.hosts, h)
 	}

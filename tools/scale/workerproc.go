@@ -17,8 +17,8 @@ type workerProc struct {
 	pin interface{ Close() error }
 }
 
-func startWorker(eps []string, from, to int, proxied float64, dir string, gogc int) (*workerProc, error) {
-	cmd := exec.Command(os.Args[0], append([]string{"-role", "worker", "-from", strconv.Itoa(from), "-to", strconv.Itoa(to),
+func startWorker(source string, eps []string, from, to int, proxied float64, dir string, gogc int) (*workerProc, error) {
+	cmd := exec.Command(os.Args[0], append([]string{"-role", "worker", "-source", source, "-from", strconv.Itoa(from), "-to", strconv.Itoa(to),
 		"-proxied-share", strconv.FormatFloat(proxied, 'f', -1, 64), "-dir", dir, "-gogc", strconv.Itoa(gogc), "--"}, eps...)...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

@@ -41,7 +41,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		t.Fatal(err)
 	}
 	c := &Cluster{t: t, dir: dir, members: make([]*embed.Etcd, n)}
-	if c.peerPorts, err = freePorts(n); err != nil {
+	if c.peerPorts, err = FreePorts(n); err != nil {
 		t.Fatal(err)
 	}
 	var peers []string
@@ -80,8 +80,9 @@ func (c *Cluster) peerURL(i int) url.URL {
 	return url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(c.peerPorts[i])}
 }
 
-// freePorts asks the kernel for n free loopback ports.
-func freePorts(n int) ([]int, error) {
+// FreePorts asks the kernel for n free loopback ports: all are held open
+// until picked, so they differ, then released for whoever uses them.
+func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var lns []net.Listener
 	defer func() {

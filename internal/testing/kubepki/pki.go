@@ -1,4 +1,7 @@
-package kubee2e
+// Package kubepki makes the key material of a Kubernetes control plane
+// for the lab (test/kube) and the scale tool (tools/scale): a CA, serving
+// certificates it signs, and the service account token key pair.
+package kubepki
 
 import (
 	"crypto/ecdsa"
@@ -16,11 +19,11 @@ import (
 	"time"
 )
 
-// pki is the cluster's key material, made by the lab: one CA that signs
+// PKI is the cluster's key material, made by the lab: one CA that signs
 // the API server's and the overlay etcd's serving certificates, and the
 // RSA key pair that signs and checks service account tokens. Every file
 // is written under dir.
-type pki struct {
+type PKI struct {
 	dir    string
 	ca     *x509.Certificate
 	caKey  *ecdsa.PrivateKey
@@ -30,8 +33,9 @@ type pki struct {
 	SAPub  string // sa.pub
 }
 
-func newPKI(dir string) (*pki, error) {
-	p := &pki{dir: dir, CACert: filepath.Join(dir, "ca.pem"), CAKey: filepath.Join(dir, "ca-key.pem"),
+// New makes the CA and the service account key pair under dir.
+func New(dir string) (*PKI, error) {
+	p := &PKI{dir: dir, CACert: filepath.Join(dir, "ca.pem"), CAKey: filepath.Join(dir, "ca-key.pem"),
 		SAKey: filepath.Join(dir, "sa.key"), SAPub: filepath.Join(dir, "sa.pub")}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -80,9 +84,9 @@ func newPKI(dir string) (*pki, error) {
 	return p, writePEM(p.SAPub, "PUBLIC KEY", pub)
 }
 
-// serving writes name.pem and name-key.pem: a serving (and client)
+// Serving writes name.pem and name-key.pem: a serving (and client)
 // certificate signed by the CA for the given DNS names and addresses.
-func (p *pki) serving(name string, dnsNames []string, ips ...net.IP) (cert, key string, err error) {
+func (p *PKI) Serving(name string, dnsNames []string, ips ...net.IP) (cert, key string, err error) {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", "", err

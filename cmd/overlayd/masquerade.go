@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,6 +12,7 @@ import (
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/kube"
 )
 
 func newMasqueradeCommand(g *GlobalFlags) *cobra.Command {
@@ -47,7 +47,7 @@ overlayd teardown removes it.`,
 			var cfg *subnet.Config
 			if netConf != "" {
 				var err error
-				if cfg, err = readNetConf(netConf); err != nil {
+				if _, cfg, err = kube.ReadNetConf(netConf); err != nil {
 					return err
 				}
 			} else {
@@ -84,23 +84,6 @@ overlayd teardown removes it.`,
 	c.Flags().StringVar(&netConf, "net-config-path", "", "kube mode: install for this network config file (the ConfigMap's net-conf.json, as overlayd run --kube-subnet-mgr reads it) instead of the config stored in etcd")
 	checkFlag(c.Flags(), "net-config-path", absFile)
 	return c
-}
-
-// readNetConf reads kube mode's network config file and checks it as
-// `overlayd config put` checks one.
-func readNetConf(path string) (*subnet.Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--net-config-path: %w (the network config file of kube mode, the ConfigMap's net-conf.json)", err)
-	}
-	cfg, err := subnet.ParseConfig(data)
-	if err == nil {
-		err = cfg.CheckStorable()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("--net-config-path %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // masqNetworks are cfg's networks, each with the VXLAN device that

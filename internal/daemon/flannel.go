@@ -73,7 +73,7 @@ func (d *daemon) findFlannel() error {
 			continue
 		}
 		fp.flannel = flannelDevice{name: name, mac: mac}
-		d.log.Info("--adopt-flannel: taking over flanneld's device and its MAC", "device", name, "vtep_mac", mac.String())
+		d.log.Info("--adopt-flannel: found flanneld's device; its MAC is this host's VTEP MAC", "device", name, "vtep_mac", mac.String())
 	}
 	return nil
 }
@@ -128,6 +128,11 @@ func (d *daemon) checkFlannelSubnets() error {
 		}
 	}
 	if len(problems) == 0 {
+		for _, fp := range d.planes {
+			if fp.flannel.name != "" {
+				d.log.Info("--adopt-flannel: taking over flanneld's device and its MAC", "device", fp.flannel.name, "vtep_mac", fp.flannel.mac.String())
+			}
+		}
 		return nil
 	}
 	return fmt.Errorf("%w: %s, but this host's lease is %s (%s): the pods flanneld attached hold addresses of the subnet it served, which no host would route here any more. "+

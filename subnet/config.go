@@ -300,6 +300,19 @@ func (b *rawBackend) resolve() (BackendConfig, error) {
 	return out, nil
 }
 
+// ParseStorableConfig is ParseConfig followed by CheckStorable: a config
+// as `overlayd config put` accepts one, and as kube mode accepts its file.
+func ParseStorableConfig(data []byte) (*Config, error) {
+	cfg, err := ParseConfig(data)
+	if err == nil {
+		err = cfg.CheckStorable()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
 // CheckStorable applies what a config must meet to be stored, beyond what
 // every reader of a stored one applies (ParseConfig): no network in the
 // class E range, which a cluster may already use (see specialRange).

@@ -389,3 +389,28 @@ func TestConfigGetJSONPutsBackEveryMember(t *testing.T) {
 		}
 	}
 }
+
+// masquerade install --net-config-path takes kube mode's network config
+// file instead of etcd's: a file it cannot use is an error naming the
+// flag, the file and what is wrong, before nftables is touched.
+func TestMasqueradeInstallRefusesABadNetConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, content, want string }{
+		{"missing", "", "--net-config-path: open " + filepath.Join(dir, "missing") + ": no such file or directory (the network config file of kube mode"},
+		{"no-network", `{"Backend":{"Type":"vxlan"}}`, "--net-config-path " + filepath.Join(dir, "no-network") + ": "},
+		{"not-json", `{"Network":`, "--net-config-path " + filepath.Join(dir, "not-json") + ": "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, tc.name)
+			if tc.content != "" {
+				if err := os.WriteFile(path, []byte(tc.content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := run(t, "", "", "masquerade", "install", "--net-config-path", path)
+			if r.code != exitError || !strings.Contains(r.err, tc.want) || r.out != "" {
+				t.Errorf("masquerade install --net-config-path %s: %+v, want exit %d saying %q", tc.name, r, exitError, tc.want)
+			}
+		})
+	}
+}

@@ -145,10 +145,7 @@ func loadConfigFile(cmd *cobra.Command, file string) ([]byte, *subnet.Config, er
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, err := subnet.ParseConfig(data)
-	if err == nil {
-		err = cfg.CheckStorable()
-	}
+	cfg, err := subnet.ParseStorableConfig(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", file, err)
 	}

@@ -69,6 +69,8 @@ var badFlags = []badFlag{
 	{[]string{"run"}, "ip-masq", "maybe", "want true or false"},
 	{[]string{"run"}, "vxlan-guard", "maybe", "want true or false"},
 	{[]string{"run"}, "adopt-flannel", "yes please", "want true or false"},
+	{[]string{"run"}, "flannel-subnet-file", "run/flannel/subnet.env", "want an absolute file path"},
+	{[]string{"masquerade", "install"}, "net-config-path", "net-conf.json", "want an absolute file path"},
 	{[]string{"run"}, "peer-probe", "often", "want true or false"},
 	{[]string{"run"}, "peer-probe-sweep", "10ms", "want 100ms or more"},
 	{[]string{"run"}, "peer-probe-sweep", "hourly", "want a duration"},
@@ -348,7 +350,7 @@ func TestEveryFlagHasABadValueCase(t *testing.T) {
 	covered := map[string]bool{}
 	for _, tc := range badFlags {
 		path := tc.cmd[0]
-		if tc.cmd[0] == "lease" || tc.cmd[0] == "config" {
+		if tc.cmd[0] == "lease" || tc.cmd[0] == "config" || tc.cmd[0] == "masquerade" {
 			path += " " + tc.cmd[1]
 		}
 		covered[path+" --"+tc.flag] = true

@@ -12,6 +12,7 @@ import (
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
+	"github.com/overlaynet/overlay/subnet/kube"
 )
 
 func newMasqueradeCommand(g *GlobalFlags) *cobra.Command {
@@ -24,11 +25,14 @@ func newMasqueradeCommand(g *GlobalFlags) *cobra.Command {
 }
 
 func newMasqueradeInstallCommand(g *GlobalFlags) *cobra.Command {
-	return usesEtcd(&cobra.Command{
+	var netConf string
+	c := usesEtcd(&cobra.Command{
 		Use:   "install",
 		Short: "Install overlayd's masquerade table for the stored network now, e.g. before stopping flanneld",
 		Long: `Install overlayd's nftables table "inet overlay" for the network config
-stored in etcd, as 'overlayd run --ip-masq' keeps it, and exit.
+stored in etcd — or, with --net-config-path, for the network config file of
+kube mode (the ConfigMap's net-conf.json) —, as 'overlayd run --ip-masq'
+keeps it, and exit.
 
 Before a host is taken over from flanneld (overlayd run --adopt-flannel), run
 this while flanneld still runs: some flanneld versions delete their
@@ -39,15 +43,22 @@ once, by the first rule it meets. overlayd run keeps the table from then on;
 overlayd teardown removes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sess, err := g.open(cmd, false)
-			if err != nil {
-				return err
-			}
-			defer sess.close()
-			ctx, reg, format := sess.ctx, sess.reg, sess.format
-			cfg, _, err := reg.GetConfig(ctx)
-			if err != nil {
-				return g.etcdHint(err)
+			format := g.out
+			var cfg *subnet.Config
+			if netConf != "" {
+				var err error
+				if _, cfg, err = kube.ReadNetConf(netConf); err != nil {
+					return err
+				}
+			} else {
+				sess, err := g.open(cmd, false)
+				if err != nil {
+					return err
+				}
+				defer sess.close()
+				if cfg, _, err = sess.reg.GetConfig(sess.ctx); err != nil {
+					return g.etcdHint(err)
+				}
 			}
 			m, err := masq.NewNetworks(masqNetworks(cfg))
 			if err != nil {
@@ -70,6 +81,9 @@ overlayd teardown removes it.`,
 			return printer.Write(cmd.OutOrStdout(), format, printer.Output{Rows: [][]string{row}, JSON: installed})
 		},
 	})
+	c.Flags().StringVar(&netConf, "net-config-path", "", "kube mode: install for this network config file (the ConfigMap's net-conf.json, as overlayd run --kube-subnet-mgr reads it) instead of the config stored in etcd")
+	checkFlag(c.Flags(), "net-config-path", absFile)
+	return c
 }
 
 // masqNetworks are cfg's networks, each with the VXLAN device that

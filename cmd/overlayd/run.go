@@ -112,6 +112,7 @@ func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
 		leaseTTL                  time.Duration
 		kernelResync, leaseResync time.Duration
 		ipMasq, adoptFlannel      bool
+		flannelSubnetFile         string
 		vxlanGuard                bool
 		healthAddr                string
 		peerProbe                 bool
@@ -143,6 +144,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.LeaseTTL, cfg.KernelResync, cfg.LeaseResync = leaseTTL, kernelResync, leaseResync
 			cfg.IPMasq, cfg.HealthAddr, cfg.AdoptFlannel = ipMasq, healthAddr, adoptFlannel
+			cfg.FlannelSubnetFile = flannelSubnetFile
 			cfg.NoPeerProbe = !peerProbe
 			cfg.PeerProbe = peerhealth.Settings{Sweep: peerProbeSweep, Rate: float64(peerProbeRate)}
 			cfg.VXLANGuard = vxlanGuard
@@ -166,6 +168,8 @@ drops no packets; 'overlayd teardown' removes it.`,
 	c.Flags().StringVar(&healthAddr, "health-addr", daemon.DefaultHealthAddr, "serve /healthz, /readyz, /metrics and /status here (\"\" disables)")
 	c.Flags().BoolVar(&adoptFlannel, "adopt-flannel", false, "take over what flanneld left on this host in place: its devices flannel.<VNI>/flannel-v6.<VNI> with their MACs, their routes, its masquerade chain (see Documentation/migrating-from-flannel.md)")
 	checkFlag(c.Flags(), "adopt-flannel", boolean)
+	c.Flags().StringVar(&flannelSubnetFile, "flannel-subnet-file", daemon.FlannelSubnetFile, "with --adopt-flannel: the subnet.env flanneld wrote (its --subnet-file); the subnet it names must be this host's lease (kube mode: its Node's podCIDR), or overlayd refuses to take over")
+	checkFlag(c.Flags(), "flannel-subnet-file", absFile)
 	c.Flags().BoolVar(&peerProbe, "peer-probe", true, "probe every peer through the overlay (ICMP echo to its VTEP address) and report its health in /status, `overlayd status --peers` and the metrics")
 	c.Flags().DurationVar(&peerProbeSweep, "peer-probe-sweep", peerhealth.DefaultSweep, "probe each peer this often (longer when there are more peers than --peer-probe-rate allows in it)")
 	c.Flags().IntVar(&peerProbeRate, "peer-probe-rate", peerhealth.DefaultRate, "send at most this many probes per second, whatever the number of peers")
@@ -182,7 +186,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 	checkFlag(c.Flags(), "ip-masq", boolean)
 	checkFlag(c.Flags(), "vxlan-guard", boolean)
 	checkFlag(c.Flags(), "health-addr", listenAddr(true))
-	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "vxlan-guard", "health-addr", "adopt-flannel")
+	fromEnv(c.Flags(), "lease-ttl", "kernel-resync", "lease-resync", "ip-masq", "vxlan-guard", "health-addr", "adopt-flannel", "flannel-subnet-file")
 	k.register(c, true)
 	registerFlanneldFlags(c)
 	return usesEtcd(c)

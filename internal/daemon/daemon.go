@@ -78,6 +78,13 @@ type Config struct {
 	// ours is in place. Its lease is adopted as any lease naming this
 	// host's public IP is. Without flannel's devices it does nothing.
 	AdoptFlannel bool
+	// FlannelSubnetFile is where flanneld wrote its subnet.env
+	// (--flannel-subnet-file, default FlannelSubnetFile). With
+	// AdoptFlannel, the subnet it names, like the address of flanneld's
+	// device, must be this host's lease (in kube mode: its Node's
+	// podCIDR), or the start fails (ErrFlannelSubnet): the pods flanneld
+	// served hold addresses of that subnet. A missing file is not checked.
+	FlannelSubnetFile string
 
 	// HealthAddr is where /healthz, /readyz, /metrics and /status are
 	// served ("" disables); HealthListener, if set, is used instead (tests
@@ -126,6 +133,9 @@ func (c *Config) defaults() {
 	}
 	if c.SubnetFile == "" {
 		c.SubnetFile = subnet.DefaultEnvFile
+	}
+	if c.FlannelSubnetFile == "" {
+		c.FlannelSubnetFile = FlannelSubnetFile
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -69,14 +69,16 @@ func (c *cluster) addHost(name string, n int) *node {
 		c.t.Fatalf("add host %s: %v", name, err)
 	}
 	return &node{host: h, cfg: Config{
-		Etcd:         etcdclient.Config{Endpoints: []string{c.srv.Endpoint}},
-		NodeName:     name,
-		Iface:        "eth0",
-		SubnetFile:   filepath.Join(c.dir, name, "subnet.env"),
-		NetNS:        h.NS,
-		IPMasq:       true,
-		KernelResync: 200 * time.Millisecond,
-		Logger:       testLogger(c.t, name),
+		Etcd:       etcdclient.Config{Endpoints: []string{c.srv.Endpoint}},
+		NodeName:   name,
+		Iface:      "eth0",
+		SubnetFile: filepath.Join(c.dir, name, "subnet.env"),
+		// No flanneld ran here: not the machine's /run/flannel/subnet.env.
+		FlannelSubnetFile: filepath.Join(c.dir, name, "flannel", "subnet.env"),
+		NetNS:             h.NS,
+		IPMasq:            true,
+		KernelResync:      200 * time.Millisecond,
+		Logger:            testLogger(c.t, name),
 	}}
 }
 

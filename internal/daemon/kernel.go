@@ -66,6 +66,9 @@ type Kernel interface {
 	RemoveGuardFamily(fam backend.Family) (bool, error)
 	// LinkMAC returns the MAC of the link called name, if there is one.
 	LinkMAC(name string) (mac net.HardwareAddr, ok bool, err error)
+	// LinkAddrs returns the addresses of the link called name (none if
+	// there is no such link).
+	LinkAddrs(name string) ([]netip.Prefix, error)
 	// MarkTakenOver records on flanneld's device name that overlayd has
 	// taken it over (see TakenOverAlias).
 	MarkTakenOver(name string) error
@@ -211,6 +214,36 @@ func (k hostKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 		return nil, false, fmt.Errorf("look up %s: %w", name, err)
 	}
 	return l.Attrs().HardwareAddr, true, nil
+}
+
+func (k hostKernel) LinkAddrs(name string) ([]netip.Prefix, error) {
+	h, err := netlinkHandle(k.ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("look up %s: %w", name, err)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("addresses of %s: %w", name, err)
+	}
+	out := make([]netip.Prefix, 0, len(addrs))
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := a.Mask.Size()
+		out = append(out, netip.PrefixFrom(ip.Unmap(), bits))
+	}
+	return out, nil
 }
 
 func (k hostKernel) MarkTakenOver(name string) error {

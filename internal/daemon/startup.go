@@ -85,6 +85,10 @@ func (d *daemon) join(ctx context.Context) error {
 		return err
 	}
 	d.st.set(func(p *probe) { p.held, p.store = src.Held(), src.Name() })
+	if err := d.checkFlannelSubnets(); err != nil {
+		d.releaseUnserved()
+		return err
+	}
 	if d.lease.Subnet.IsValid() {
 		d.log = d.log.With("subnet", d.lease.Subnet)
 	}

@@ -49,6 +49,7 @@ type fakeKernel struct {
 	ipv6    netip.Addr                  // the underlay's IPv6 address, if any
 	planes  map[string]*fakeplane.Plane // by device name: the latest plane built for it
 	devices map[string]net.HardwareAddr // the devices on the fake host: ensured, not torn down
+	addrs   map[string][]netip.Prefix   // addresses of devices (LinkAddrs), set by a test
 	marked  map[string]bool             // MarkTakenOver
 	events  []string                    // "masq installed", "masq running", "masq stopped", "masq closed", "plane closed"
 	specs   []PlaneSpec                 // what each Plane call was given, in order
@@ -309,6 +310,12 @@ func (k *fakeKernel) LockHost() (func(), error) {
 	}, nil
 }
 
+func (k *fakeKernel) LinkAddrs(name string) ([]netip.Prefix, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.addrs[name]), nil
+}
+
 func (k *fakeKernel) LinkMAC(name string) (net.HardwareAddr, bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -333,12 +340,14 @@ func startWiring(t *testing.T, srv *etcdtest.Server, opts ...func(*Config)) *wir
 	}
 	w := &wiring{k: newFakeKernel(), health: "http://" + ln.Addr().String(), done: make(chan error, 1)}
 	w.cfg = Config{
-		NodeName:       "wiring",
-		SubnetFile:     filepath.Join(t.TempDir(), "subnet.env"),
-		IPMasq:         true,
-		HealthListener: ln,
-		Kernel:         w.k,
-		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NodeName:   "wiring",
+		SubnetFile: filepath.Join(t.TempDir(), "subnet.env"),
+		// No flanneld ran here: not the machine's /run/flannel/subnet.env.
+		FlannelSubnetFile: filepath.Join(t.TempDir(), "flannel-subnet.env"),
+		IPMasq:            true,
+		HealthListener:    ln,
+		Kernel:            w.k,
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if testing.Verbose() {
 		w.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -852,6 +861,60 @@ func TestWiringTakeoverAndTeardownShareThePlaneFactory(t *testing.T) {
 	}
 	if log := k.log(); !slices.Contains(log, "masq removed") || !slices.Contains(log, "marked flannel.1") {
 		t.Errorf("kernel seam calls %v, want the takeover marked and the masquerade removed", log)
+	}
+}
+
+// --adopt-flannel refuses to take over a flanneld that served another
+// subnet than the lease this host gets (its lease expired and was taken;
+// in kube mode, a Node registered again with another podCIDR): by the
+// address of flanneld's device, or by flanneld's subnet.env. Run fails
+// with ErrFlannelSubnet naming both before it touches the kernel, and
+// releases the lease it claimed; a flanneld that served the lease's
+// subnet is taken over (TestWiringTakeoverAndTeardownShareThePlaneFactory,
+// the e2e tests).
+func TestWiringAdoptFlannelRefusesAnotherSubnet(t *testing.T) {
+	for _, tc := range []struct {
+		name, addr, env, want string
+	}{
+		{name: "device address", addr: "10.244.77.0/32", want: "its device flannel.1 has address 10.244.77.0/32"},
+		{name: "subnet.env", env: "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.77.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n", want: "flannel-subnet.env says 10.244.77.1/24"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A /30 network has one subnet: flanneld's cannot be it.
+			srv, reg, ctx := storeWithConfig(t, `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.1.0","Backend":{"Type":"vxlan"}}`)
+			k := newFakeKernel()
+			k.devices["flannel.1"] = net.HardwareAddr{0x5a, 0x8e, 0x11, 0x22, 0x33, 0x01}
+			if tc.addr != "" {
+				k.addrs = map[string][]netip.Prefix{"flannel.1": {netip.MustParsePrefix(tc.addr)}}
+			}
+			var envFile string
+			w := startWiring(t, srv, func(c *Config) {
+				c.Kernel, c.AdoptFlannel = k, true
+				envFile = c.FlannelSubnetFile
+				if tc.env != "" {
+					if err := os.WriteFile(envFile, []byte(tc.env), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			var err error
+			select {
+			case err = <-w.done:
+				w.done <- err // for the cleanup
+			case <-time.After(testenv.Deadline(testenv.Slack)):
+				t.Fatalf("overlayd run took flanneld's device over; /readyz: %v", w.ready())
+			}
+			if !errors.Is(err, ErrFlannelSubnet) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "this host's lease is 10.244.1.0/24") ||
+				!strings.Contains(err.Error(), "ip link delete flannel.1") {
+				t.Fatalf("Run = %v, want ErrFlannelSubnet saying %q and the lease 10.244.1.0/24", err, tc.want)
+			}
+			if log := k.log(); len(log) != 0 || len(k.specs) != 0 {
+				t.Errorf("the refused start touched the kernel: %v, planes %+v", log, k.specs)
+			}
+			if snap, err := reg.List(ctx); err != nil || len(snap.Leases) != 0 {
+				t.Errorf("the refused start left its lease: %+v, %v", snap.Leases, err)
+			}
+		})
 	}
 }
 

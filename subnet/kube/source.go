@@ -192,7 +192,7 @@ func Read(ctx context.Context, cfg Config) (*subnet.Config, subnet.Snapshot, err
 	if cfg.AnnotationPrefix == "" {
 		cfg.AnnotationPrefix = nodes.DefaultPrefix
 	}
-	_, netCfg, err := readConfig(cfg.NetConfPath)
+	_, netCfg, err := ReadNetConf(cfg.NetConfPath)
 	if err != nil {
 		return nil, subnet.Snapshot{}, err
 	}
@@ -346,7 +346,7 @@ func view(n *node) *nodes.Node {
 // Config reads and checks the network config file, as `overlayd config
 // put` checks a file (subnet.ParseConfig, then CheckStorable).
 func (s *Source) Config(context.Context) (*subnet.Config, error) {
-	data, cfg, err := readConfig(s.cfg.NetConfPath)
+	data, cfg, err := ReadNetConf(s.cfg.NetConfPath)
 	if err != nil {
 		return nil, err
 	}
@@ -354,17 +354,17 @@ func (s *Source) Config(context.Context) (*subnet.Config, error) {
 	return cfg, nil
 }
 
-func readConfig(path string) ([]byte, *subnet.Config, error) {
+// ReadNetConf reads kube mode's network config file (--net-config-path,
+// the ConfigMap's net-conf.json) and checks it as `overlayd config put`
+// checks one. It returns the bytes read even when they are refused.
+func ReadNetConf(path string) ([]byte, *subnet.Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--net-config-path: %w (mount the ConfigMap's net-conf.json there)", err)
+		return nil, nil, fmt.Errorf("--net-config-path: %w (the network config file of kube mode: mount the ConfigMap's net-conf.json there)", err)
 	}
-	cfg, err := subnet.ParseConfig(data)
-	if err == nil {
-		err = cfg.CheckStorable()
-	}
+	cfg, err := subnet.ParseStorableConfig(data)
 	if err != nil {
-		return data, nil, fmt.Errorf("%s: %w", path, err)
+		return data, nil, fmt.Errorf("--net-config-path %s: %w", path, err)
 	}
 	return data, cfg, nil
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -203,15 +202,7 @@ func TestAdoptFlannelHostInPlace(t *testing.T) {
 // on, as a runtime would run flannel's conflist.
 func flannelConfList(t *testing.T, podConf []byte) *libcni.NetworkConfigList {
 	t.Helper()
-	var conf map[string]any
-	if err := json.Unmarshal(podConf, &conf); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	list, err := libcni.ConfListFromBytes(raw)
+	list, err := flannelhost.PodConfList(podConf)
 	if err != nil {
 		t.Fatal(err)
 	}

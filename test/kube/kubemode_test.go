@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcore "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/overlaynet/overlay/internal/testing/lab"
 	"github.com/overlaynet/overlay/internal/testing/testenv"
@@ -31,39 +32,7 @@ import (
 // Node's network available, and VXLAN carries traffic between their
 // subnets (a ping from one host's overlay address to the other's).
 func TestKubeModeDaemons(t *testing.T) {
-	testenv.RequireRoot(t)
-	overlayd := testenv.Binary(t, "overlayd")
-	rootUnchanged(t)
-	ul, err := lab.NewUnderlay("kmode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ul.Close() })
-	cp, err := ul.AddHost("cp", cpHostNum)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := startAPIServer(t, cp.NS, cp.IP.String())
-	a.grantManifestRole("overlay")
-	admin := a.core("admin-token")
-	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(4*time.Minute))
-	defer cancel()
-
-	kubeconfig := filepath.Join(a.dir, "overlay.kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: lab, cluster: {server: %q, certificate-authority: %q}}]
-users: [{name: overlay, user: {token: overlay-token}}]
-contexts: [{name: lab, context: {cluster: lab, user: overlay}}]
-current-context: lab
-`, a.url(), a.pki.CACert)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	netConf := filepath.Join(a.dir, "net-conf.json")
-	if err := os.WriteFile(netConf, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":1}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
+	k := newKubeModeLab(t, "kmode")
 	type host struct {
 		h       *lab.Host
 		podCIDR string
@@ -71,49 +40,29 @@ current-context: lab
 	}
 	hosts := []host{{podCIDR: "10.244.1.0/24", overlay: netip.MustParseAddr("10.244.1.0")}, {podCIDR: "10.244.2.0/24", overlay: netip.MustParseAddr("10.244.2.0")}}
 	for i := range hosts {
-		name := fmt.Sprintf("k%d", i+1)
-		if hosts[i].h, err = ul.AddHost(name, i+1); err != nil {
-			t.Fatal(err)
-		}
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDR: hosts[i].podCIDR, PodCIDRs: []string{hosts[i].podCIDR}}}
-		if _, err := admin.Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		dir := filepath.Join(a.dir, name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		sup, err := startSupervisor(name, hosts[i].h.NS, nil, filepath.Join(dir, "supervisor.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sup.Stop() })
-		p, err := sup.Start("overlayd", filepath.Join(dir, "overlayd.log"), testenv.ProgramEnv("NODE_NAME="+name), overlayd, "run",
-			"--kube-subnet-mgr", "--kubeconfig-file", kubeconfig, "--net-config-path", netConf,
-			"--iface", "eth0", "--subnet-file", filepath.Join(dir, "subnet.env"), "--ip-masq=false")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("%s's overlayd log:\n%s", name, tail(p.Log, 40))
-			}
-		})
+		hosts[i].h = k.addNode(fmt.Sprintf("k%d", i+1), i+1, hosts[i].podCIDR)
+		k.startOverlayd(hosts[i].h, "overlayd", "--ip-masq=false")
 	}
 	for _, h := range hosts {
 		testenv.Eventually(t, 2*time.Minute, h.h.Name+"'s overlayd ready", func() error { return readyz(h.h) })
 	}
 	for _, h := range hosts {
-		n, err := admin.Nodes().Get(ctx, h.h.Name, metav1.GetOptions{})
+		n, err := k.admin.Nodes().Get(k.ctx, h.h.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n.Annotations[ann+"public-ip"] != h.h.IP.String() || n.Annotations[ann+"kube-subnet-manager"] != "true" {
 			t.Errorf("%s's annotations %v, want public-ip %s", h.h.Name, n.Annotations, h.h.IP)
 		}
-		if !networkAvailable(n) {
-			t.Errorf("%s's NetworkUnavailable is not False: %+v", h.h.Name, n.Status.Conditions)
-		}
+		// Set once the data path is up, which may be just after /readyz
+		// says ready.
+		testenv.Eventually(t, 30*time.Second, h.h.Name+"'s NetworkUnavailable to be False", func() error {
+			n, err := k.admin.Nodes().Get(k.ctx, h.h.Name, metav1.GetOptions{})
+			if err == nil && !networkAvailable(n) {
+				err = fmt.Errorf("conditions %+v", n.Status.Conditions)
+			}
+			return err
+		})
 	}
 	// Over VXLAN: k1's overlay address to k2's, and back.
 	testenv.Eventually(t, time.Minute, "k1 to reach k2's overlay address", func() error {
@@ -123,6 +72,120 @@ current-context: lab
 	if _, err := lab.Ping(hosts[1].h.NS, hosts[0].overlay, 2*time.Second); err != nil {
 		t.Errorf("k2 to k1's overlay address: %v", err)
 	}
+}
+
+// kubeModeLab is an underlay with a real kube-apiserver on a host of its
+// own (cp), the kubeconfig of a user holding only overlay-kube.yaml's
+// ClusterRole, and a net-conf.json of 10.244.0.0/16: where overlayd
+// --kube-subnet-mgr runs on the hosts addNode makes.
+type kubeModeLab struct {
+	t                   *testing.T
+	ctx                 context.Context
+	ul                  *lab.Underlay
+	a                   *apiServer
+	admin               typedcore.CoreV1Interface
+	kubeconfig, netConf string
+	overlayd            string // bin/overlayd
+	sups                map[string]*nodeSupervisor
+}
+
+func newKubeModeLab(t *testing.T, tag string) *kubeModeLab {
+	t.Helper()
+	testenv.RequireRoot(t)
+	k := &kubeModeLab{t: t, overlayd: testenv.Binary(t, "overlayd"), sups: map[string]*nodeSupervisor{}}
+	rootUnchanged(t)
+	var err error
+	if k.ul, err = lab.NewUnderlay(tag); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.ul.Close() })
+	cp, err := k.ul.AddHost("cp", cpHostNum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.a = startAPIServer(t, cp.NS, cp.IP.String())
+	k.a.grantManifestRole("overlay")
+	k.admin = k.a.core("admin-token")
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Deadline(4*time.Minute))
+	t.Cleanup(cancel)
+	k.ctx = ctx
+
+	k.kubeconfig = filepath.Join(k.a.dir, "overlay.kubeconfig")
+	if err := os.WriteFile(k.kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: lab, cluster: {server: %q, certificate-authority: %q}}]
+users: [{name: overlay, user: {token: overlay-token}}]
+contexts: [{name: lab, context: {cluster: lab, user: overlay}}]
+current-context: lab
+`, k.a.url(), k.a.pki.CACert)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k.netConf = filepath.Join(k.a.dir, "net-conf.json")
+	if err := os.WriteFile(k.netConf, []byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":1}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// addNode adds host name (underlay address num) and registers its Node
+// with podCIDR, as kube-controller-manager would have assigned it.
+func (k *kubeModeLab) addNode(name string, num int, podCIDR string) *lab.Host {
+	k.t.Helper()
+	h, err := k.ul.AddHost(name, num)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}}}
+	if _, err := k.admin.Nodes().Create(k.ctx, n, metav1.CreateOptions{}); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.MkdirAll(k.dir(h), 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	return h
+}
+
+// waitReady waits until p, h's overlayd, is ready, failing at once if
+// it exits.
+func (k *kubeModeLab) waitReady(h *lab.Host, p *proc) {
+	k.t.Helper()
+	testenv.Eventually(k.t, 2*time.Minute, h.Name+"'s overlayd ready", func() error {
+		if done, how := p.Exited(); done {
+			k.t.Fatalf("%s's overlayd exited (%s):\n%s", h.Name, how, tail(p.Log, 20))
+		}
+		return readyz(h)
+	})
+}
+
+// dir is host h's directory: its subnet.env, logs, CNI state.
+func (k *kubeModeLab) dir(h *lab.Host) string { return filepath.Join(k.a.dir, h.Name) }
+
+// startOverlayd starts `overlayd run --kube-subnet-mgr` on h (the
+// supervisor's program name, with args added), through h's supervisor;
+// its log's tail is reported if the test fails.
+func (k *kubeModeLab) startOverlayd(h *lab.Host, name string, args ...string) *proc {
+	k.t.Helper()
+	sup := k.sups[h.Name]
+	if sup == nil {
+		var err error
+		if sup, err = startSupervisor(h.Name, h.NS, nil, filepath.Join(k.dir(h), "supervisor.log")); err != nil {
+			k.t.Fatal(err)
+		}
+		k.t.Cleanup(func() { _ = sup.Stop() })
+		k.sups[h.Name] = sup
+	}
+	argv := append([]string{k.overlayd, "run", "--kube-subnet-mgr", "--kubeconfig-file", k.kubeconfig, "--net-config-path", k.netConf,
+		"--iface", "eth0", "--subnet-file", filepath.Join(k.dir(h), "subnet.env")}, args...)
+	p, err := sup.Start(name, filepath.Join(k.dir(h), name+".log"), testenv.ProgramEnv("NODE_NAME="+h.Name), argv...)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(func() {
+		if k.t.Failed() {
+			k.t.Logf("%s's %s log:\n%s", h.Name, name, tail(p.Log, 40))
+		}
+	})
+	return p
 }
 
 func networkAvailable(n *corev1.Node) bool {

@@ -1,11 +1,19 @@
 // Package flannelhost builds, in a network namespace a test made, a host
-// as flanneld v0.28 (etcd mode, vxlan backend, --ip-masq) leaves it when it
-// stops: what overlayd --adopt-flannel takes over. flanneld itself cannot be
-// built here, so every piece reproduces what flannel's source writes:
+// as flanneld v0.28 (vxlan backend, --ip-masq) leaves it when it stops:
+// what overlayd --adopt-flannel takes over, or a flanneld peer that stays.
+// flanneld itself cannot be built here, so every piece reproduces what
+// flannel's source writes:
 //
-//   - the lease: <prefix>/subnets/<a.b.c.d>-<len>, value {"PublicIP",
-//     "BackendType":"vxlan","BackendData":{"VNI","VtepMAC"}} (no NodeID),
-//     on an etcd lease (pkg/subnet/etcd: 24 h TTL);
+//   - in etcd mode (Build), the lease: <prefix>/subnets/<a.b.c.d>-<len>,
+//     value {"PublicIP", "BackendType":"vxlan","BackendData":{"VNI",
+//     "VtepMAC"}} (no NodeID), on an etcd lease (pkg/subnet/etcd: 24 h
+//     TTL);
+//   - in kube mode (--kube-subnet-mgr, BuildNode and the Kube* values),
+//     no lease: the subnet is the Node's spec.podCIDR, and its lease value
+//     is the annotations KubeAnnotations on its Node, which flanneld sends
+//     as one strategic-merge patch (KubePatch) to nodes/status, and the
+//     NetworkUnavailable=False condition (KubeStatusPatch)
+//     (pkg/subnet/kube/kube.go AcquireLease, CompleteLease);
 //   - the device flannel.<VNI>: VXLAN, the VNI, destination port 8472,
 //     local = the public IP, learning off, MTU = underlay − 50, the lease's
 //     VtepMAC, address <subnet network address>/32, up
@@ -33,7 +41,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -54,7 +64,7 @@ type Host struct {
 	Iface      string       // the underlay interface, e.g. eth0
 	PublicIP   netip.Addr   // its address
 	Network    netip.Prefix // the cluster network
-	Subnet     netip.Prefix // this host's lease
+	Subnet     netip.Prefix // this host's lease (kube mode: its Node's podCIDR)
 	VNI        int
 	VtepMAC    net.HardwareAddr
 	SubnetFile string // where flanneld wrote subnet.env
@@ -74,13 +84,59 @@ func (h Host) Build(ctx context.Context, ns netns.NsHandle, cli *clientv3.Client
 	if err != nil {
 		return 0, err
 	}
+	return id, h.BuildNode(ns)
+}
+
+// BuildNode builds in ns what flanneld leaves on the host itself, in
+// either mode: the device with its peers, subnet.env, the masquerade.
+// Build adds the etcd lease; in kube mode the test puts KubePatch and
+// KubeStatusPatch on the Node instead.
+func (h Host) BuildNode(ns netns.NsHandle) error {
 	if err := h.buildDataPath(ns); err != nil {
-		return 0, err
+		return err
 	}
 	if err := h.writeSubnetEnv(); err != nil {
-		return 0, err
+		return err
 	}
-	return id, InstallMasq(ns, h.Network, h.Subnet)
+	return InstallMasq(ns, h.Network, h.Subnet)
+}
+
+// DefaultAnnotationPrefix is flanneld's --kube-annotation-prefix default.
+const DefaultAnnotationPrefix = "flannel.alpha.coreos.com"
+
+// KubeAnnotations are the annotations flanneld in kube mode (IPv4, vxlan)
+// puts on its Node, under prefix (its --kube-annotation-prefix, a DNS name):
+// backend-type, backend-data (the same JSON as the etcd lease's
+// BackendData), public-ip and kube-subnet-manager "true". Without IPv6 its
+// v6 backend data marshals to "null", so it writes no backend-v6-data and
+// no public-ipv6.
+func (h Host) KubeAnnotations(prefix string) map[string]string {
+	data, _ := json.Marshal(map[string]any{"VNI": h.VNI, "VtepMAC": h.VtepMAC.String()}) // cannot fail: plain values
+	return map[string]string{
+		prefix + "/backend-type":        "vxlan",
+		prefix + "/backend-data":        string(data),
+		prefix + "/public-ip":           h.PublicIP.String(),
+		prefix + "/kube-subnet-manager": "true",
+	}
+}
+
+// KubePatch is the patch flanneld sends (strategic merge, to the Node's
+// status subresource) with KubeAnnotations under prefix.
+func (h Host) KubePatch(prefix string) []byte {
+	p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": h.KubeAnnotations(prefix)}}) // cannot fail
+	return p
+}
+
+// KubeStatusPatch is the patch of the Node's status with which flanneld
+// marks its network up once its backend runs (a strategic-merge patch of
+// status.conditions, merged by type, to nodes/status), at time now.
+func KubeStatusPatch(now time.Time) []byte {
+	ts := now.UTC().Format(time.RFC3339)
+	p, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]string{{
+		"type": "NetworkUnavailable", "status": "False", "reason": "FlannelIsUp", "message": "Flannel is running on this node",
+		"lastTransitionTime": ts, "lastHeartbeatTime": ts,
+	}}}}) // cannot fail: plain values
+	return p
 }
 
 // LeaseValue is flanneld's lease value for h.
@@ -149,6 +205,24 @@ func (h Host) buildDataPath(ns netns.NsHandle) error {
 	return nil
 }
 
+// AddPeer programs p on the device BuildNode made in ns, as flanneld does
+// when a peer's lease (kube mode: its Node's annotations) appears.
+func (h Host) AddPeer(ns netns.NsHandle, p Peer) error {
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	dev, err := nl.LinkByName(DeviceName(h.VNI))
+	if err != nil {
+		return fmt.Errorf("flanneld's device: %w", err)
+	}
+	if err := addPeer(nl, dev.Attrs().Index, p); err != nil {
+		return fmt.Errorf("peer %s: %w", p.Subnet, err)
+	}
+	return nil
+}
+
 // addPeer programs p as flanneld does: neighbour, FDB entry, route.
 func addPeer(nl *netlink.Handle, dev int, p Peer) error {
 	hop := p.Subnet.Addr().AsSlice()
@@ -187,6 +261,21 @@ func (h Host) PodConfig(name, ipamDataDir string) []byte {
 			"routes": []map[string]string{{"dst": h.Network.String()}}},
 	})
 	return conf
+}
+
+// PodConfList is podConf, a config PodConfig made, as a runtime runs it
+// when flannel's plugin hands it on: a conflist of that one plugin, with
+// its name and cniVersion.
+func PodConfList(podConf []byte) (*libcni.NetworkConfigList, error) {
+	var conf map[string]any
+	if err := json.Unmarshal(podConf, &conf); err != nil {
+		return nil, fmt.Errorf("flannel's pod config: %w", err)
+	}
+	raw, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromBytes(raw)
 }
 
 // WriteCache writes flannel's cache entry of a pod, conf as PodConfig

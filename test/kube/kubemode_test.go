@@ -30,7 +30,8 @@ import (
 // kube-apiserver on a third, each with a kubeconfig of a user holding only
 // overlay-kube.yaml's ClusterRole and no etcd: both get ready, mark their
 // Node's network available, and VXLAN carries traffic between their
-// subnets (a ping from one host's overlay address to the other's).
+// subnets (a ping from one host's overlay address to the other's); one
+// restarted adopts what it left with no netlink write.
 func TestKubeModeDaemons(t *testing.T) {
 	k := newKubeModeLab(t, "kmode")
 	type host struct {
@@ -39,9 +40,10 @@ func TestKubeModeDaemons(t *testing.T) {
 		overlay netip.Addr // the address of its VXLAN device: its subnet's .0
 	}
 	hosts := []host{{podCIDR: "10.244.1.0/24", overlay: netip.MustParseAddr("10.244.1.0")}, {podCIDR: "10.244.2.0/24", overlay: netip.MustParseAddr("10.244.2.0")}}
+	first := make([]*proc, len(hosts))
 	for i := range hosts {
 		hosts[i].h = k.addNode(fmt.Sprintf("k%d", i+1), i+1, hosts[i].podCIDR)
-		k.startOverlayd(hosts[i].h, "overlayd", "--ip-masq=false")
+		first[i] = k.startOverlayd(hosts[i].h, "overlayd", "--ip-masq=false")
 	}
 	for _, h := range hosts {
 		testenv.Eventually(t, 2*time.Minute, h.h.Name+"'s overlayd ready", func() error { return readyz(h.h) })
@@ -71,6 +73,21 @@ func TestKubeModeDaemons(t *testing.T) {
 	})
 	if _, err := lab.Ping(hosts[1].h.NS, hosts[0].overlay, 2*time.Second); err != nil {
 		t.Errorf("k2 to k1's overlay address: %v", err)
+	}
+
+	// A restart, as a rolling update of the DaemonSet does: the new
+	// overlayd adopts the kernel state the old one left, writing nothing,
+	// and the path still carries traffic.
+	k2 := hosts[1].h
+	if err := k.sups[k2.Name].StopProc(first[1], testenv.Deadline(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	k.waitReady(k2, k.startOverlayd(k2, "overlayd-restarted", "--ip-masq=false"))
+	if w, err := netlinkWrites(k2); err != nil || w != "0" {
+		t.Errorf("k2's overlayd after a restart: overlay_netlink_writes_total %q (%v), want 0: it rewrote kernel state the old one left", w, err)
+	}
+	if _, err := lab.Ping(hosts[0].h.NS, hosts[1].overlay, 2*time.Second); err != nil {
+		t.Errorf("k1 to k2's overlay address after k2's restart: %v", err)
 	}
 }
 
@@ -200,6 +217,14 @@ func networkAvailable(n *corev1.Node) bool {
 // readyz asks h's overlayd, on its default health address inside h's
 // namespace, whether it is ready.
 func readyz(h *lab.Host) error {
+	_, err := healthGet(h, "/readyz")
+	return err
+}
+
+// healthGet GETs path from h's overlayd's health address (its default,
+// inside h's namespace): the body, or an error naming a status other
+// than 200 OK.
+func healthGet(h *lab.Host, path string) (string, error) {
 	cli := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
 		err = lab.Do(h.NS, func() error {
 			conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -207,16 +232,30 @@ func readyz(h *lab.Host) error {
 		})
 		return conn, err
 	}}}
-	resp, err := cli.Get("http://127.0.0.1:9436/readyz")
+	resp, err := cli.Get("http://127.0.0.1:9436" + path)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+		return "", fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
-	return nil
+	return string(body), nil
+}
+
+// netlinkWrites is h's overlayd's overlay_netlink_writes_total.
+func netlinkWrites(h *lab.Host) (string, error) {
+	body, err := healthGet(h, "/metrics")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "overlay_netlink_writes_total "); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("no overlay_netlink_writes_total in /metrics")
 }
 
 // checkKubeMode checks, on a cluster deployed in kube mode, what flanneld's

@@ -64,7 +64,10 @@ type Prober struct {
 	// pending is the latest peer set of each family (famIndex), until
 	// Run takes it: a copy, made at each SetPeers (cheap: a cold start
 	// hands over thousands of peers in one call, a watch batch one call
-	// each), turned into the schedule's set once per wake.
+	// each), turned into the schedule's set once per wake and then
+	// released: the schedule holds all it needs, and the copy would be
+	// 64 bytes a peer kept for nothing. (The daemon reuses the slice it
+	// hands over, so the prober cannot keep it instead.)
 	pending [2][]backend.Peer
 	fresh   bool // pending is newer than what s has
 	// problem is why a family is not probed (its socket could not be
@@ -91,8 +94,9 @@ func New(cfg Config) *Prober {
 // Settings are the prober's, with the defaults filled in.
 func (p *Prober) Settings() Settings { return p.cfg.Settings }
 
-// SetPeers replaces the peers of fam probed (the slice is not kept), as a
-// data plane's SetPeers does; it never blocks.
+// SetPeers replaces the peers of fam probed, as a data plane's SetPeers
+// does; it never blocks. The slice is not kept: the caller may reuse it
+// once SetPeers returns.
 func (p *Prober) SetPeers(fam backend.Family, peers []backend.Peer) {
 	p.mu.Lock()
 	i := famIndex(fam)
@@ -191,17 +195,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		// While held (a cold start's kernel writes), the peers wait in
 		// pending: the schedule of thousands is built after the burst.
 		if p.fresh && !held {
-			probed := make(map[Key]netip.Addr, len(p.pending[0])+len(p.pending[1]))
-			for i, fam := range []backend.Family{backend.IPv4, backend.IPv6} {
-				if pingers[fam] == nil {
-					continue
-				}
-				for _, pe := range p.pending[i] {
-					probed[Key{Family: fam, Subnet: pe.Subnet.Masked()}] = pe.PublicIP
-				}
-			}
-			p.s.setPeers(now, probed)
-			p.fresh = false
+			p.takePending(now, [2]bool{pingers[backend.IPv4] != nil, pingers[backend.IPv6] != nil})
 		}
 		for len(queue) > 0 {
 			f, ok := inflight[queue[0]]
@@ -220,19 +214,20 @@ func (p *Prober) Run(ctx context.Context) error {
 		if !held {
 			if e, at := p.s.next(); e != nil {
 				if !at.After(now) {
-					fam := e.key.Family
+					k := e.key.Key()
+					fam := k.Family
 					i := famIndex(fam)
 					seq[i]++
 					sk := seqKey{fam, seq[i]}
 					p.s.sent(e, now)
-					if err := pingers[fam].Send(e.key.Target(), seq[i]); err != nil {
-						p.log.Debug("probe not sent", "peer", e.key.Subnet.String(), "err", err)
-						p.lost(e.key, now)
+					if err := pingers[fam].Send(k.Target(), seq[i]); err != nil {
+						p.log.Debug("probe not sent", "peer", k.Subnet.String(), "err", err)
+						p.lost(k, now)
 						if brokenSocket(err) {
 							failed = fam
 						}
 					} else {
-						inflight[sk] = flight{key: e.key, deadline: now.Add(p.cfg.Timeout)}
+						inflight[sk] = flight{key: k, deadline: now.Add(p.cfg.Timeout)}
 						queue = append(queue, sk)
 					}
 					sentOne = true
@@ -287,6 +282,21 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 }
 
+// takePending makes the pending peer sets the schedule's, at now, and
+// releases them; p.mu is held. A family without a socket (not open) is
+// not probed: its peers stay out of the schedule.
+func (p *Prober) takePending(now time.Time, open [2]bool) {
+	var sets [2][]backend.Peer
+	for i := range sets {
+		if open[i] {
+			sets[i] = p.pending[i]
+		}
+	}
+	p.s.setPeers(now, sets[0], sets[1])
+	p.pending = [2][]backend.Peer{}
+	p.fresh = false
+}
+
 // holdPoll is how often a held prober looks whether it may start.
 const holdPoll = 100 * time.Millisecond
 
@@ -332,14 +342,14 @@ func receive(ctx context.Context, fam backend.Family, pg Pinger, out chan<- repl
 func (p *Prober) answered(k Key, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	e := p.s.peers[k]
+	e := p.s.lookup(k)
 	if e == nil || e.index >= 0 {
 		return
 	}
-	rtt := now.Sub(e.sentAt)
-	downSince := e.h.since
+	rtt := time.Duration(p.s.at(now) - e.last)
+	downSince := e.since
 	if _, back := p.s.answered(k, rtt, now); back {
-		p.log.Info("peer reachable again", "peer", k.Subnet.String(), "family", k.Family.String(), "vtep", k.Target().String(), "public_ip", e.public.String(), "rtt", rtt.Round(time.Microsecond).String(), "down_for", now.Sub(downSince).Round(time.Second).String())
+		p.log.Info("peer reachable again", "peer", k.Subnet.String(), "family", k.Family.String(), "vtep", k.Target().String(), "public_ip", e.public.Addr().String(), "rtt", rtt.Round(time.Microsecond).String(), "down_for", time.Duration(p.s.at(now)-downSince).Round(time.Second).String())
 	}
 	if p.cfg.OnResult != nil {
 		p.cfg.OnResult(k.Family, true, rtt)
@@ -353,7 +363,7 @@ func (p *Prober) lost(k Key, now time.Time) {
 		return
 	}
 	if down {
-		p.log.Warn("peer unreachable", "peer", k.Subnet.String(), "family", k.Family.String(), "vtep", k.Target().String(), "public_ip", e.public.String(), "lost_in_a_row", e.h.losses,
+		p.log.Warn("peer unreachable", "peer", k.Subnet.String(), "family", k.Family.String(), "vtep", k.Target().String(), "public_ip", e.public.Addr().String(), "lost_in_a_row", e.losses,
 			"hint", "see Documentation/troubleshooting.md, \"A peer is unreachable\"")
 	}
 	if p.cfg.OnResult != nil {
@@ -394,26 +404,27 @@ type PeerHealth struct {
 	LastProbe         time.Time `json:"lastProbe,omitzero"`
 }
 
-func (e *entry) report() PeerHealth {
-	h := e.h
-	return PeerHealth{Peer: e.key.Subnet.String(), Family: e.key.Family.String(), VTEP: e.key.Target().String(), PublicIP: e.public.String(),
-		State: h.state, Since: h.since, LastRTTMicros: h.lastRTT.Microseconds(), SmoothedRTTMicros: h.srtt.Microseconds(),
-		ConsecutiveLosses: h.losses, Sent: h.sent, Received: h.received, Lost: h.lost, LastProbe: h.last}
+// report is e's health, its times on the wall clock.
+func (s *schedule) report(e *entry) PeerHealth {
+	k := e.key.Key()
+	return PeerHealth{Peer: k.Subnet.String(), Family: k.Family.String(), VTEP: k.Target().String(), PublicIP: e.public.Addr().String(),
+		State: e.state, Since: s.wall(e.since), LastRTTMicros: e.lastRTT.Microseconds(), SmoothedRTTMicros: e.srtt.Microseconds(),
+		ConsecutiveLosses: int(e.losses), Sent: uint64(e.sent), Received: uint64(e.received), Lost: uint64(e.lost), LastProbe: s.wall(e.last)}
 }
 
 // Peers returns every peer's health, by family then subnet.
 func (p *Prober) Peers() []PeerHealth {
 	p.mu.Lock()
-	es := make([]*entry, 0, len(p.s.peers))
-	for _, e := range p.s.peers {
-		es = append(es, e)
+	es := make([]*entry, len(p.s.peers))
+	for i := range p.s.peers {
+		es[i] = &p.s.peers[i]
 	}
 	slices.SortFunc(es, func(a, b *entry) int {
-		return cmp.Or(cmp.Compare(a.key.Family, b.key.Family), a.key.Subnet.Addr().Compare(b.key.Subnet.Addr()))
+		return cmp.Or(cmp.Compare(a.key.fam, b.key.fam), a.key.subnet.compare(b.key.subnet))
 	})
 	out := make([]PeerHealth, len(es))
 	for i, e := range es {
-		out[i] = e.report()
+		out[i] = p.s.report(e)
 	}
 	p.mu.Unlock()
 	return out
@@ -466,8 +477,9 @@ func (p *Prober) Summary() Summary {
 	// The few worst, kept sorted as the peers go by: no sort of
 	// thousands at every look.
 	worst := make([]*entry, 0, WorstPeers+1)
-	for _, e := range p.s.peers {
-		if e.h.state != Unreachable && e.h.losses == 0 && e.h.srtt == 0 {
+	for i := range p.s.peers {
+		e := &p.s.peers[i]
+		if e.state != Unreachable && e.losses == 0 && e.srtt == 0 {
 			continue // nothing known against it
 		}
 		if len(worst) == WorstPeers && worse(e, worst[len(worst)-1]) >= 0 {
@@ -480,7 +492,7 @@ func (p *Prober) Summary() Summary {
 		}
 	}
 	for _, e := range worst {
-		sum.Worst = append(sum.Worst, e.report())
+		sum.Worst = append(sum.Worst, p.s.report(e))
 	}
 	return sum
 }
@@ -495,12 +507,13 @@ func (p *Prober) Counts() (v4, v6 FamilyCounts) {
 
 // counts is Counts with p.mu held.
 func (p *Prober) counts() (v4, v6 FamilyCounts) {
-	for _, e := range p.s.peers {
+	for i := range p.s.peers {
+		e := &p.s.peers[i]
 		c := &v4
-		if e.key.Family == backend.IPv6 {
+		if e.key.fam == backend.IPv6 {
 			c = &v6
 		}
-		switch e.h.state {
+		switch e.state {
 		case Reachable:
 			c.Reachable++
 		case Unreachable:
@@ -508,25 +521,25 @@ func (p *Prober) counts() (v4, v6 FamilyCounts) {
 		default:
 			c.Unknown++
 		}
-		c.Sent += e.h.sent
-		c.Received += e.h.received
-		c.Lost += e.h.lost
+		c.Sent += uint64(e.sent)
+		c.Received += uint64(e.received)
+		c.Lost += uint64(e.lost)
 	}
 	return v4, v6
 }
 
 // worse orders a before b if a is in the worse state.
 func worse(a, b *entry) int {
-	au, bu := a.h.state == Unreachable, b.h.state == Unreachable
+	au, bu := a.state == Unreachable, b.state == Unreachable
 	switch {
 	case au && !bu:
 		return -1
 	case bu && !au:
 		return 1
 	case au && bu:
-		return cmp.Or(a.h.since.Compare(b.h.since), a.key.Subnet.Addr().Compare(b.key.Subnet.Addr()))
+		return cmp.Or(cmp.Compare(a.since, b.since), a.key.subnet.compare(b.key.subnet))
 	}
-	return cmp.Or(cmp.Compare(b.h.losses, a.h.losses), cmp.Compare(b.h.srtt, a.h.srtt), a.key.Subnet.Addr().Compare(b.key.Subnet.Addr()))
+	return cmp.Or(cmp.Compare(b.losses, a.losses), cmp.Compare(b.srtt, a.srtt), a.key.subnet.compare(b.key.subnet))
 }
 
 // ErrNoSocket says that neither kind of ICMP socket may be opened here.

@@ -283,15 +283,15 @@ func TestSummaryWorst(t *testing.T) {
 	p := New(Config{Families: []backend.Family{backend.IPv4}})
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	peers := peersOf(9)
-	p.s.setPeers(t0, peers)
+	p.s.setPeers(t0, peers, nil)
 	var keys []Key
-	for k := range peers {
-		keys = append(keys, k)
+	for _, pe := range peers {
+		keys = append(keys, keyOf(pe))
 	}
 	slices.SortFunc(keys, func(a, b Key) int { return a.Subnet.Addr().Compare(b.Subnet.Addr()) })
-	set := func(i int, st State, since time.Time, losses int, srtt time.Duration) {
-		h := &p.s.peers[keys[i]].h
-		h.state, h.since, h.losses, h.srtt = st, since, losses, srtt
+	set := func(i int, st State, since time.Time, losses uint32, srtt time.Duration) {
+		h := p.s.lookup(keys[i])
+		h.state, h.since, h.losses, h.srtt = st, p.s.at(since), losses, srtt
 	}
 	set(0, Reachable, at(0), 0, time.Millisecond)
 	set(1, Unreachable, at(50), 7, 0)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,13 +12,23 @@ import (
 )
 
 // peersOf returns n IPv4 peers, 10.<i>.<j>.0/24.
-func peersOf(n int) map[Key]netip.Addr {
-	out := make(map[Key]netip.Addr, n)
+func peersOf(n int) []backend.Peer {
+	out := make([]backend.Peer, n)
 	for i := range n {
 		sn := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
-		out[Key{Family: backend.IPv4, Subnet: sn}] = netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+		out[i] = backend.Peer{Subnet: sn, PublicIP: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})}
 	}
 	return out
+}
+
+// keyOf is an IPv4 peer's key.
+func keyOf(pe backend.Peer) Key { return Key{Family: backend.IPv4, Subnet: pe.Subnet} }
+
+// each calls f with every peer s probes, in no order.
+func each(s *schedule, f func(k Key, e *entry)) {
+	for i := range s.peers {
+		f(s.peers[i].key.Key(), &s.peers[i])
+	}
 }
 
 var t0 = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
@@ -61,8 +72,9 @@ func simulate(s *schedule, d, rtt time.Duration, lose func(Key, int) bool) []sen
 		}
 		now = at
 		s.sent(e, now)
-		out = append(out, send{now, e.key})
-		lost := lose != nil && lose(e.key, n)
+		k := e.key.Key()
+		out = append(out, send{now, k})
+		lost := lose != nil && lose(k, n)
 		n++
 		end := now.Add(rtt)
 		if lost {
@@ -73,7 +85,7 @@ func simulate(s *schedule, d, rtt time.Duration, lose func(Key, int) bool) []sen
 		for i > 0 && inflight[i-1].at.After(end) {
 			i--
 		}
-		inflight = append(inflight[:i], append([]pending{{e.key, end, lost}}, inflight[i:]...)...)
+		inflight = append(inflight[:i], append([]pending{{k, end, lost}}, inflight[i:]...)...)
 	}
 }
 
@@ -107,7 +119,7 @@ func TestScheduleRateAndSweep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSchedule(tc.set, rand.New(rand.NewPCG(1, 2)))
-			s.setPeers(t0, peersOf(tc.peers))
+			s.setPeers(t0, peersOf(tc.peers), nil)
 			sends := simulate(s, 4*tc.sweep, time.Millisecond, nil)
 			checkRate(t, sends, tc.set.Rate)
 			last := map[Key]time.Time{}
@@ -142,14 +154,14 @@ func TestScheduleLossRetriesWithinRate(t *testing.T) {
 	// unreachable, and the rate bound holds with the retries.
 	set := Settings{Sweep: 10 * time.Second, Rate: 50, Timeout: time.Second, Threshold: 3}
 	s := newSchedule(set, rand.New(rand.NewPCG(3, 4)))
-	s.setPeers(t0, peersOf(1000))
+	s.setPeers(t0, peersOf(1000), nil)
 	sends := simulate(s, 200*time.Second, time.Millisecond, func(Key, int) bool { return true })
 	checkRate(t, sends, set.Rate)
-	for k, e := range s.peers {
-		if e.h.state != Unreachable || e.h.sent < 3 {
-			t.Fatalf("peer %s: %s after %d probes, want unreachable", k.Subnet, e.h.state, e.h.sent)
+	each(s, func(k Key, e *entry) {
+		if e.state != Unreachable || e.sent < 3 {
+			t.Fatalf("peer %s: %s after %d probes, want unreachable", k.Subnet, e.state, e.sent)
 		}
-	}
+	})
 }
 
 func TestScheduleDetectsWithinSweepPlusRetries(t *testing.T) {
@@ -158,27 +170,23 @@ func TestScheduleDetectsWithinSweepPlusRetries(t *testing.T) {
 	set := Settings{Sweep: 30 * time.Second, Rate: 100, Timeout: time.Second, Threshold: 3}
 	s := newSchedule(set, rand.New(rand.NewPCG(5, 6)))
 	peers := peersOf(100)
-	s.setPeers(t0, peers)
-	var dead Key
-	for k := range peers {
-		dead = k
-		break
-	}
+	s.setPeers(t0, peers, nil)
+	dead := keyOf(peers[rand.New(rand.NewPCG(5, 7)).IntN(len(peers))])
 	simulate(s, 200*time.Second, time.Millisecond, func(k Key, _ int) bool { return k == dead })
 	// simulate loses every probe of dead from the start: it is down
 	// within the first sweep plus 3 timeouts.
-	e := s.peers[dead]
-	if e.h.state != Unreachable {
-		t.Fatalf("dead peer is %s", e.h.state)
+	e := s.lookup(dead)
+	if e.state != Unreachable {
+		t.Fatalf("dead peer is %s", e.state)
 	}
-	if limit := t0.Add(set.Sweep + 3*set.Timeout + time.Second); e.h.since.After(limit) {
-		t.Fatalf("dead peer reported unreachable at +%s, later than a sweep and 3 timeouts", e.h.since.Sub(t0))
+	if limit := t0.Add(set.Sweep + 3*set.Timeout + time.Second); s.wall(e.since).After(limit) {
+		t.Fatalf("dead peer reported unreachable at +%s, later than a sweep and 3 timeouts", s.wall(e.since).Sub(t0))
 	}
-	for k, e := range s.peers {
-		if k != dead && e.h.state != Reachable {
-			t.Fatalf("peer %s is %s", k.Subnet, e.h.state)
+	each(s, func(k Key, e *entry) {
+		if k != dead && e.state != Reachable {
+			t.Fatalf("peer %s is %s", k.Subnet, e.state)
 		}
-	}
+	})
 }
 
 // A peer that goes dark right after one of its probes was answered (the
@@ -196,7 +204,7 @@ func TestScheduleDetectsWithinOneSweepOfGoingDark(t *testing.T) {
 	for trial := range 300 {
 		s := newSchedule(set, rand.New(rand.NewPCG(uint64(trial), 77)))
 		peers := peersOf(100)
-		s.setPeers(t0, peers)
+		s.setPeers(t0, peers, nil)
 		dead := Key{Family: backend.IPv4, Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(trial % 100), 0}), 24)}
 		// It goes dark just after the answer to its first probe after a
 		// warm-up at a random time within two sweeps.
@@ -206,7 +214,7 @@ func TestScheduleDetectsWithinOneSweepOfGoingDark(t *testing.T) {
 			if k != dead {
 				return false
 			}
-			sentAt := s.last // simulate calls this just after s.sent
+			sentAt := s.wall(s.last) // simulate calls this just after s.sent
 			switch {
 			case dark.IsZero() && !sentAt.Before(warm):
 				dark = sentAt.Add(rtt + time.Nanosecond) // this one is answered
@@ -216,21 +224,21 @@ func TestScheduleDetectsWithinOneSweepOfGoingDark(t *testing.T) {
 			}
 			return !sentAt.Before(dark)
 		})
-		e := s.peers[dead]
-		if dark.IsZero() || e.h.state != Unreachable {
-			t.Fatalf("trial %d: peer %s is %s (dark at %v)", trial, dead.Subnet, e.h.state, dark)
+		e := s.lookup(dead)
+		if dark.IsZero() || e.state != Unreachable {
+			t.Fatalf("trial %d: peer %s is %s (dark at %v)", trial, dead.Subnet, e.state, dark)
 		}
-		took := e.h.since.Sub(dark)
+		took := s.wall(e.since).Sub(dark)
 		if took > bound {
 			t.Fatalf("trial %d: peer %s reported unreachable %s after going dark, over the bound of one sweep, %d timeouts and the rate's gaps (%s)",
 				trial, dead.Subnet, took, set.Threshold, bound)
 		}
 		worst = max(worst, took)
-		for k, o := range s.peers {
-			if k != dead && o.h.state != Reachable {
-				t.Fatalf("trial %d: peer %s is %s", trial, k.Subnet, o.h.state)
+		each(s, func(k Key, o *entry) {
+			if k != dead && o.state != Reachable {
+				t.Fatalf("trial %d: peer %s is %s", trial, k.Subnet, o.state)
 			}
-		}
+		})
 	}
 	// The test met the worst case: its next probe a whole (jittered)
 	// sweep away.
@@ -243,27 +251,27 @@ func TestScheduleDetectsWithinOneSweepOfGoingDark(t *testing.T) {
 func TestScheduleSetPeers(t *testing.T) {
 	s := newSchedule(Settings{Sweep: time.Second, Rate: 100}, rand.New(rand.NewPCG(7, 8)))
 	peers := peersOf(3)
-	s.setPeers(t0, peers)
+	s.setPeers(t0, peers, nil)
 	e, _ := s.next()
 	s.sent(e, t0)
-	gone := e.key
-	delete(peers, gone)
-	s.setPeers(t0, peers)
-	if _, ok := s.peers[gone]; ok || len(s.due) != 2 {
-		t.Fatalf("removed peer kept: %d due", len(s.due))
+	gone := e.key.Key()
+	peers = slices.DeleteFunc(peers, func(pe backend.Peer) bool { return keyOf(pe) == gone })
+	s.setPeers(t0, peers, nil)
+	if s.lookup(gone) != nil || len(s.due) != 2 || len(s.peers) != 2 {
+		t.Fatalf("removed peer kept: %d due, %d known", len(s.due), len(s.peers))
 	}
 	// Its probe ending after it left changes nothing.
 	if e, back := s.answered(gone, time.Millisecond, t0); e != nil || back {
 		t.Fatal("an answer for a removed peer was recorded")
 	}
 	// A peer kept keeps its record.
-	for k := range peers {
-		s.peers[k].h.received = 7
+	for _, pe := range peers {
+		s.lookup(keyOf(pe)).received = 7
 	}
-	s.setPeers(t0.Add(time.Second), peers)
-	for k := range peers {
-		if s.peers[k].h.received != 7 {
-			t.Fatalf("peer %s lost its record on a new peer set", k.Subnet)
+	s.setPeers(t0.Add(time.Second), peers, nil)
+	for _, pe := range peers {
+		if s.lookup(keyOf(pe)).received != 7 {
+			t.Fatalf("peer %s lost its record on a new peer set", pe.Subnet)
 		}
 	}
 }
@@ -282,14 +290,15 @@ func TestJitterBounds(t *testing.T) {
 		t.Fatalf("jittered 30 s spans only %s..%s: not spread", lo, hi)
 	}
 	// First probes of a cold start's peers spread over the whole sweep.
-	s.setPeers(t0, peersOf(1000))
+	s.setPeers(t0, peersOf(1000), nil)
 	var first, last time.Time
-	for _, e := range s.due {
-		if first.IsZero() || e.due.Before(first) {
-			first = e.due
+	for _, i := range s.due {
+		due := s.wall(s.peers[i].due)
+		if first.IsZero() || due.Before(first) {
+			first = due
 		}
-		if e.due.After(last) {
-			last = e.due
+		if due.After(last) {
+			last = due
 		}
 	}
 	if first.Sub(t0) > time.Second || last.Sub(t0) < 25*time.Second || last.Sub(t0) > 30*time.Second {
@@ -298,10 +307,10 @@ func TestJitterBounds(t *testing.T) {
 }
 
 func TestStateMachine(t *testing.T) {
-	var h health
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	if back := h.answered(8*time.Millisecond, at(1)); back || h.state != Reachable || !h.since.Equal(at(1)) {
-		t.Fatalf("first answer: state %s since %s back %v", h.state, h.since, back)
+	var h entry
+	at := func(s int) int64 { return int64(time.Duration(s) * time.Second) }
+	if back := h.answered(8*time.Millisecond, at(1)); back || h.state != Reachable || h.since != at(1) {
+		t.Fatalf("first answer: state %s since %d back %v", h.state, h.since, back)
 	}
 	h.answered(16*time.Millisecond, at(2))
 	if h.srtt != 9*time.Millisecond || h.lastRTT != 16*time.Millisecond {
@@ -312,14 +321,14 @@ func TestStateMachine(t *testing.T) {
 			t.Fatalf("loss %d: down %v, want %v", i+1, down, want)
 		}
 	}
-	if h.state != Unreachable || !h.since.Equal(at(5)) || h.losses != 4 || h.lost != 4 {
-		t.Fatalf("after 4 losses: %s since %s, %d in a row, %d lost", h.state, h.since, h.losses, h.lost)
+	if h.state != Unreachable || h.since != at(5) || h.losses != 4 || h.lost != 4 {
+		t.Fatalf("after 4 losses: %s since %d, %d in a row, %d lost", h.state, h.since, h.losses, h.lost)
 	}
-	if back := h.answered(time.Millisecond, at(9)); !back || h.state != Reachable || h.losses != 0 || !h.since.Equal(at(9)) {
+	if back := h.answered(time.Millisecond, at(9)); !back || h.state != Reachable || h.losses != 0 || h.since != at(9) {
 		t.Fatalf("answer after being down: back %v state %s losses %d", back, h.state, h.losses)
 	}
 	// A peer never answering goes from unknown to unreachable.
-	var n health
+	var n entry
 	n.lostOne(2, at(1))
 	if n.state != Unknown {
 		t.Fatalf("one loss of a new peer: %s", n.state)
@@ -350,15 +359,15 @@ func TestSettingsCheck(t *testing.T) {
 // out in the order they are due.
 func TestScheduleSetPeersInBulkKeepsTheQueueOrdered(t *testing.T) {
 	s := newSchedule(Settings{Sweep: time.Minute, Rate: 1000}, rand.New(rand.NewPCG(3, 4)))
-	s.setPeers(t0, peersOf(500)) // bulk: more new than queued
+	s.setPeers(t0, peersOf(500), nil) // bulk: more new than queued
 	more := peersOf(510)
-	s.setPeers(t0.Add(time.Second), more) // 10 more, pushed
+	s.setPeers(t0.Add(time.Second), more, nil) // 10 more, pushed
 	if len(s.due) != 510 || len(s.peers) != 510 {
 		t.Fatalf("%d queued, %d known; want 510 and 510", len(s.due), len(s.peers))
 	}
-	for i, e := range s.due {
-		if e.index != i {
-			t.Fatalf("entry at %d says it is at %d", i, e.index)
+	for h, i := range s.due {
+		if e := &s.peers[i]; int(e.index) != h {
+			t.Fatalf("entry at %d says it is at %d", h, e.index)
 		}
 	}
 	seen := map[Key]bool{}
@@ -368,12 +377,13 @@ func TestScheduleSetPeersInBulkKeepsTheQueueOrdered(t *testing.T) {
 		if e == nil {
 			t.Fatal("queue ran dry early")
 		}
-		if e.due.Before(last) {
-			t.Fatalf("%s due %s after one due %s: out of order", e.key.Subnet, e.due, last)
+		due := s.wall(e.due)
+		if due.Before(last) {
+			t.Fatalf("%s due %s after one due %s: out of order", e.key.Key().Subnet, due, last)
 		}
-		last = e.due
-		seen[e.key] = true
-		s.sent(e, e.due)
+		last = due
+		seen[e.key.Key()] = true
+		s.sent(e, due)
 	}
 	if len(seen) != 510 {
 		t.Errorf("%d distinct peers probed, want 510", len(seen))

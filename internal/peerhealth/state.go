@@ -13,12 +13,16 @@
 // The prober is one more consumer of the peer set (SetPeers, like a data
 // plane's): the daemon hands it the same peers it hands the planes. Its
 // pure parts, apart from the sockets and the clock, are the per-peer state
-// machine (this file) and the scheduler (schedule.go), which bounds the
-// probe rate per host whatever the number of peers. The sockets are behind
-// Pinger (icmp.go), with a fake in the tests.
+// machine (this file) and the scheduler (schedule.go, its records found
+// through index.go), which bounds the probe rate per host whatever the
+// number of peers. The sockets are behind Pinger (icmp.go), with a fake
+// in the tests.
 package peerhealth
 
 import (
+	"bytes"
+	"cmp"
+	"math"
 	"net/netip"
 	"time"
 
@@ -74,17 +78,42 @@ type Key struct {
 // network address of its subnet.
 func (k Key) Target() netip.Addr { return k.Subnet.Masked().Addr() }
 
-// health is one peer's record: the state machine and its counters.
-type health struct {
-	state    State
-	since    time.Time // when state was entered (the peer's arrival while Unknown)
-	lastRTT  time.Duration
-	srtt     time.Duration // smoothed RTT, 0 before the first answer
-	losses   int           // consecutive probes lost
-	sent     uint64
-	received uint64
-	lost     uint64
-	last     time.Time // when the last probe was sent
+// entry is one peer's record in one family: its schedule, its state
+// machine and its counters. A cold start makes thousands, kept for the
+// daemon's life, so it holds no pointer (the collector never scans them)
+// and nothing twice: its times are nanoseconds of the schedule's clock
+// (schedule.at), its addresses packed without netip's zone pointer, its
+// counters 32 bits. 104 bytes (TestEntrySize), where one with time.Time,
+// netip and 64-bit fields took 224 and a map and a pointer beside it.
+type entry struct {
+	due   int64 // when its next probe is due, while queued (never: not yet scheduled)
+	last  int64 // when its last probe was sent, the one in flight if any (never: none yet)
+	since int64 // when state was entered (the peer's arrival while Unknown)
+
+	lastRTT time.Duration
+	srtt    time.Duration // smoothed RTT, 0 before the first answer
+
+	// The counters are 32 bits: a peer gets at most Threshold probes in a
+	// row within the rate, then one a period, of at least MinSweep (0.1 s,
+	// the default 30 s), so about 40 a second at the most aggressive
+	// settings: three years of them before 2^32, centuries at the
+	// defaults. They stop there (inc) rather than wrap.
+	sent, received, lost uint32
+	losses               uint32 // consecutive probes lost
+
+	index  int32  // its place in the schedule's due heap; -1 while a probe is in flight
+	key    pkey   // its family and subnet
+	public addr16 // the peer's underlay address, for reports
+	state  State
+	mark   uint8 // the parity of the last peer set that named it (setPeers)
+}
+
+// inc is n+1, or n at the counters' ceiling.
+func inc(n uint32) uint32 {
+	if n == math.MaxUint32 {
+		return n
+	}
+	return n + 1
 }
 
 // rttGain is the weight of a new sample in the smoothed RTT: 1/8, as
@@ -94,32 +123,83 @@ const rttGain = 8
 // answered records a reply after rtt at now, and reports whether the peer
 // came back (it was Unreachable). A peer seen for the first time is no
 // news: at a cold start thousands are.
-func (h *health) answered(rtt time.Duration, now time.Time) (back bool) {
-	h.received++
-	h.losses = 0
-	h.lastRTT = rtt
-	if h.srtt == 0 {
-		h.srtt = rtt
+func (e *entry) answered(rtt time.Duration, now int64) (back bool) {
+	e.received = inc(e.received)
+	e.losses = 0
+	e.lastRTT = rtt
+	if e.srtt == 0 {
+		e.srtt = rtt
 	} else {
-		h.srtt += (rtt - h.srtt) / rttGain
+		e.srtt += (rtt - e.srtt) / rttGain
 	}
-	if h.state == Reachable {
+	if e.state == Reachable {
 		return false
 	}
-	back = h.state == Unreachable
-	h.state, h.since = Reachable, now
+	back = e.state == Unreachable
+	e.state, e.since = Reachable, now
 	return back
 }
 
 // lostOne records a probe that went unanswered (or could not be sent) at
 // now, and reports whether the peer just became Unreachable: threshold
 // losses in a row.
-func (h *health) lostOne(threshold int, now time.Time) (down bool) {
-	h.lost++
-	h.losses++
-	if h.state == Unreachable || h.losses < threshold {
+func (e *entry) lostOne(threshold int, now int64) (down bool) {
+	e.lost = inc(e.lost)
+	e.losses = inc(e.losses)
+	if e.state == Unreachable || int64(e.losses) < int64(threshold) {
 		return false
 	}
-	h.state, h.since = Unreachable, now
+	e.state, e.since = Unreachable, now
 	return true
+}
+
+// pkey is a Key packed without a pointer: what the schedule finds a peer
+// by (index.go).
+type pkey struct {
+	subnet addr16
+	bits   uint8 // the prefix length + 1; 0 for an invalid prefix
+	fam    backend.Family
+}
+
+func packKey(k Key) pkey {
+	return pkey{subnet: packAddr(k.Subnet.Addr()), bits: uint8(k.Subnet.Bits() + 1), fam: k.Family}
+}
+
+// Key is k unpacked.
+func (k pkey) Key() Key {
+	return Key{Family: k.fam, Subnet: netip.PrefixFrom(k.subnet.Addr(), int(k.bits)-1)}
+}
+
+// addr16 is a netip.Addr without its zone (the peer set has none: subnet
+// rejects addresses with one), and so without a pointer: its 16 bytes
+// and its kind, 4, 6, or 0 for the zero Addr.
+type addr16 struct {
+	b    [16]byte
+	kind uint8
+}
+
+func packAddr(a netip.Addr) addr16 {
+	switch {
+	case a.Is4():
+		return addr16{b: a.As16(), kind: 4}
+	case a.Is6():
+		return addr16{b: a.As16(), kind: 6}
+	}
+	return addr16{}
+}
+
+// Addr is a unpacked.
+func (a addr16) Addr() netip.Addr {
+	switch a.kind {
+	case 4:
+		return netip.AddrFrom16(a.b).Unmap()
+	case 6:
+		return netip.AddrFrom16(a.b)
+	}
+	return netip.Addr{}
+}
+
+// compare orders a and b as netip.Addr.Compare orders them.
+func (a addr16) compare(b addr16) int {
+	return cmp.Or(cmp.Compare(a.kind, b.kind), bytes.Compare(a.b[:], b.b[:]))
 }

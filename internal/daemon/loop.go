@@ -138,7 +138,10 @@ func (d *daemon) publishPeers() {
 		peers := d.peers.peers(fp.family)
 		fp.plane.SetPeers(peers)
 		if d.prober != nil {
+			// The prober keeps the slice until it reads it (at a cold
+			// start, after the first pass): the daemon must not reuse it.
 			d.prober.SetPeers(fp.family, peers)
+			d.peers.givenAway(fp.family)
 		}
 	}
 	d.publishCounts()

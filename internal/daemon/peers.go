@@ -42,7 +42,7 @@ type peerSet struct {
 	// peer routes to this host, and it must not report ready.
 	ownSkip *rejection
 
-	out [2][]backend.Peer // peers' results per family, reused
+	out [2][]backend.Peer // peers' results per family, reused unless given away
 }
 
 // skipKind is why a key is skipped.
@@ -286,14 +286,20 @@ func (s *peerSet) reject(id subnet.Subnets, key string, rev int64, err error, ki
 // peers returns the valid peers as the data plane of fam takes them (none
 // for a family the network does not carry), in no particular order (the
 // planes sort and check them), in a slice reused by the next call for
-// that family: the planes copy what they keep, and with thousands of
-// peers fresh slices at every lease event would be most of the daemon's
-// garbage.
+// that family unless given away (givenAway): the planes copy what they
+// keep, and with thousands of peers fresh slices at every lease event
+// would be most of the daemon's garbage.
 func (s *peerSet) peers(fam backend.Family) []backend.Peer {
 	i := famIndex(fam)
 	s.out[i] = values(s.out[i], s.valid[i])
 	return s.out[i]
 }
+
+// givenAway says that the last slice peers returned for fam is kept by
+// its taker (the prober keeps it until it has read it, rather than
+// copying it): the next call makes a new one, and the set no longer holds
+// it.
+func (s *peerSet) givenAway(fam backend.Family) { s.out[famIndex(fam)] = nil }
 
 // famIndex is fam's index in the peer set's per-family arrays.
 func famIndex(fam backend.Family) int {

@@ -275,3 +275,32 @@ func TestInvalidOfANonEtcdSourceTurnsThePeerOff(t *testing.T) {
 		t.Fatalf("after a valid value: %d peers, want 1", n)
 	}
 }
+
+// A slice of peers given away (to the prober, which keeps it until it
+// reads it) is not written again: the next one is new, and the one given
+// away still holds the set it was given with.
+func TestPeersGivenAwayAreNotReused(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newPeerSet(cfg, testCodec(t, cfg.Backend), subnet.Subnets{IPv4: netip.MustParsePrefix("10.244.1.0/24")}, prefixed)
+	s.reset(subnet.Snapshot{Leases: []subnet.Lease{lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)}})
+	given := s.peers(backend.IPv4)
+	s.givenAway(backend.IPv4)
+	s.apply(subnet.Batch{Events: []subnet.Event{
+		{Type: subnet.Removed, Lease: lease("10.244.2.0/24", "198.18.0.2", "0e:00:00:00:00:02", 2)},
+		{Type: subnet.Added, Lease: lease("10.244.3.0/24", "198.18.0.3", "0e:00:00:00:00:03", 3)},
+	}})
+	next := s.peers(backend.IPv4)
+	if len(given) != 1 || given[0].Subnet != netip.MustParsePrefix("10.244.2.0/24") {
+		t.Fatalf("the slice given away changed to %+v", given)
+	}
+	if len(next) != 1 || next[0].Subnet != netip.MustParsePrefix("10.244.3.0/24") {
+		t.Fatalf("peers after the change: %+v", next)
+	}
+	// Not given away: reused, as before.
+	if again := s.peers(backend.IPv4); &again[0] != &next[0] {
+		t.Error("a slice not given away was not reused")
+	}
+}

@@ -61,13 +61,12 @@ type Prober struct {
 
 	mu sync.Mutex
 	s  *schedule
-	// pending is the latest peer set of each family (famIndex), until
-	// Run takes it: a copy, made at each SetPeers (cheap: a cold start
-	// hands over thousands of peers in one call, a watch batch one call
-	// each), turned into the schedule's set once per wake and then
-	// released: the schedule holds all it needs, and the copy would be
-	// 64 bytes a peer kept for nothing. (The daemon reuses the slice it
-	// hands over, so the prober cannot keep it instead.)
+	// pending is the latest peer set of each family (famIndex), as
+	// SetPeers was given it, until Run takes it into the schedule (once
+	// per wake; at a cold start after the first pass) and lets it go:
+	// the schedule holds all it needs. Not a copy: at a cold start a copy
+	// of thousands of peers (64 bytes each) would live through the first
+	// pass, when the daemon's heap is at its peak.
 	pending [2][]backend.Peer
 	fresh   bool // pending is newer than what s has
 	// problem is why a family is not probed (its socket could not be
@@ -95,12 +94,13 @@ func New(cfg Config) *Prober {
 func (p *Prober) Settings() Settings { return p.cfg.Settings }
 
 // SetPeers replaces the peers of fam probed, as a data plane's SetPeers
-// does; it never blocks. The slice is not kept: the caller may reuse it
-// once SetPeers returns.
+// does; it never blocks. Unlike a data plane, the prober keeps the slice
+// until Run has read it: the caller must not change it afterwards (the
+// daemon makes a new one for each call).
 func (p *Prober) SetPeers(fam backend.Family, peers []backend.Peer) {
 	p.mu.Lock()
 	i := famIndex(fam)
-	p.pending[i] = append(p.pending[i][:0], peers...)
+	p.pending[i] = peers
 	p.fresh = true
 	p.mu.Unlock()
 	select {

@@ -2,6 +2,7 @@ package peerhealth
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -335,6 +336,14 @@ func TestStateMachine(t *testing.T) {
 	}
 	if !n.lostOne(2, at(2)) || n.state != Unreachable {
 		t.Fatalf("two losses of a new peer: %s", n.state)
+	}
+	// The 32-bit counters stop at their ceiling: a report never goes
+	// backwards.
+	n.lost, n.losses, n.received = math.MaxUint32, math.MaxUint32, math.MaxUint32
+	n.lostOne(2, at(3))
+	n.answered(time.Millisecond, at(4))
+	if n.lost != math.MaxUint32 || n.received != math.MaxUint32 {
+		t.Fatalf("counters at their ceiling moved to %d lost, %d received", n.lost, n.received)
 	}
 }
 

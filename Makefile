@@ -29,8 +29,12 @@ FUZZTIME  ?=
 
 all: build plugins
 
+# overlayd-kube is overlayd with kube mode's Kubernetes client linked (build
+# tag kube); overlayd hands a command in kube mode over to it, so a host in
+# etcd mode maps no client-go (Documentation/design.md, "Two programs").
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(GOTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd ./cmd/overlayd
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(GOTAGS) kube' -ldflags '$(LDFLAGS)' -o $(BIN)/overlayd-kube ./cmd/overlayd
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(GOTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/overlay-cni ./cmd/overlay-cni
 
 # The upstream CNI plugins, built from the version pinned by go.mod's tool
@@ -50,6 +54,7 @@ test: build plugins unit e2e fuzz
 # checks, TTLs, gRPC keepalive), so more of them than cores run at once.
 unit:
 	$(GO) test -race -count=1 -parallel 4 -timeout 12m $$($(GO) list ./... | grep -v -e /test/e2e -e /test/faults -e /test/runtime -e /test/kube)
+	$(GO) test -race -count=1 -parallel 4 -timeout 5m -tags kube ./cmd/overlayd
 
 # Multi-host tests: real overlayd processes on simulated hosts (network
 # namespaces the tests create and delete), a real etcd, pods through libcni.
@@ -118,7 +123,8 @@ fuzz:
 GOVULNDB ?= https://vuln.go.dev
 
 # The tree's direction (README "Layout"): the binaries never link the
-# standard testing package, the test harness or the programs, the
+# standard testing package, the test harness or the programs, overlayd links
+# no Kubernetes client (overlayd-kube does, build tag kube), the
 # leaves in internal/lib import nothing of ours, and the pure lease rules
 # (subnet, internal/leaseadmin, the codec picker backend/codecs) and the
 # doctor's judgements (internal/doctor: facts in, findings out) link no
@@ -129,6 +135,8 @@ layering:
 	@# testing, which is still refused.
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^testing$$|^github.com/overlaynet/overlay/(internal/testing|tools)/'); \
 	if [ -n "$$bad" ]; then echo "production binaries link test or tool code:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps -tags '$(GOTAGS)' ./cmd/overlayd ./cmd/overlay-cni | grep -E '^k8s.io/|/subnet/kube$$'); \
+	if [ -n "$$bad" ]; then echo "overlayd links the Kubernetes client (only overlayd-kube may: build tag kube):"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{range .Imports}}{{$$.ImportPath}} imports {{.}}{{"\n"}}{{end}}' ./internal/lib/... | grep ' imports github.com/overlaynet/overlay/' | grep -v ' imports github.com/overlaynet/overlay/internal/lib/'); \
 	if [ -n "$$bad" ]; then echo "internal/lib must import nothing of ours outside internal/lib:"; echo "$$bad"; exit 1; fi
 	@for p in ./subnet ./internal/leaseadmin ./backend/codecs ./internal/doctor; do \
@@ -139,6 +147,7 @@ layering:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags kube ./cmd/overlayd
 	@$(MAKE) --no-print-directory layering
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@out=$$($(GO) tool govulncheck -db $(GOVULNDB) ./... 2>&1); rc=$$?; echo "$$out"; \

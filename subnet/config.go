@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 
@@ -311,6 +312,21 @@ func ParseStorableConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// ReadNetConf reads kube mode's network config file (--net-config-path,
+// the ConfigMap's net-conf.json) and checks it as `overlayd config put`
+// checks one. It returns the bytes read even when they are refused.
+func ReadNetConf(path string) ([]byte, *Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--net-config-path: %w (the network config file of kube mode: mount the ConfigMap's net-conf.json there)", err)
+	}
+	cfg, err := ParseStorableConfig(data)
+	if err != nil {
+		return data, nil, fmt.Errorf("--net-config-path %s: %w", path, err)
+	}
+	return data, cfg, nil
 }
 
 // CheckStorable applies what a config must meet to be stored, beyond what

@@ -14,13 +14,12 @@ import (
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/etcdv3"
-	"github.com/overlaynet/overlay/subnet/kube"
 )
 
 // defaultCNIConfDir is where container runtimes read CNI network configs.
 const defaultCNIConfDir = "/etc/cni/net.d"
 
-func newDoctorCommand(g *GlobalFlags) *cobra.Command {
+func newDoctorCommand(g *GlobalFlags, kc kubeClient) *cobra.Command {
 	var (
 		h          hostFlags
 		k          kubeFlags
@@ -59,7 +58,7 @@ ClusterRole grants them); no etcd is used.`,
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			nc, snap, err := doctorLeases(cmd, g, &k, &cfg)
+			nc, snap, err := doctorLeases(cmd, g, &k, &cfg, kc)
 			if err != nil {
 				return err
 			}
@@ -90,12 +89,16 @@ ClusterRole grants them); no etcd is used.`,
 }
 
 // doctorLeases reads the network config and every lease: from etcd, or in
-// kube mode from the config file and the Nodes (subnet/kube.Read).
-func doctorLeases(cmd *cobra.Command, g *GlobalFlags, k *kubeFlags, cfg *daemon.Config) (*subnet.Config, subnet.Snapshot, error) {
+// kube mode from the config file and the Nodes (subnet/kube.Read, in
+// overlayd-kube).
+func doctorLeases(cmd *cobra.Command, g *GlobalFlags, k *kubeFlags, cfg *daemon.Config, kc kubeClient) (*subnet.Config, subnet.Snapshot, error) {
 	if k.enabled {
+		if kc == nil {
+			return nil, subnet.Snapshot{}, errNoKubeClient
+		}
 		ctx, cancel := context.WithTimeout(cmd.Context(), g.DialTimeout) // one request, as each of etcd's
 		defer cancel()
-		return kube.Read(ctx, k.config(cfg))
+		return kc.read(ctx, k, cfg)
 	}
 	sess, err := g.open(cmd, true)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -11,7 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/overlaynet/overlay/internal/daemon"
-	"github.com/overlaynet/overlay/subnet/kube"
+	"github.com/overlaynet/overlay/internal/version"
+	"github.com/overlaynet/overlay/subnet"
 	"github.com/overlaynet/overlay/subnet/kube/nodes"
 )
 
@@ -56,21 +58,66 @@ func (k *kubeFlags) register(c *cobra.Command, daemon bool) {
 	fromEnv(f, names...)
 }
 
-// source sets cfg.Source to the Kubernetes lease source in kube mode; in
-// etcd mode it refuses kube mode's flags, and in kube mode etcd's.
-func (k *kubeFlags) source(fs *pflag.FlagSet, cfg *daemon.Config) error {
-	if err := k.check(fs, cfg.NodeName); err != nil || !k.enabled {
-		return err
+// kubeClient is kube mode's Kubernetes client (subnet/kube, client-go):
+// linked into overlayd-kube only (kube_link.go, build tag kube), so that a
+// host in etcd mode maps none of it. overlayd, without it, hands a command
+// in kube mode over to overlayd-kube (kube_exec.go) before it runs.
+type kubeClient interface {
+	// source is run's lease source in kube mode.
+	source(k *kubeFlags, cfg *daemon.Config) subnet.Source
+	// read is what doctor reads in kube mode: the network config file and
+	// one listing of the Nodes.
+	read(ctx context.Context, k *kubeFlags, cfg *daemon.Config) (*subnet.Config, subnet.Snapshot, error)
+}
+
+// KubeProgram is the program of kube mode: overlayd with the Kubernetes
+// client linked, installed beside overlayd (make build builds both, the
+// image has both).
+const KubeProgram = "overlayd-kube"
+
+// handOver runs a command in kube mode in overlayd-kube instead of this
+// program, with environ; it returns only if it cannot.
+type handOver func(environ []string) error
+
+// handOverVar is set by overlayd for overlayd-kube when it hands a command
+// over: overlayd's version, which must be overlayd-kube's too (checkHandOver).
+const handOverVar = "OVERLAYD_HANDED_OVER_BY"
+
+// checkHandOver refuses to run a command overlayd handed over from another
+// build: the two programs' flags and files must agree.
+func checkHandOver(environ []string) error {
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, handOverVar+"="); ok && v != version.Version {
+			return fmt.Errorf("%s is version %s, but the overlayd that ran it is %s: install both from one build", KubeProgram, version.Version, v)
+		}
 	}
-	cfg.Source = kube.NewSource(k.config(cfg))
 	return nil
 }
 
-// config is the Kubernetes lease source's configuration for cfg's node.
-func (k *kubeFlags) config(cfg *daemon.Config) kube.Config {
-	return kube.Config{Kubeconfig: k.kubeconfig, APIURL: k.apiURL, NodeName: cfg.NodeName,
-		AnnotationPrefix: k.prefix, NetConfPath: k.conf, SetNetworkUnavailable: k.setUnavailable, Logger: cfg.Logger}
+// kubeMode reports whether cmd (run or doctor) runs in kube mode, its
+// flags and the environment applied.
+func kubeMode(cmd *cobra.Command) bool {
+	f := cmd.Flags().Lookup("kube-subnet-mgr")
+	return f != nil && f.Value.String() == "true"
 }
+
+// source sets cfg.Source to the Kubernetes lease source in kube mode; in
+// etcd mode it refuses kube mode's flags, and in kube mode etcd's.
+func (k *kubeFlags) source(fs *pflag.FlagSet, cfg *daemon.Config, client kubeClient) error {
+	if err := k.check(fs, cfg.NodeName); err != nil || !k.enabled {
+		return err
+	}
+	if client == nil {
+		return errNoKubeClient
+	}
+	cfg.Source = client.source(k, cfg)
+	return nil
+}
+
+// errNoKubeClient: a command in kube mode reached a program without the
+// Kubernetes client (only in tests: overlayd hands such a command over to
+// overlayd-kube before it runs).
+var errNoKubeClient = errors.New("--kube-subnet-mgr: this program links no Kubernetes client: run " + KubeProgram)
 
 // changed: the command has flag name and it was set.
 func changed(fs *pflag.FlagSet, name string) bool {

@@ -12,7 +12,6 @@ import (
 	"github.com/overlaynet/overlay/internal/daemon"
 	"github.com/overlaynet/overlay/internal/printer"
 	"github.com/overlaynet/overlay/subnet"
-	"github.com/overlaynet/overlay/subnet/kube"
 )
 
 func newMasqueradeCommand(g *GlobalFlags) *cobra.Command {
@@ -47,7 +46,7 @@ overlayd teardown removes it.`,
 			var cfg *subnet.Config
 			if netConf != "" {
 				var err error
-				if _, cfg, err = kube.ReadNetConf(netConf); err != nil {
+				if _, cfg, err = subnet.ReadNetConf(netConf); err != nil {
 					return err
 				}
 			} else {

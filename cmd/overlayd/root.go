@@ -49,6 +49,10 @@ type program struct {
 	streams
 	environ   []string
 	runDaemon daemonRunner
+	// kube is the Kubernetes client (overlayd-kube), nil without one
+	// (overlayd), which hands a command in kube mode over with handOver.
+	kube     kubeClient
+	handOver handOver
 }
 
 // GlobalFlags are the etcdctl-style flags every command shares.
@@ -78,7 +82,12 @@ func execute(args []string, in io.Reader, out, errOut io.Writer) int {
 
 // executeEnv is execute with the environment given.
 func executeEnv(args, environ []string, in io.Reader, out, errOut io.Writer) int {
-	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: runTuned})
+	if err := checkHandOver(environ); err != nil {
+		fmt.Fprintln(errOut, "Error:", err)
+		return exitError
+	}
+	return executeProgram(args, program{streams: streams{in: in, out: out, err: errOut}, environ: environ, runDaemon: runTuned,
+		kube: linkedKube, handOver: handOverToKube})
 }
 
 // executeProgram runs the command line args with p and returns the exit
@@ -165,6 +174,10 @@ are taken only from the command line.`,
 			g.flags = cmd.Flags()
 			var warnings strings.Builder
 			err := applyEnv(cmd, environ, &warnings)
+			if err == nil && kubeMode(cmd) && p.kube == nil && p.handOver != nil {
+				// Before anything is written: overlayd-kube says it all.
+				return p.handOver(environ)
+			}
 			writeWarnings(cmd.ErrOrStderr(), cmd, environ, warnings.String())
 			if err != nil {
 				return err
@@ -201,10 +214,10 @@ are taken only from the command line.`,
 	pf.VisitAll(func(f *pflag.Flag) { fromEnv(pf, f.Name) })
 
 	root.AddCommand(
-		newRunCommand(g, p.runDaemon),
+		newRunCommand(g, p.runDaemon, p.kube),
 		newTeardownCommand(g),
 		newStatusCommand(g),
-		newDoctorCommand(g),
+		newDoctorCommand(g, p.kube),
 		newLeaseCommand(g),
 		newConfigCommand(g),
 		newInstallCNICommand(g),

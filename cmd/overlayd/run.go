@@ -104,7 +104,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: use text or json", format)
 }
 
-func newRunCommand(g *GlobalFlags, runDaemon daemonRunner) *cobra.Command {
+func newRunCommand(g *GlobalFlags, runDaemon daemonRunner, kc kubeClient) *cobra.Command {
 	var (
 		h                         hostFlags
 		k                         kubeFlags
@@ -136,7 +136,7 @@ drops no packets; 'overlayd teardown' removes it.`,
 			if cfg, err = h.config(g, cmd.Flags(), cmd.ErrOrStderr()); err != nil {
 				return err
 			}
-			if err := k.source(cmd.Flags(), &cfg); err != nil {
+			if err := k.source(cmd.Flags(), &cfg, kc); err != nil {
 				return err
 			}
 			return checkHealthAddr(cmd.Flags(), healthAddr)

@@ -203,7 +203,7 @@ func (s *Source) WatchConfig(ctx context.Context) <-chan subnet.ConfigUpdate {
 				return
 			case <-tick.C:
 			}
-			data, cfg, err := ReadNetConf(s.cfg.NetConfPath)
+			data, cfg, err := subnet.ReadNetConf(s.cfg.NetConfPath)
 			if err == nil && bytes.Equal(data, last) {
 				continue
 			}

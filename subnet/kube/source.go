@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -192,7 +191,7 @@ func Read(ctx context.Context, cfg Config) (*subnet.Config, subnet.Snapshot, err
 	if cfg.AnnotationPrefix == "" {
 		cfg.AnnotationPrefix = nodes.DefaultPrefix
 	}
-	_, netCfg, err := ReadNetConf(cfg.NetConfPath)
+	_, netCfg, err := subnet.ReadNetConf(cfg.NetConfPath)
 	if err != nil {
 		return nil, subnet.Snapshot{}, err
 	}
@@ -346,27 +345,12 @@ func view(n *node) *nodes.Node {
 // Config reads and checks the network config file, as `overlayd config
 // put` checks a file (subnet.ParseConfig, then CheckStorable).
 func (s *Source) Config(context.Context) (*subnet.Config, error) {
-	data, cfg, err := ReadNetConf(s.cfg.NetConfPath)
+	data, cfg, err := subnet.ReadNetConf(s.cfg.NetConfPath)
 	if err != nil {
 		return nil, err
 	}
 	s.data = data
 	return cfg, nil
-}
-
-// ReadNetConf reads kube mode's network config file (--net-config-path,
-// the ConfigMap's net-conf.json) and checks it as `overlayd config put`
-// checks one. It returns the bytes read even when they are refused.
-func ReadNetConf(path string) ([]byte, *subnet.Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--net-config-path: %w (the network config file of kube mode: mount the ConfigMap's net-conf.json there)", err)
-	}
-	cfg, err := subnet.ParseStorableConfig(data)
-	if err != nil {
-		return data, nil, fmt.Errorf("--net-config-path %s: %w", path, err)
-	}
-	return data, cfg, nil
 }
 
 // ConfigKey is the network config file.

@@ -23,7 +23,7 @@ const (
 
 // buildImages builds the echo program (test/kube/echo, static) and writes
 // one OCI archive with the pause and echo images (the same one-file
-// layer) and overlay's image: overlayd and overlay-cni in
+// layer) and overlay's image: overlayd, overlayd-kube and overlay-cni in
 // /usr/local/bin, nothing else, as deploy/Dockerfile's final stage.
 func (c *cluster) buildImages(t testing.TB) string {
 	t.Helper()
@@ -49,6 +49,7 @@ func (c *cluster) buildImages(t testing.TB) string {
 		{Name: "usr/local", Mode: 0o755, Dir: true},
 		{Name: "usr/local/bin", Mode: 0o755, Dir: true},
 		{Name: "usr/local/bin/overlayd", Mode: 0o755, Data: read(testenv.Binary(t, "overlayd"))},
+		{Name: "usr/local/bin/overlayd-kube", Mode: 0o755, Data: read(testenv.Binary(t, "overlayd-kube"))},
 		{Name: "usr/local/bin/overlay-cni", Mode: 0o755, Data: read(testenv.Binary(t, "overlay-cni"))},
 	})
 	if err != nil {

@@ -48,6 +48,13 @@ func TestKubeModeDaemons(t *testing.T) {
 	for _, h := range hosts {
 		testenv.Eventually(t, 2*time.Minute, h.h.Name+"'s overlayd ready", func() error { return readyz(h.h) })
 	}
+	// bin/overlayd links no Kubernetes client: it handed the command over
+	// to overlayd-kube in place, the supervisor's child keeping its PID.
+	for i, h := range hosts {
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", first[i].PID)); err != nil || exe != k.overlaydKube {
+			t.Errorf("%s's overlayd (pid %d) runs %q (%v), want %s", h.h.Name, first[i].PID, exe, err, k.overlaydKube)
+		}
+	}
 	for _, h := range hosts {
 		n, err := k.admin.Nodes().Get(k.ctx, h.h.Name, metav1.GetOptions{})
 		if err != nil {
@@ -103,13 +110,14 @@ type kubeModeLab struct {
 	admin               typedcore.CoreV1Interface
 	kubeconfig, netConf string
 	overlayd            string // bin/overlayd
+	overlaydKube        string // bin/overlayd-kube, which bin/overlayd runs in kube mode
 	sups                map[string]*nodeSupervisor
 }
 
 func newKubeModeLab(t *testing.T, tag string) *kubeModeLab {
 	t.Helper()
 	testenv.RequireRoot(t)
-	k := &kubeModeLab{t: t, overlayd: testenv.Binary(t, "overlayd"), sups: map[string]*nodeSupervisor{}}
+	k := &kubeModeLab{t: t, overlayd: testenv.Binary(t, "overlayd"), overlaydKube: testenv.Binary(t, "overlayd-kube"), sups: map[string]*nodeSupervisor{}}
 	rootUnchanged(t)
 	var err error
 	if k.ul, err = lab.NewUnderlay(tag); err != nil {

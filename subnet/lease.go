@@ -95,33 +95,47 @@ func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 // object without two members naming one field (twinMembers); Config.CheckPeer
 // decides whether the lease can be programmed.
 func DecodeAttrs(value []byte) (LeaseAttrs, error) {
-	var a LeaseAttrs
 	if len(value) > MaxLeaseValueSize {
-		return a, fmt.Errorf("%w: value of %d bytes exceeds %d", ErrInvalidLease, len(value), MaxLeaseValueSize)
+		return LeaseAttrs{}, fmt.Errorf("%w: value of %d bytes exceeds %d", ErrInvalidLease, len(value), MaxLeaseValueSize)
 	}
 	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
-		return a, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
+		return LeaseAttrs{}, fmt.Errorf("%w: value is not a JSON object", ErrInvalidLease)
 	}
 	// Every host decodes every lease at start-up and on each re-list: a
 	// plain value (nearly all of them) is read in one pass by
 	// decodeAttrsFast, which reads it exactly as encoding/json (and so
 	// flanneld) does and never one with twin members. Any other value goes
-	// through encoding/json; one it rejects through decodeObject, which
-	// says which member is wrong and why; one with twin members, which
-	// readers may read two ways, is refused.
-	if fast, ok := decodeAttrsFast(value); ok {
-		a = fast
-	} else if twins := twinsError(value); twins != nil {
-		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, twins)
-	} else if err := json.Unmarshal(value, &a); err != nil {
-		if _, err := attrsByMember(value); err != nil {
+	// through decodeAttrsSlow.
+	a, ok := decodeAttrsFast(value)
+	if !ok {
+		var err error
+		if a, err = decodeAttrsSlow(value); err != nil {
 			return LeaseAttrs{}, err
 		}
-		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, errCaseTwins)
 	}
 	a.BackendData, a.BackendV6Data = nullIsAbsent(a.BackendData), nullIsAbsent(a.BackendV6Data)
 	if a.PublicIP == "" && a.PublicIPv6 == "" && a.NodeID == "" {
 		return a, fmt.Errorf("%w: value names no host (no PublicIP, PublicIPv6 or NodeID)", ErrInvalidLease)
+	}
+	return a, nil
+}
+
+// decodeAttrsSlow decodes a value the fast path gave up on with
+// encoding/json; one it rejects through attrsByMember, which says which
+// member is wrong and why; one with twin members, which readers may read
+// two ways, is refused. Apart from DecodeAttrs, so that the attributes of
+// a plain value stay off the heap (encoding/json's pointer to them would
+// move them there for every lease).
+func decodeAttrsSlow(value []byte) (LeaseAttrs, error) {
+	if twins := twinsError(value); twins != nil {
+		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, twins)
+	}
+	var a LeaseAttrs
+	if err := json.Unmarshal(value, &a); err != nil {
+		if _, err := attrsByMember(value); err != nil {
+			return LeaseAttrs{}, err
+		}
+		return LeaseAttrs{}, fmt.Errorf("%w: value: %w", ErrInvalidLease, errCaseTwins)
 	}
 	return a, nil
 }

@@ -41,7 +41,7 @@ type diffEnv struct {
 // hide the split.
 type view struct {
 	env diffEnv
-	// ours holds our route to each destination at its metric (see
+	// ours4 and ours hold our route to each destination at its metric (see
 	// RouteMetric); extra the other routes of ours on our links (another
 	// metric, a duplicate): stale by definition.
 	ours4 map[prefix4]vroute4

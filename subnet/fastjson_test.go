@@ -1,6 +1,7 @@
 package subnet
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"reflect"
@@ -83,4 +84,22 @@ func FuzzFastDecodingAgreesWithEncodingJSON(f *testing.F) {
 		f.Add([]byte(v))
 	}
 	f.Fuzz(fastAgrees)
+}
+
+// The backend data of a plain value shares the value's bytes, capped: an
+// append to it copies, and leaves the value (which the lease keeps) as read.
+func TestBackendDataSharesTheValueButAnAppendCopies(t *testing.T) {
+	v := []byte(`{"PublicIP":"198.18.0.7","BackendData":{"VNI":1},"Hostname":"h"}`)
+	orig := string(v)
+	a, err := DecodeAttrs(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(a.BackendData) != `{"VNI":1}` || &a.BackendData[0] != &v[bytes.Index(v, []byte(`{"VNI"`))] {
+		t.Fatalf("BackendData %q is not the value's own bytes", a.BackendData)
+	}
+	_ = append(a.BackendData, "XXXXXXXXXXXX"...)
+	if string(v) != orig {
+		t.Errorf("an append to BackendData wrote over the value: %q", v)
+	}
 }

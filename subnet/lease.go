@@ -93,7 +93,9 @@ func (a LeaseAttrs) Marshal() ([]byte, error) { return json.Marshal(a) }
 
 // DecodeAttrs parses a lease value. It checks only that it is a bounded JSON
 // object without two members naming one field (twinMembers); Config.CheckPeer
-// decides whether the lease can be programmed.
+// decides whether the lease can be programmed. The backend data of a plain
+// value shares value's bytes: value must not change while the attributes
+// are in use (a lease keeps it as Lease.Value anyway).
 func DecodeAttrs(value []byte) (LeaseAttrs, error) {
 	if len(value) > MaxLeaseValueSize {
 		return LeaseAttrs{}, fmt.Errorf("%w: value of %d bytes exceeds %d", ErrInvalidLease, len(value), MaxLeaseValueSize)

@@ -89,7 +89,7 @@ func Audit(cfg Config, nl Netlink, peers []Peer) (AuditResult, error) {
 	if err != nil {
 		return res, err
 	}
-	env := diffEnv{Dev: have.Index, Underlay: underlay.Index, DirectRouting: cfg.DirectRouting}
+	env := diffEnv{Family: cfg.fam, Dev: have.Index, Underlay: underlay.Index, DirectRouting: cfg.DirectRouting}
 	p := diff(specs, viewOf(kernel, env, len(specs)))
 	res.Conflicts = slices.Clone(p.conflicts)
 	for _, o := range p.ops() {

@@ -156,13 +156,13 @@ type wantedSet struct {
 
 func newWantedSet(want []Peer, v *view) wantedSet {
 	var w wantedSet
-	if len(v.fdbs) > 0 {
+	if v.fdbsLen() > 0 {
 		w.macs = make(map[MAC]bool, len(want))
 	}
-	if len(v.neighs) > 0 {
+	if v.neighsLen() > 0 {
 		w.hops = make(map[netip.Addr]bool, len(want))
 	}
-	if len(v.ours) > 0 || len(v.extra) > 0 {
+	if v.oursLen() > 0 || len(v.extra) > 0 {
 		w.routes = make(map[netip.Prefix]bool, len(want))
 	}
 	return w
@@ -208,13 +208,13 @@ func (p *plan) planPeer(i int, w Peer, v *view, wanted *wantedSet) {
 
 // planFDB plans w's FDB entry: exactly one permanent remote, its public IP.
 func (p *plan) planFDB(i int, w Peer, v *view) {
-	first, ok := v.fdbs[PeerMAC(w)]
+	first, ok := v.fdbFirst(PeerMAC(w))
 	_, several := v.fdbMore[PeerMAC(w)]
 	switch {
 	case !ok:
 		p.set(opFDBSet, i)
 	case !several:
-		if first.dst != packIP(w.PublicIP) || first.state != NUDPermanent {
+		if packIP(first.Dst) != packIP(w.PublicIP) || first.State != NUDPermanent {
 			p.set(opFDBSet, i)
 		}
 	default:
@@ -238,9 +238,9 @@ func (p *plan) planFDB(i int, w Peer, v *view) {
 // still here. Removals are sorted, so a plan does not depend on map order.
 func (p *plan) planStale(v *view, wanted *wantedSet) {
 	staleRoutes := slices.Clone(v.extra)
-	for k, r := range v.ours {
-		if dst := k.prefix(); !wanted.routes[dst] {
-			staleRoutes = append(staleRoutes, v.routeAt(k, r))
+	for r := range v.allOurs() {
+		if !wanted.routes[r.Dst] {
+			staleRoutes = append(staleRoutes, r)
 		}
 	}
 	slices.SortFunc(staleRoutes, func(a, b Route) int {
@@ -257,9 +257,9 @@ func (p *plan) planStale(v *view, wanted *wantedSet) {
 	}
 
 	var staleFDB []FDB
-	for m := range v.fdbs {
-		if !wanted.macs[m] {
-			staleFDB = append(staleFDB, v.fdbAll(m)...)
+	for f := range v.allFDBFirsts() {
+		if !wanted.macs[f.MAC] {
+			staleFDB = append(staleFDB, v.fdbAll(f.MAC)...)
 		}
 	}
 	slices.SortFunc(staleFDB, func(a, b FDB) int {
@@ -270,11 +270,11 @@ func (p *plan) planStale(v *view, wanted *wantedSet) {
 	}
 
 	var staleNeigh []Neigh
-	for k, n := range v.neighs {
+	for n := range v.allNeighs() {
 		// Only permanent entries are ever ours; the kernel's own
 		// (reachable, stale, failed ...) entries come and go by themselves.
-		if !wanted.hops[k.addr()] && n.state&NUDPermanent != 0 {
-			staleNeigh = append(staleNeigh, v.neighAt(k, n))
+		if !wanted.hops[n.IP] && n.State&NUDPermanent != 0 {
+			staleNeigh = append(staleNeigh, n)
 		}
 	}
 	slices.SortFunc(staleNeigh, func(a, b Neigh) int { return a.IP.Compare(b.IP) })

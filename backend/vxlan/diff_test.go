@@ -384,7 +384,7 @@ func TestViewFollowsWritesAndScopedDiffConverges(t *testing.T) {
 		IPv6: {nil, {tSpec6(2)}, {tSpec6(2), tSpec6(3)}, {remac6, moved6, tSpec6(0x10)}, {tSpec6(0x10)}},
 	}
 	env := diffEnv{Dev: tDev, Underlay: tUnderlay}
-	cmpView := cmp.Options{cmp.AllowUnexported(view{}, vroute{}, vneigh{}, vfdb{}, ip16{}, prefix16{}), cmpopts.EquateEmpty(),
+	cmpView := cmp.Options{cmp.AllowUnexported(view{}, vroute{}, vroute4{}, vneigh{}, vfdb{}, vfdb4{}, ip16{}, prefix16{}, prefix4{}), cmpopts.EquateEmpty(),
 		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })}
 	for fam, sets := range setsOf {
 		for i, from := range sets {

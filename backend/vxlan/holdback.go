@@ -57,9 +57,9 @@ func (rec *reconciler) holdBack(p *plan, admit []Peer) []Peer {
 			continue
 		}
 		if sending == nil {
-			sending = make(map[ip16]bool, len(v.fdbs))
-			for _, f := range v.fdbs {
-				sending[f.dst] = true
+			sending = make(map[ip16]bool, v.fdbsLen())
+			for f := range v.allFDBFirsts() {
+				sending[packIP(f.Dst)] = true
 			}
 		}
 		if !sending[packIP(a.PublicIP)] {

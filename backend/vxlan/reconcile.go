@@ -198,7 +198,7 @@ func (rec *reconciler) listKernel(peers int) (created bool, err error) {
 	if err != nil {
 		return created, err
 	}
-	env := diffEnv{Dev: dev.Index, Underlay: underlay.Index, DirectRouting: rec.cfg.DirectRouting}
+	env := diffEnv{Family: rec.cfg.fam, Dev: dev.Index, Underlay: underlay.Index, DirectRouting: rec.cfg.DirectRouting}
 	have, err := rec.readKernel(env.Dev)
 	if err != nil {
 		return created, err

@@ -15,7 +15,7 @@ import (
 )
 
 // This is overlayd: it links no Kubernetes client. client-go's REST client
-// and informer are a quarter of overlayd-kube's size, and their package
+// and informer are a fifth of overlayd-kube's size, and their package
 // inits fault in pages all over it, so every host in etcd mode would carry
 // ~4 MB more resident memory for a mode it does not run (issue 33,
 // Documentation/design.md "Two programs"). A command in kube mode is handed
